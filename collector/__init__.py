@@ -1,0 +1,1 @@
+"""Per-job sampler, training-record ingest and the training API."""

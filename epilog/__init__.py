@@ -1,0 +1,1 @@
+"""Job summary, baseline comparison, verdict and post-job drain (Slurm Epilog)."""

@@ -1,0 +1,231 @@
+"""The data every stage exchanges: one GPU's state, a node snapshot, a finding.
+
+Conventions (DESIGN.md, "Storage"):
+
+* Units are in the names: ``temp_c`` (degrees Celsius), ``power_w`` (watts),
+  ``*_mhz`` (megahertz), ``*_mib`` (MiB = 2**20 bytes), ``*_pct`` (0-100).
+* ``None`` means *unsupported or not available on this GPU* (NVML
+  ``NVML_ERROR_NOT_SUPPORTED``, nvidia-smi ``N/A``). It is never an error and never
+  a zero: checks skip a ``None`` field. Read *errors* (a timeout, ``GpuIsLost``,
+  ``Unknown``) are recorded by field name in :attr:`GpuState.read_errors` and become
+  findings in the checks.
+* Times are UTC epoch seconds (float).
+* PCI bus ids are normalised by :func:`norm_pci` to ``dddd:bb:dd.f`` in lower-case hex
+  (``00000000:75:00.0`` from nvidia-smi and ``0000:75:00`` from an XID line both map
+  to the same GPU through :func:`pci_key`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+#: Clock-event (throttle) reason names, in NVML bit order. Source: nvml.h
+#: ``nvmlClocksEventReason*`` (formerly ``nvmlClocksThrottleReason*``) and the
+#: labels nvidia-smi prints under "Clocks Event Reasons" / "Clocks Throttle Reasons".
+CLOCK_EVENT_REASONS: dict[str, tuple[int, str]] = {
+    # name: (NVML bit mask, nvidia-smi -q label)
+    "gpu_idle": (0x1, "Idle"),
+    "applications_clocks_setting": (0x2, "Applications Clocks Setting"),
+    "sw_power_cap": (0x4, "SW Power Cap"),
+    "hw_slowdown": (0x8, "HW Slowdown"),
+    "sync_boost": (0x10, "Sync Boost"),
+    "sw_thermal_slowdown": (0x20, "SW Thermal Slowdown"),
+    "hw_thermal_slowdown": (0x40, "HW Thermal Slowdown"),
+    "hw_power_brake_slowdown": (0x80, "HW Power Brake Slowdown"),
+    "display_clock_setting": (0x100, "Display Clock Setting"),
+}
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """Decode an NVML clock-event reason bit mask to reason names (NVML bit order)."""
+    return [name for name, (bit, _label) in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+def encode_clock_event_reasons(names: list[str]) -> int:
+    """Inverse of :func:`decode_clock_event_reasons`; unknown names raise ``KeyError``."""
+    mask = 0
+    for name in names:
+        mask |= CLOCK_EVENT_REASONS[name][0]
+    return mask
+
+
+_PCI_RE = re.compile(
+    r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$"
+)
+
+
+def norm_pci(bus_id: str) -> str:
+    """Normalise a PCI bus id to ``dddd:bb:dd.f`` lower-case (domain cut to 4 digits
+    when its high digits are zero, as the kernel prints it).
+
+    Raises ``ValueError`` for a string that is not a PCI address.
+    """
+    s = bus_id.strip()
+    if s.upper().startswith("PCI:"):
+        s = s[4:]
+    m = _PCI_RE.match(s)
+    if not m:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    dom = int(m.group("dom") or "0", 16)
+    bus = int(m.group("bus"), 16)
+    dev = int(m.group("dev"), 16)
+    fn = int(m.group("fn") or "0")
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+def pci_key(bus_id: str) -> str:
+    """The domain:bus:device part of :func:`norm_pci` (XID lines carry no function)."""
+    return norm_pci(bus_id).rsplit(".", 1)[0]
+
+
+@dataclass
+class NvLinkState:
+    """One NVLink link. Counters are cumulative since driver load; ``None`` = unsupported."""
+
+    link: int
+    active: bool | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+
+
+@dataclass
+class GpuState:
+    """Everything gpuguard reads from one GPU at one time. See the module docstring for
+    units and the meaning of ``None``."""
+
+    index: int
+    uuid: str | None = None
+    serial: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    vbios_version: str | None = None
+    inforom_version: str | None = None  # InfoROM image version
+    temp_c: float | None = None
+    temp_slowdown_c: float | None = None
+    temp_shutdown_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None  # enforced limit
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    mem_clock_max_mhz: float | None = None
+    clock_event_reasons: list[str] | None = None  # active reasons, names of CLOCK_EVENT_REASONS
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    ecc_enabled: bool | None = None  # current ECC mode
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_replay_count: int | None = None
+    nvlinks: list[NvLinkState] | None = None
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+    #: field name -> error name ("GpuIsLost", "Timeout", "Unknown", ...) for reads that
+    #: failed for a reason other than "not supported".
+    read_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        """True when the driver reported the GPU lost or a read hung."""
+        return any(e in ("GpuIsLost", "Timeout", "Unknown") for e in self.read_errors.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (nested NvLinkState become dicts)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuState:
+        """Build from :meth:`to_dict` output. Unknown keys raise ``ValueError``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown GPU field(s): {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if d.get("nvlinks") is not None:
+            d["nvlinks"] = [NvLinkState(**x) for x in d["nvlinks"]]
+        if d.get("read_errors") is None:
+            d["read_errors"] = {}
+        return cls(**d)
+
+
+@dataclass
+class NodeSnapshot:
+    """All GPUs of a node at one time.
+
+    ``error`` is set when the source itself is unusable (NVML library missing, driver
+    not loaded, nvidia-smi dump unreadable); ``gpus`` is then usually empty.
+    """
+
+    taken_at: float
+    source: str
+    gpus: list[GpuState] = field(default_factory=list)
+    hostname: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeSnapshot:
+        d = dict(d)
+        d["gpus"] = [GpuState.from_dict(g) for g in d.get("gpus", [])]
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown snapshot field(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    def by_pci(self) -> dict[str, GpuState]:
+        """Map :func:`pci_key` of each GPU's bus id to the GPU."""
+        out = {}
+        for g in self.gpus:
+            if g.pci_bus_id:
+                out[pci_key(g.pci_bus_id)] = g
+        return out
+
+
+@dataclass
+class Finding:
+    """One thing a check found. ``code`` is a stable dotted id (``ecc.dbe_volatile``,
+    ``xid.79``) that the policy table maps to an action; ``evidence`` holds the numbers
+    behind the message (JSON-ready)."""
+
+    code: str
+    severity: str
+    message: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_RANK:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,1 @@
+"""Pre-job node health checks, node baseline and collector launch (Slurm Prolog)."""

@@ -1,0 +1,1 @@
+"""sacct sync and the cost, queue-wait, failure and efficiency reports."""
