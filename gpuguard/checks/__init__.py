@@ -1,0 +1,116 @@
+"""Health checks: detection only (DESIGN.md, "Detection is separate from decision").
+
+Each check is a small function ``fn(ctx: CheckContext) -> list[Finding]`` registered by
+name with :func:`check`, one module per family (``count``, ``ecc``, ``pcie``, ``nvlink``,
+``thermal``, ``inventory``, ``xid``), switchable with ``[checks] disabled``. A check never
+drains, never writes the store and never raises for a field that is ``None``
+(unsupported). :func:`run_checks` runs them all and turns a crashing check into a tool
+error, never into a finding.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.model import Finding, NodeSnapshot
+
+CheckFn = Callable[["CheckContext"], list[Finding]]
+
+REGISTRY: dict[str, CheckFn] = {}
+_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid")
+
+
+def check(name: str) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as check ``name`` (unique)."""
+    def deco(fn: CheckFn) -> CheckFn:
+        if name in REGISTRY:
+            raise ValueError(f"check {name!r} registered twice")
+        REGISTRY[name] = fn
+        return fn
+    return deco
+
+
+def load_all() -> dict[str, CheckFn]:
+    """Import every check module (registering its checks) and return the registry."""
+    for fam in _FAMILIES:
+        importlib.import_module(f"gpuguard.checks.{fam}")
+    return REGISTRY
+
+
+@dataclass
+class CheckContext:
+    """What a check may look at.
+
+    * ``snapshot``: the live GPU state.
+    * ``previous``: ``uuid -> counters`` stored by the last run on this node (see
+      :func:`counters_of`); empty on the first run or when the store is unavailable.
+    * ``previous_inventory``: ``uuid -> inventory row`` from the store.
+    * ``expected_gpu_count``: GPUs the node must show (config), or ``None``.
+    * ``job_gpu_indices``: the job's gres GPU indices (``SLURM_JOB_GPUS``), or ``None``.
+    * ``xid_events``: kernel-log events (:class:`gpuguard.xid.parse.XidEvent`) new since
+      the stored cursor.
+    * ``settings``: the ``[checks]`` config section.
+    * ``gpu_nodes_expected``: True when this node is known to have GPUs (config count,
+      job gres, or ``/dev/nvidia[0-9]*`` present) so an unusable driver is a fault.
+    """
+
+    snapshot: NodeSnapshot
+    previous: dict[str, dict[str, Any]] = field(default_factory=dict)
+    previous_inventory: dict[str, dict[str, Any]] = field(default_factory=dict)
+    expected_gpu_count: int | None = None
+    job_gpu_indices: list[int] | None = None
+    xid_events: list[Any] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    gpu_nodes_expected: bool = False
+
+    def setting(self, key: str) -> Any:
+        from gpuguard.config import SCHEMA
+
+        return self.settings.get(key, SCHEMA["checks"][key][0])
+
+
+#: Counter fields kept between runs to detect growth ("rising since the last run").
+COUNTER_FIELDS = (
+    "ecc_volatile_uncorrected", "ecc_aggregate_uncorrected", "pcie_replay_count",
+    "retired_pages_sbe", "retired_pages_dbe", "remapped_rows_uncorrectable",
+)
+
+
+def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
+    """``uuid -> {counter: value, "nvlinks": {link: {...}}}`` for the store."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in snapshot.gpus:
+        if not g.uuid:
+            continue
+        c: dict[str, Any] = {k: getattr(g, k) for k in COUNTER_FIELDS}
+        if g.nvlinks:
+            c["nvlinks"] = {str(n.link): {"active": n.active, "replay": n.replay_errors,
+                                          "recovery": n.recovery_errors,
+                                          "crc_flit": n.crc_flit_errors, "crc_data": n.crc_data_errors}
+                            for n in g.nvlinks}
+        out[g.uuid] = c
+    return out
+
+
+def run_checks(ctx: CheckContext, disabled: list[str] | None = None) -> tuple[list[Finding], list[str]]:
+    """Run every enabled check. Returns ``(findings, tool_errors)``; a check that raises
+    is reported in ``tool_errors`` (``"check NAME crashed: ..."``) and yields no finding."""
+    findings: list[Finding] = []
+    errors: list[str] = []
+    off = set(disabled or [])
+    for name, fn in load_all().items():
+        if name in off:
+            continue
+        try:
+            findings.extend(fn(ctx))
+        except Exception as e:  # a bug in a check is our fault: never a drain
+            errors.append(f"check {name} crashed: {type(e).__name__}: {e}")
+    return findings, errors
+
+
+def gpu_label(g: Any) -> str:
+    """``gpu3 (0000:91:00.0)``-style label for messages and drain reasons."""
+    return f"gpu{g.index}" + (f" ({g.pci_bus_id})" if g.pci_bus_id else "")

@@ -1,0 +1,69 @@
+"""GPU presence: the driver answers, every GPU the node should have is there and alive."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, check, gpu_label
+from gpuguard.model import Finding
+
+
+@check("driver")
+def driver_usable(ctx: CheckContext) -> list[Finding]:
+    """``gpu.driver_unusable`` (critical) when the GPU source failed on a node that is
+    expected to have GPUs (DCGM/NHC treat a node whose driver does not answer as failed);
+    ``gpu.none`` (info) when it failed on a node with no sign of GPUs."""
+    snap = ctx.snapshot
+    if not snap.error:
+        return []
+    if ctx.gpu_nodes_expected:
+        return [Finding("gpu.driver_unusable", "critical", f"GPU driver/NVML unusable: {snap.error}",
+                        evidence={"error": snap.error, "source": snap.source})]
+    return [Finding("gpu.none", "info", f"no GPUs on this node ({snap.error})", evidence={"error": snap.error})]
+
+
+@check("gpu_count")
+def gpu_count(ctx: CheckContext) -> list[Finding]:
+    """``gpu.count_mismatch`` (critical) when fewer GPUs answer than ``[node] gpu_count``,
+    or a GPU index of the job's gres (``SLURM_JOB_GPUS``) is missing. More GPUs than
+    configured is a warning (a config out of date, not a broken node)."""
+    snap = ctx.snapshot
+    if snap.error:
+        return []  # reported by the driver check
+    seen = len(snap.gpus)
+    out: list[Finding] = []
+    exp = ctx.expected_gpu_count
+    if exp:
+        if seen < exp:
+            out.append(Finding("gpu.count_mismatch", "critical", f"{seen} GPUs visible, node configured for {exp}",
+                               evidence={"visible": seen, "expected": exp}))
+        elif seen > exp:
+            out.append(Finding("gpu.count_unexpected", "warning", f"{seen} GPUs visible, node configured for {exp}",
+                               evidence={"visible": seen, "expected": exp}))
+    if ctx.job_gpu_indices:
+        indices = {g.index for g in snap.gpus}
+        missing = [i for i in ctx.job_gpu_indices if i not in indices]
+        if missing and not any(f.code == "gpu.count_mismatch" for f in out):
+            out.append(Finding("gpu.count_mismatch", "critical",
+                               f"job's GPU(s) {','.join(map(str, missing))} not visible ({seen} GPUs visible)",
+                               evidence={"visible": seen, "job_gpus": ctx.job_gpu_indices, "missing": missing}))
+    return out
+
+
+@check("gpu_lost")
+def gpu_lost(ctx: CheckContext) -> list[Finding]:
+    """``gpu.lost`` (critical) for a GPU whose reads returned ``GpuIsLost``, ``Unknown`` or
+    hung past the call timeout (NVML API reference: NVML_ERROR_GPU_IS_LOST means the GPU
+    fell off the bus or is otherwise inaccessible); other read errors are
+    ``gpu.read_error`` warnings."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        if not g.read_errors:
+            continue
+        if g.lost:
+            out.append(Finding("gpu.lost", "critical",
+                               f"{gpu_label(g)} lost or hung: " + ", ".join(f"{k}={v}" for k, v in sorted(g.read_errors.items())),
+                               g.index, g.uuid, {"read_errors": g.read_errors}))
+        else:
+            out.append(Finding("gpu.read_error", "warning",
+                               f"{gpu_label(g)} read errors: " + ", ".join(f"{k}={v}" for k, v in sorted(g.read_errors.items())),
+                               g.index, g.uuid, {"read_errors": g.read_errors}))
+    return out

@@ -1,0 +1,69 @@
+"""Memory errors: ECC counters, retired pages, row remapping.
+
+Sources: NVIDIA "GPU Memory Error Management" (A100/H100 row remapping: a pending remap
+needs a GPU reset to take effect; a remapping failure means the GPU should be replaced),
+NVIDIA "Dynamic Page Retirement" (pages pending retirement are retired at the next driver
+reload), DCGM health watch ``DCGM_HEALTH_WATCH_MEM`` (volatile DBE = failure).
+"""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, check, gpu_label
+from gpuguard.model import Finding
+
+
+@check("ecc")
+def ecc(ctx: CheckContext) -> list[Finding]:
+    """``ecc.uncorrectable_volatile`` (critical): uncorrectable errors since the last
+    driver load; ``ecc.uncorrectable_aggregate`` (warning): lifetime uncorrectable count
+    grew since the last run; ``ecc.disabled`` (warning) when ECC mode is off on a GPU that
+    reports it."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        prev = ctx.previous.get(g.uuid or "", {})
+        v = g.ecc_volatile_uncorrected
+        if v is not None and v > 0:
+            before = prev.get("ecc_volatile_uncorrected")
+            new = v - before if isinstance(before, int) and before <= v else v
+            out.append(Finding("ecc.uncorrectable_volatile", "critical",
+                               f"{gpu_label(g)} {v} uncorrectable ECC error(s) since driver load ({new} new)",
+                               g.index, g.uuid, {"volatile_uncorrected": v, "new": new, "previous": before}))
+        a = g.ecc_aggregate_uncorrected
+        before_a = prev.get("ecc_aggregate_uncorrected")
+        if a is not None and isinstance(before_a, int) and a > before_a:
+            out.append(Finding("ecc.uncorrectable_aggregate", "warning",
+                               f"{gpu_label(g)} lifetime uncorrectable ECC rose {before_a} -> {a}",
+                               g.index, g.uuid, {"aggregate_uncorrected": a, "previous": before_a}))
+        if g.ecc_enabled is False:
+            out.append(Finding("ecc.disabled", "warning", f"{gpu_label(g)} ECC mode is disabled",
+                               g.index, g.uuid, {}))
+    return out
+
+
+@check("retired_pages")
+def retired_pages(ctx: CheckContext) -> list[Finding]:
+    """``ecc.retired_pages_pending`` (critical): a page is waiting to be retired, which
+    happens only at the next driver reload / GPU reset (Dynamic Page Retirement)."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        if g.retired_pages_pending:
+            out.append(Finding("ecc.retired_pages_pending", "critical",
+                               f"{gpu_label(g)} page retirement pending (reset the GPU)",
+                               g.index, g.uuid, {"sbe": g.retired_pages_sbe, "dbe": g.retired_pages_dbe}))
+    return out
+
+
+@check("row_remap")
+def row_remap(ctx: CheckContext) -> list[Finding]:
+    """``ecc.row_remap_failure`` (critical, RMA) and ``ecc.row_remap_pending`` (critical:
+    a remap waits for a GPU reset; XID 63 is its kernel-log twin)."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        ev = {"correctable": g.remapped_rows_correctable, "uncorrectable": g.remapped_rows_uncorrectable}
+        if g.remapped_rows_failure:
+            out.append(Finding("ecc.row_remap_failure", "critical",
+                               f"{gpu_label(g)} row remapping failed (GPU needs replacement)", g.index, g.uuid, ev))
+        if g.remapped_rows_pending:
+            out.append(Finding("ecc.row_remap_pending", "critical",
+                               f"{gpu_label(g)} row remap pending (reset the GPU to apply)", g.index, g.uuid, ev))
+    return out

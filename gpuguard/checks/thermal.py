@@ -1,0 +1,66 @@
+"""Temperature and clock-event (throttle) reasons on an idle GPU, persistence mode.
+
+At idle (utilisation below ``[checks] idle_util_pct``) no slowdown should be active: HW
+slowdown, HW power brake and HW thermal slowdown at idle point at the board, its cooling
+or the node's power delivery (GPUd flags HW slowdown the same way; NVML
+``nvmlClocksEventReasonHwPowerBrakeSlowdown`` is asserted by an external power-brake
+signal). SW power cap at idle is normal and ignored.
+"""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, check, gpu_label
+from gpuguard.model import Finding
+
+_HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def _idle(ctx: CheckContext, g) -> bool:
+    return g.gpu_util_pct is None or g.gpu_util_pct < ctx.setting("idle_util_pct")
+
+
+@check("temperature")
+def temperature(ctx: CheckContext) -> list[Finding]:
+    """``thermal.near_slowdown`` (warning): idle temperature within ``temp_margin_c`` of
+    the GPU's own slowdown threshold."""
+    out = []
+    margin = ctx.setting("temp_margin_c")
+    for g in ctx.snapshot.gpus:
+        if g.temp_c is None or g.temp_slowdown_c is None or not _idle(ctx, g):
+            continue
+        if g.temp_c >= g.temp_slowdown_c - margin:
+            out.append(Finding("thermal.near_slowdown", "warning",
+                               f"{gpu_label(g)} idle at {g.temp_c:g} C, slowdown at {g.temp_slowdown_c:g} C",
+                               g.index, g.uuid, {"temp_c": g.temp_c, "slowdown_c": g.temp_slowdown_c}))
+    return out
+
+
+@check("idle_throttle")
+def idle_throttle(ctx: CheckContext) -> list[Finding]:
+    """``throttle.hw_slowdown_idle`` (critical) for HW slowdown / HW thermal slowdown /
+    HW power brake active while idle; ``throttle.sw_thermal_idle`` (warning)."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        reasons = g.clock_event_reasons or []
+        if not reasons or not _idle(ctx, g):
+            continue
+        hw = [r for r in _HW_REASONS if r in reasons]
+        if hw:
+            out.append(Finding("throttle.hw_slowdown_idle", "critical",
+                               f"{gpu_label(g)} {'+'.join(hw)} active while idle",
+                               g.index, g.uuid, {"reasons": hw, "power_w": g.power_w, "temp_c": g.temp_c,
+                                                 "sm_clock_mhz": g.sm_clock_mhz}))
+        if "sw_thermal_slowdown" in reasons:
+            out.append(Finding("throttle.sw_thermal_idle", "warning",
+                               f"{gpu_label(g)} SW thermal slowdown active while idle",
+                               g.index, g.uuid, {"temp_c": g.temp_c}))
+    return out
+
+
+@check("persistence")
+def persistence(ctx: CheckContext) -> list[Finding]:
+    """``config.persistence_off`` (warning): persistence mode off makes every job pay the
+    driver initialisation and lets the GPU state reset between jobs (NVIDIA driver
+    persistence documentation recommends the persistence daemon on compute nodes)."""
+    return [Finding("config.persistence_off", "warning", f"{gpu_label(g)} persistence mode off", g.index, g.uuid, {})
+            for g in ctx.snapshot.gpus if g.persistence_mode is False]

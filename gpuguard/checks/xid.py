@@ -1,0 +1,42 @@
+"""XID / SXid events from the kernel log, classified by the catalog
+(:mod:`gpuguard.xid.catalog`, NVIDIA's XID table with its sources)."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, check
+from gpuguard.model import Finding, pci_key
+
+
+@check("xid")
+def xid(ctx: CheckContext) -> list[Finding]:
+    """One finding per (GPU, code) among the new kernel-log events, code ``xid.N``
+    (``sxid.N`` for NVSwitch); severity from the catalog; evidence holds the count, the
+    pids/processes and the first message. The policy's action comes from the catalog
+    unless ``[policy.xid]`` overrides it."""
+    from gpuguard.xid.catalog import classify
+
+    by_pci = ctx.snapshot.by_pci()
+    grouped: dict[tuple[str, str, int], list] = {}
+    for ev in ctx.xid_events:
+        grouped.setdefault((ev.kind, ev.pci_bus_id or "", ev.xid), []).append(ev)
+    out = []
+    for (kind, pci, code), evs in grouped.items():
+        c = classify(evs[0])
+        try:
+            g = by_pci.get(pci_key(pci)) if pci and kind != "sxid" else None
+        except ValueError:
+            g = None
+        prefix = "sxid" if kind == "sxid" else "xid"
+        where = (f"gpu{g.index} ({pci})" if g else pci) or "unknown device"
+        first = evs[0]
+        out.append(Finding(
+            f"{prefix}.{code}", c.severity,
+            f"{'SXid' if kind == 'sxid' else 'XID'} {code} {c.name} on {where}" + (f" x{len(evs)}" if len(evs) > 1 else ""),
+            g.index if g else None, g.uuid if g else None,
+            {"xid": code, "kind": kind, "pci_bus_id": pci, "count": len(evs), "catalog_action": c.action,
+             "meaning": c.meaning, "source": c.source,
+             "pids": sorted({e.pid for e in evs if e.pid is not None}),
+             "processes": sorted({e.process for e in evs if e.process}),
+             "message": first.message[:200]},
+        ))
+    return out

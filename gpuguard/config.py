@@ -1,0 +1,254 @@
+"""gpuguard configuration: one TOML file, read with :mod:`tomllib`, every key defaulted.
+
+Where the file is looked for, first match wins:
+
+1. ``--config PATH`` on the command line;
+2. ``$GPUGUARD_CONFIG``;
+3. ``gpuguard.toml`` next to ``$SLURM_CONF`` (Slurm passes ``SLURM_CONF`` to the Prolog
+   and Epilog although their environment is otherwise empty: SLURM-FACTS.md §3-4), so a
+   site can keep gpuguard's config beside slurm.conf;
+4. ``/etc/gpuguard/gpuguard.toml``;
+5. none: the shipped defaults alone.
+
+A path given explicitly (1, 2) must exist. Errors are :class:`ConfigError` with one line
+naming the file, the key and what was expected; the CLI exits 2 on them.
+
+``{node}`` in a path value is replaced by the node name (``[node] name``, else
+``$SLURMD_NODENAME``, else the short host name), so several slurmd on one host keep
+separate stores.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PATH = "/etc/gpuguard/gpuguard.toml"
+
+ACTIONS = ("record", "alert", "drain", "fail-job")
+
+# section -> key -> (default, type(s), one-line doc). The single source of truth for
+# keys, defaults and the configuration reference in the README.
+SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
+    "node": {
+        "name": ("", str, "node name; empty = $SLURMD_NODENAME, else the short host name"),
+        "gpu_count": (0, int, "GPUs this node must show; 0 = take the count from gres (SLURM_JOB_GPUS) only"),
+    },
+    "paths": {
+        "store": ("/var/lib/gpuguard/node.db", str, "node store (SQLite); {node} is replaced by the node name"),
+        "cluster_store": ("", str, "cluster store; empty = same file as the node store (single host)"),
+        "state_dir": ("/var/lib/gpuguard", str, "pid files, collector state; {node} allowed"),
+        "job_dir_root": ("/var/lib/gpuguard/jobs", str, "parent of per-job directories for training records; {node} allowed"),
+        "spool_dir": ("", str, "shared directory for per-(job, node) summaries in cluster mode; empty = off"),
+        "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
+    },
+    "gpu": {
+        "source": ("nvml", str, "GPU source: nvml | replay"),
+        "replay_path": ("", str, "snapshot JSON or nvidia-smi -q / -q -x dump for the replay source; {node} allowed"),
+        "call_timeout_s": (5.0, (int, float), "timeout of one NVML call (a hung driver is a finding, not a hung prolog)"),
+    },
+    "xid": {
+        "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
+        "first_scan_lookback": ("all", str, "on the first scan ever: 'all' reads the whole buffer, 'none' starts at the end"),
+    },
+    "checks": {
+        "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),
+        "pcie_require_max_link": (False, bool, "warn when an idle GPU's PCIe link is below max gen/width (idle GPUs downshift, so off by default)"),
+        "temp_margin_c": (10.0, (int, float), "warn when idle temperature is within this many degrees of the slowdown threshold"),
+        "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks"),
+    },
+    "prolog": {
+        "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout"),
+        "start_collector": (True, bool, "start the per-job collector"),
+    },
+    "collector": {
+        "interval_s": (10.0, (int, float), "sampling interval; 1 s works"),
+        "flush_s": (10.0, (int, float), "write batched samples at least this often"),
+    },
+    "epilog": {
+        "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
+    },
+    "slurm": {
+        "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
+        "drain": (True, bool, "actually drain nodes; false = log the drain decision only (dry run)"),
+    },
+    "policy": {},  # finding code -> action; validated separately
+}
+
+# Sections whose keys are free-form (validated by value, not by name).
+_FREE_SECTIONS = {"policy"}
+
+
+class ConfigError(Exception):
+    """A configuration problem; ``str()`` is one line naming file, key and expectation."""
+
+
+@dataclass
+class Config:
+    """The effective configuration.
+
+    ``values[section][key]`` holds every key of :data:`SCHEMA`; ``origin[(section, key)]``
+    says where it came from ("default" or the file path). ``policy`` maps finding codes to
+    actions and ``xid_policy`` maps XID numbers to actions (both overrides only; shipped
+    defaults live in :mod:`gpuguard.policy` and :mod:`gpuguard.xid.catalog`).
+    """
+
+    path: str | None
+    values: dict[str, dict[str, Any]]
+    origin: dict[tuple[str, str], str]
+    policy: dict[str, str] = field(default_factory=dict)
+    xid_policy: dict[int, str] = field(default_factory=dict)
+
+    def get(self, section: str, key: str) -> Any:
+        """Value of ``section.key`` with ``{node}`` expanded in string values."""
+        v = self.values[section][key]
+        if isinstance(v, str) and "{node}" in v:
+            v = v.replace("{node}", self.node_name)
+        return v
+
+    @property
+    def node_name(self) -> str:
+        n = self.values["node"]["name"]
+        return n or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+    @property
+    def store_path(self) -> str:
+        return self.get("paths", "store")
+
+    @property
+    def cluster_store_path(self) -> str:
+        return self.get("paths", "cluster_store") or self.store_path
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(x.__name__ for x in t)
+    return t.__name__
+
+
+def _check_type(v: Any, t: type | tuple[type, ...]) -> bool:
+    types = t if isinstance(t, tuple) else (t,)
+    if isinstance(v, bool) and bool not in types:
+        return False  # TOML true is not a number
+    return isinstance(v, types)
+
+
+def find_config_path(explicit: str | None = None) -> tuple[str | None, bool]:
+    """Return ``(path, required)``: the file to read and whether it must exist."""
+    if explicit:
+        return explicit, True
+    env = os.environ.get("GPUGUARD_CONFIG")
+    if env:
+        return env, True
+    slurm_conf = os.environ.get("SLURM_CONF")
+    if slurm_conf:
+        cand = os.path.join(os.path.dirname(slurm_conf), "gpuguard.toml")
+        if os.path.exists(cand):
+            return cand, True
+    if os.path.exists(DEFAULT_PATH):
+        return DEFAULT_PATH, True
+    return None, False
+
+
+def load(explicit: str | None = None) -> Config:
+    """Load the effective configuration (see the module docstring for the search order).
+
+    Raises :class:`ConfigError` for an unreadable file, bad TOML, an unknown section or
+    key, a wrong type, or an unknown policy action.
+    """
+    path, _required = find_config_path(explicit)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except PermissionError:
+            raise ConfigError(f"{path}: config file not readable (permission denied)") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    return from_dict(data, path)
+
+
+def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
+    """Validate a parsed TOML document against :data:`SCHEMA` (see :func:`load`)."""
+    where = path or "<config>"
+    values = {s: {k: spec[0] for k, spec in keys.items()} for s, keys in SCHEMA.items()}
+    origin = {(s, k): "default" for s, keys in SCHEMA.items() for k in keys}
+    policy: dict[str, str] = {}
+    xid_policy: dict[int, str] = {}
+    for section, body in data.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"{where}: unknown section [{section}]; known: {', '.join(SCHEMA)}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        if section in _FREE_SECTIONS:
+            policy, xid_policy = _policy_from(body, where)
+            continue
+        for key, v in body.items():
+            spec = SCHEMA[section].get(key)
+            if spec is None:
+                raise ConfigError(f"{where}: unknown key {section}.{key}; known: {', '.join(SCHEMA[section])}")
+            if not _check_type(v, spec[1]):
+                raise ConfigError(
+                    f"{where}: {section}.{key} must be {_type_name(spec[1])}, got {type(v).__name__} {v!r}"
+                )
+            if isinstance(spec[0], float) and isinstance(v, int):
+                v = float(v)
+            values[section][key] = v
+            origin[(section, key)] = where
+    src = values["gpu"]["source"]
+    if src not in ("nvml", "replay"):
+        raise ConfigError(f"{where}: gpu.source must be 'nvml' or 'replay', got {src!r}")
+    if src == "replay" and not values["gpu"]["replay_path"]:
+        raise ConfigError(f"{where}: gpu.replay_path is required when gpu.source = 'replay'")
+    if values["xid"]["first_scan_lookback"] not in ("all", "none"):
+        raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
+    for key in ("time_budget_s",):
+        for sec in ("prolog", "epilog"):
+            if values[sec][key] <= 0:
+                raise ConfigError(f"{where}: {sec}.{key} must be > 0")
+    return Config(path=path, values=values, origin=origin, policy=policy, xid_policy=xid_policy)
+
+
+def _policy_from(body: dict[str, Any], where: str) -> tuple[dict[str, str], dict[int, str]]:
+    policy: dict[str, str] = {}
+    xid_policy: dict[int, str] = {}
+    for code, action in body.items():
+        if code == "xid":
+            if not isinstance(action, dict):
+                raise ConfigError(f"{where}: [policy.xid] must be a table of XID = action")
+            for x, a in action.items():
+                if not str(x).isdigit():
+                    raise ConfigError(f"{where}: policy.xid.{x}: XID must be a number")
+                _check_action(a, f"policy.xid.{x}", where)
+                xid_policy[int(x)] = a
+            continue
+        _check_action(action, f"policy.{code}", where)
+        policy[code] = action
+    return policy, xid_policy
+
+
+def _check_action(a: Any, key: str, where: str) -> None:
+    if a not in ACTIONS:
+        raise ConfigError(f"{where}: {key} must be one of {', '.join(ACTIONS)}, got {a!r}")
+
+
+def describe(cfg: Config) -> list[tuple[str, Any, str]]:
+    """Rows ``(section.key, value, origin)`` of the effective configuration, for
+    ``gpuguard config show``."""
+    rows = []
+    for s, keys in SCHEMA.items():
+        for k in keys:
+            rows.append((f"{s}.{k}", cfg.get(s, k), cfg.origin[(s, k)]))
+    for code, a in sorted(cfg.policy.items()):
+        rows.append((f"policy.{code}", a, cfg.path or "<config>"))
+    for x, a in sorted(cfg.xid_policy.items()):
+        rows.append((f"policy.xid.{x}", a, cfg.path or "<config>"))
+    return rows

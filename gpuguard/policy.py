@@ -1,0 +1,134 @@
+"""Policy: finding -> action, and the hook's decision (DESIGN.md, "Detection is separate
+from decision").
+
+Actions, mildest first: ``record`` (store only), ``alert`` (store and report to the
+operator), ``fail-job`` (the prolog exits non-zero without draining: the job is requeued
+elsewhere, the node stays), ``drain`` (``scontrol update state=drain`` with a ``gpuguard:``
+reason, then the prolog exits non-zero so Slurm requeues the job).
+
+:data:`DEFAULT_ACTIONS` holds the shipped default for every finding code, each with its
+source; ``[policy]`` in the config overrides per code and ``[policy.xid]`` per XID number.
+XID findings (``xid.N``/``sxid.N``) default to the XID catalog's action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.model import SEVERITY_RANK, Finding
+
+ACTION_RANK = {"record": 0, "alert": 1, "fail-job": 2, "drain": 3}
+
+#: code -> (default action, source of the default)
+DEFAULT_ACTIONS: dict[str, tuple[str, str]] = {
+    "gpu.driver_unusable": ("drain", "DCGM/NHC: a node whose GPU driver does not answer fails its health check"),
+    "gpu.none": ("record", "a node without GPUs is not a fault"),
+    "gpu.count_mismatch": ("drain", "NHC check_nv_gpu_count / DCGM: fewer GPUs than configured = failed node"),
+    "gpu.count_unexpected": ("alert", "more GPUs than configured: config out of date, not a broken node"),
+    "gpu.lost": ("drain", "NVML_ERROR_GPU_IS_LOST: GPU off the bus or inaccessible; XID 79 action is reboot"),
+    "gpu.read_error": ("alert", "a single failed read is not proof of a broken GPU"),
+    "ecc.uncorrectable_volatile": ("drain", "DCGM health watch MEM: volatile DBE = fail; XID 48 action reset GPU"),
+    "ecc.uncorrectable_aggregate": ("alert", "lifetime count grew: already drained via the volatile count if current"),
+    "ecc.disabled": ("alert", "ECC off on a data-center GPU is a configuration drift"),
+    "ecc.retired_pages_pending": ("drain", "NVIDIA Dynamic Page Retirement: pending pages retire at the next reset"),
+    "ecc.row_remap_pending": ("drain", "NVIDIA GPU Memory Error Management: a pending remap needs a GPU reset"),
+    "ecc.row_remap_failure": ("drain", "NVIDIA GPU Memory Error Management: remap failure = replace the GPU (XID 64)"),
+    "pcie.width_degraded": ("alert", "link width does not drop for power saving: degraded slot/riser"),
+    "pcie.gen_degraded": ("alert", "idle GPUs downshift the PCIe generation; opt-in check"),
+    "pcie.replay_growth": ("alert", "replays are retransmissions: a marginal link, watch the trend"),
+    "nvlink.link_down": ("drain", "DCGM health watch NVLINK: a down link fails the GPU"),
+    "nvlink.errors_rising": ("alert", "DCGM health watch NVLINK warns on CRC/replay/recovery error growth"),
+    "thermal.near_slowdown": ("alert", "idle GPU close to its own slowdown threshold: cooling problem"),
+    "throttle.hw_slowdown_idle": ("drain", "HW slowdown/power brake at idle: board, cooling or power fault (GPUd)"),
+    "throttle.sw_thermal_idle": ("alert", "SW thermal slowdown at idle: cooling problem"),
+    "config.persistence_off": ("alert", "NVIDIA driver persistence docs: enable on compute nodes"),
+    "inventory.changed": ("record", "change log context for verdicts"),
+    "inventory.new_gpu": ("record", "change log context for verdicts"),
+}
+
+
+@dataclass
+class Decision:
+    """The hook's decision.
+
+    ``outcome`` is ``proceed``, ``drain`` or ``fail-job``; ``reason`` is the drain reason
+    (starts with ``gpuguard:``, at most :data:`REASON_MAX` characters) or the fail-job
+    message; ``actions`` pairs each finding with its action.
+    """
+
+    outcome: str
+    reason: str = ""
+    actions: list[tuple[Finding, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """Prolog exit status: 0 proceed, 1 drain or fail-job (Slurm requeues the job)."""
+        return 0 if self.outcome == "proceed" else 1
+
+
+#: ``sinfo -R -o %E`` shows the whole reason; keep it one readable line.
+REASON_MAX = 200
+
+
+def action_for(f: Finding, policy: dict[str, str] | None = None, xid_policy: dict[int, str] | None = None) -> str:
+    """The action for finding ``f``: config override by code, then (XID) by number, then
+    the shipped default; an unknown code falls back by severity (critical -> alert,
+    never drain: a new code must be given a drain action on purpose)."""
+    policy = policy or {}
+    xid_policy = xid_policy or {}
+    if f.code in policy:
+        return policy[f.code]
+    if f.code.startswith(("xid.", "sxid.")):
+        if f.code.startswith("xid."):
+            try:
+                n = int(f.code.split(".", 1)[1])
+            except ValueError:
+                n = -1
+            if n in xid_policy:
+                return xid_policy[n]
+        return f.evidence.get("catalog_action", "alert")
+    if f.code in DEFAULT_ACTIONS:
+        return DEFAULT_ACTIONS[f.code][0]
+    return "alert" if SEVERITY_RANK[f.severity] >= SEVERITY_RANK["warning"] else "record"
+
+
+def decide(findings: Iterable[Finding], policy: dict[str, str] | None = None,
+           xid_policy: dict[int, str] | None = None) -> Decision:
+    """Map findings to actions and pick the strongest: drain > fail-job > proceed.
+
+    The drain reason names the code, the GPU and the evidence of the first (most severe)
+    draining finding, e.g. ``gpuguard: xid.79 gpu2 XID 79 GPU has fallen off the bus``,
+    plus ``(+N more)`` when several findings drain.
+    """
+    acts = [(f, action_for(f, policy, xid_policy)) for f in findings]
+    acts.sort(key=lambda fa: (-ACTION_RANK[fa[1]], -SEVERITY_RANK[fa[0].severity]))
+    for outcome in ("drain", "fail-job"):
+        hits = [f for f, a in acts if a == outcome]
+        if hits:
+            return Decision(outcome, format_reason(hits), acts)
+    return Decision("proceed", "", acts)
+
+
+def format_reason(hits: list[Finding]) -> str:
+    """``gpuguard: CODE MESSAGE [(+N more)]`` cut to :data:`REASON_MAX` characters.
+
+    Characters Slurm or a shell could mangle (newlines, ``"``) are replaced: the reason is
+    passed as one argv element, but it is echoed by sinfo/scontrol in one line."""
+    first = hits[0]
+    more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+    text = f"gpuguard: {first.code} {first.message}"
+    text = " ".join(text.replace('"', "'").split())
+    if len(text) + len(more) > REASON_MAX:
+        text = text[: REASON_MAX - len(more) - 3] + "..."
+    return text + more
+
+
+def summarize(decision: Decision) -> dict[str, Any]:
+    """JSON-ready form of a decision."""
+    return {
+        "outcome": decision.outcome,
+        "reason": decision.reason,
+        "findings": [dict(f.to_dict(), action=a) for f, a in decision.actions],
+    }
