@@ -1,0 +1,384 @@
+"""Parse NVIDIA XID / SXid / "fallen off the bus" messages out of kernel-log text.
+
+There is no library for this format; it is matched with ``re`` on the shapes seen in
+``shared/corpus/xid-*.txt`` (real host output, issue pastes, driver-source examples):
+
+* ``NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout ...``
+* ``nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up``
+* ``NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`` and the three-line
+  ``NVRM: The NVIDIA GPU 0000:b3:00.0 / (PCI ID: ...) installed ... / fallen off the bus``
+
+The Xid/SXid marker is searched anywhere in the line, so any prefix is accepted; the
+prefix is then read for a time stamp:
+
+* none -> ``timestamp = monotonic_s = None``;
+* ``[  123.456789]`` (dmesg, kmsg) -> ``monotonic_s`` (seconds since boot);
+* ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``) -> ``timestamp``, read as
+  the *local* time of the process parsing it (dmesg printed the host's local time;
+  the prolog parses on that same host);
+* ISO 8601 (``dmesg --time-format iso`` with its ``,usec`` separator, ``journalctl -o
+  short-iso``/``short-iso-precise``, RFC 3339 syslog) -> ``timestamp``; a naive one is
+  local time;
+* syslog ``Mon DD HH:MM:SS host kernel:`` has no year -> ``timestamp`` stays ``None``
+  (guessing the year is wrong around New Year); a monotonic stamp after it is still read;
+* third-party wrappers (``Xid errors on instance: ..., Error: <syslog line>``) work
+  because only the marker matters.
+
+Odd cases, and what is done with them:
+
+* ``pid='<unknown>'``, ``pid=<unknown>``, ``pid=<varies>`` (user edit) -> ``pid=None``;
+  ``name=<unknown>`` -> ``process=None``. Process names may contain ``::`` or spaces
+  (up to the next comma).
+* No ``pid=`` at all (legacy 418 ``31, Ch 0000003a, intr ...``; XID 62 bare hex words;
+  NVLink5 ``149, NETIR ...``; ``79, GPU has fallen off the bus.``) -> pid/process
+  ``None``, the whole text after the code is the message. ``pid=`` without ``name=``
+  (450-era) keeps the pid.
+* The code is always the number right after ``): ``; ``caused by previous Xid N`` /
+  ``critical error 79`` inside a message are never taken as a code.
+* ``64, ...`` (user-truncated) -> an event for XID 64 whose message is ``...``: the
+  code is what matters for the action.
+* A lone ``...`` line (user elision) is an ordinary line and ignored.
+* Multi-line records: a line that starts with white space and follows a line holding
+  ``NVRM`` or ``SXid`` continues it (dmesg/journald print a multi-line kernel record
+  that way; users re-wrap long lines that way). At most 8 continuation lines are
+  joined; kernel stack-frame lines (``  func+0x1/0x2``, ``<TASK>``) never are. The
+  message is the joined text (a leading ``NVRM:`` of each continuation dropped, single
+  spaces); ``raw`` keeps the original lines joined by ``\\n``.
+* MIG: ``(PCI:0000:01:00 GPU-I:05)`` -> ``mig_instance="GPU-I:05"`` (everything after
+  the address inside the parentheses).
+* Non-zero PCI domains (``0008:``, ``00000001:``) are normalised by
+  :func:`gpuguard.model.pci_key` / :func:`~gpuguard.model.norm_pci`.
+* A fallen-off-bus record whose previous *event* is an XID 79 (or another
+  fallen-off-bus event) for the same GPU, within 10 s when both carry times, is the
+  same incident: it is appended to that event's ``raw`` and creates no event.
+* SXid detail lines (message starting ``Severity `` or ``Data {``) belong to the
+  report whose header line (``Fatal, Link ...``) the switch printed just before: they
+  are appended to the ``raw`` of the most recent SXid event with the same switch and
+  code (within 10 s when both carry times). With no such event (the header was cut
+  off) the detail line is an event of its own.
+* A line that holds the Xid/SXid marker or "fallen off the bus" but cannot be read (no
+  PCI address, no numeric code) counts in ``unparsed`` (first 5 kept in
+  ``unparsed_samples``). Every other line is ignored silently.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gpuguard.model import norm_pci, pci_key
+
+#: Kinds of event.
+KINDS = ("xid", "sxid", "fallen_off_bus")
+
+#: Most continuation lines joined to one record.
+MAX_CONTINUATION_LINES = 8
+#: Two records further apart than this (seconds, either clock) are never merged.
+MERGE_WINDOW_S = 10.0
+#: How many unparsable lines are kept as samples.
+MAX_UNPARSED_SAMPLES = 5
+
+
+@dataclass
+class XidEvent:
+    """One XID / SXid / fallen-off-bus event.
+
+    ``pci_bus_id``: GPU as :func:`~gpuguard.model.pci_key` (``"0000:91:00"``); for an
+    SXid the NVSwitch BDF with function, as :func:`~gpuguard.model.norm_pci`
+    (``"0000:06:00.0"``). ``xid``: the XID code, the SXid code, or 79 for
+    ``fallen_off_bus``. ``timestamp``: UTC epoch seconds or ``None``; ``monotonic_s``:
+    seconds since boot or ``None``. ``line_no``: 1-based number of the first input line.
+    """
+
+    kind: str
+    pci_bus_id: str
+    xid: int
+    pid: int | None
+    process: str | None
+    message: str
+    timestamp: float | None
+    monotonic_s: float | None
+    mig_instance: str | None
+    raw: str
+    line_no: int
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "pci_bus_id": self.pci_bus_id,
+            "xid": self.xid,
+            "pid": self.pid,
+            "process": self.process,
+            "message": self.message,
+            "timestamp": self.timestamp,
+            "monotonic_s": self.monotonic_s,
+            "mig_instance": self.mig_instance,
+            "raw": self.raw,
+            "line_no": self.line_no,
+        }
+
+
+@dataclass
+class ParseResult:
+    """``events`` in input order; ``unparsed``: number of NVRM Xid/SXid/fallen-off-bus
+    records that could not be read; ``gpu_uuids``: ``pci_key -> "GPU-<uuid>"`` from
+    ``NVRM: GPU at PCI:...: GPU-...`` lines (helps map events to GPUs)."""
+
+    events: list[XidEvent] = field(default_factory=list)
+    unparsed: int = 0
+    unparsed_samples: list[str] = field(default_factory=list)
+    gpu_uuids: dict[str, str] = field(default_factory=dict)
+
+
+_HEX = "[0-9a-fA-F]"
+_XID_RE = re.compile(r"NVRM:\s*Xid\s*\((?P<loc>[^)]*)\):\s*(?P<code>\d+)\b,?\s*(?P<rest>.*)$")
+_XID_TRIGGER = re.compile(r"NVRM:\s*Xid\b")
+_SXID_RE = re.compile(r"\bSXid\s*\((?P<loc>[^)]*)\):\s*(?P<code>\d+)\b,?\s*(?P<rest>.*)$")
+_SXID_TRIGGER = re.compile(r"\bSXid\s*\(")
+_FALLEN_RE = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
+_NVRM_RE = re.compile(r"NVRM:\s*")
+_LOC_RE = re.compile(
+    rf"^\s*(?:PCI:)?(?P<pci>{_HEX}{{1,8}}:{_HEX}{{1,2}}:{_HEX}{{1,2}}(?:\.[0-7])?)\s*(?P<extra>.*?)\s*$"
+)
+_BDF_IN_TEXT_RE = re.compile(
+    rf"(?<![0-9a-fA-F:])(?:PCI:)?({_HEX}{{4,8}}:{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?)(?![0-9a-fA-F])"
+)
+_PID_RE = re.compile(r"^pid=(?P<pid>'[^']*'|<[^>]*>|[^,\s]*)\s*(?:,\s*|$)")
+_NAME_RE = re.compile(r"^name=(?P<name>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)")
+_GPU_UUID_RE = re.compile(
+    rf"NVRM:\s*GPU at (?:PCI:)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<uuid>GPU-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
+)
+_STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-fA-F]+|</?\w+>)")
+
+_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+_CTIME_RE = re.compile(
+    rf"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
+    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\]"
+)
+_ISO_RE = re.compile(
+    r"(?<!\d)(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?!\d)"
+)
+_SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
+_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]")
+
+
+def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
+    """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
+    timestamp: float | None = None
+    m = _CTIME_RE.search(prefix)
+    if m:
+        st = time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}", "%Y %b %d %H:%M:%S")
+        timestamp = time.mktime(st)
+    else:
+        m = _ISO_RE.search(prefix)
+        if m:
+            iso = m["iso"].replace(",", ".").replace("Z", "+00:00")
+            try:
+                dt = datetime.fromisoformat(iso)
+            except ValueError:
+                dt = None
+            if dt is not None:
+                timestamp = dt.timestamp() if dt.tzinfo else time.mktime(dt.timetuple()) + dt.microsecond / 1e6
+    mono = _MONO_RE.search(prefix)
+    return timestamp, (float(mono["mono"]) if mono else None)
+
+
+def _strip_placeholder(value: str) -> str | None:
+    """``'<unknown>'`` / ``<unknown>`` / empty -> None; quotes removed otherwise."""
+    v = value.strip()
+    if len(v) >= 2 and v[0] == v[-1] == "'":
+        v = v[1:-1].strip()
+    if not v or (v.startswith("<") and v.endswith(">")):
+        return None
+    return v
+
+
+def _split_pid_name(rest: str) -> tuple[int | None, str | None, str]:
+    """Split ``pid=..., name=..., message`` into (pid, process, message)."""
+    pid: int | None = None
+    process: str | None = None
+    m = _PID_RE.match(rest)
+    if m:
+        value = _strip_placeholder(m["pid"])
+        pid = int(value) if value is not None and value.isdigit() else None
+        rest = rest[m.end():]
+        n = _NAME_RE.match(rest)
+        if n:
+            process = _strip_placeholder(n["name"])
+            rest = rest[n.end():]
+    return pid, process, rest.strip()
+
+
+def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
+    """Group input lines into records: (1-based first line number, lines)."""
+    current: list[str] | None = None
+    start = 0
+    for n, line in enumerate(lines, 1):
+        line = line.rstrip("\r\n")
+        is_continuation = (
+            current is not None
+            and line[:1] in (" ", "\t")
+            and line.strip() != ""
+            and len(current) <= MAX_CONTINUATION_LINES
+            and ("NVRM" in current[0] or "SXid" in current[0])
+            and not _STACK_FRAME_RE.match(line)
+        )
+        if is_continuation:
+            current.append(line)
+            continue
+        if current is not None:
+            yield start, current
+        current, start = [line], n
+    if current is not None:
+        yield start, current
+
+
+def _joined(lines: list[str]) -> str:
+    parts = [lines[0].rstrip()]
+    for cont in lines[1:]:
+        text = cont.strip()
+        if text.startswith("NVRM:"):
+            text = text[5:].strip()
+        parts.append(text)
+    return " ".join(p for p in parts if p)
+
+
+def _close_in_time(a: XidEvent, b: XidEvent) -> bool:
+    if a.monotonic_s is not None and b.monotonic_s is not None:
+        return abs(a.monotonic_s - b.monotonic_s) <= MERGE_WINDOW_S
+    if a.timestamp is not None and b.timestamp is not None:
+        return abs(a.timestamp - b.timestamp) <= MERGE_WINDOW_S
+    return True
+
+
+def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | None | bool:
+    """An event, ``None`` for an ordinary line, ``False`` for an unparsable NVRM one."""
+    m = _XID_RE.search(text)
+    if m or _XID_TRIGGER.search(text):
+        if not m:
+            return False
+        loc = _LOC_RE.match(m["loc"])
+        if not loc:
+            return False
+        timestamp, mono = _prefix_times(text[: m.start()])
+        pid, process, message = _split_pid_name(m["rest"])
+        return XidEvent(
+            kind="xid",
+            pci_bus_id=pci_key(loc["pci"]),
+            xid=int(m["code"]),
+            pid=pid,
+            process=process,
+            message=message,
+            timestamp=timestamp,
+            monotonic_s=mono,
+            mig_instance=loc["extra"] or None,
+            raw=raw,
+            line_no=line_no,
+        )
+    m = _SXID_RE.search(text)
+    if m or _SXID_TRIGGER.search(text):
+        if not m:
+            return False
+        loc = _LOC_RE.match(m["loc"])
+        if not loc:
+            return False
+        timestamp, mono = _prefix_times(text[: m.start()])
+        return XidEvent(
+            kind="sxid",
+            pci_bus_id=norm_pci(loc["pci"]),
+            xid=int(m["code"]),
+            pid=None,
+            process=None,
+            message=m["rest"].strip(),
+            timestamp=timestamp,
+            monotonic_s=mono,
+            mig_instance=None,
+            raw=raw,
+            line_no=line_no,
+        )
+    if _FALLEN_RE.search(text) and "NVRM" in text:
+        nvrm = _NVRM_RE.search(text)
+        assert nvrm is not None
+        body = text[nvrm.end():]
+        bdf = _BDF_IN_TEXT_RE.search(body)
+        if not bdf:
+            return False
+        timestamp, mono = _prefix_times(text[: nvrm.start()])
+        return XidEvent(
+            kind="fallen_off_bus",
+            pci_bus_id=pci_key(bdf.group(1)),
+            xid=79,
+            pid=None,
+            process=None,
+            message=body.strip(),
+            timestamp=timestamp,
+            monotonic_s=mono,
+            mig_instance=None,
+            raw=raw,
+            line_no=line_no,
+        )
+    return None
+
+
+def _merge_target(event: XidEvent, events: list[XidEvent]) -> XidEvent | None:
+    """The earlier event a duplicate/detail record belongs to (see module docstring)."""
+    if not events:
+        return None
+    if event.kind == "fallen_off_bus":
+        prev = events[-1]
+        if prev.xid == 79 and prev.kind in ("xid", "fallen_off_bus") and prev.pci_bus_id == event.pci_bus_id:
+            return prev if _close_in_time(prev, event) else None
+        return None
+    if event.kind == "sxid" and event.message.startswith(("Severity ", "Data {")):
+        for prev in reversed(events):
+            if prev.kind == "sxid" and prev.pci_bus_id == event.pci_bus_id and prev.xid == event.xid:
+                return prev if _close_in_time(prev, event) else None
+    return None
+
+
+def parse_lines(lines: Iterable[str]) -> ParseResult:
+    """Parse kernel-log lines (with or without trailing newlines) into a
+    :class:`ParseResult`. Never raises on odd input; see the module docstring for how
+    each odd case is handled."""
+    result = ParseResult()
+    for line_no, record in _records(lines):
+        raw = "\n".join(record)
+        text = _joined(record)
+        uuid = _GPU_UUID_RE.search(text)
+        if uuid:
+            try:
+                result.gpu_uuids[pci_key(uuid["pci"])] = uuid["uuid"]
+            except ValueError:
+                pass
+        try:
+            parsed = _parse_record(text, raw, line_no)
+        except ValueError:  # norm_pci on an address the loose pattern let through
+            parsed = False
+        if parsed is None:
+            continue
+        if parsed is False:
+            result.unparsed += 1
+            if len(result.unparsed_samples) < MAX_UNPARSED_SAMPLES:
+                result.unparsed_samples.append(text[:300])
+            continue
+        target = _merge_target(parsed, result.events)
+        if target is not None:
+            target.raw += "\n" + parsed.raw
+            continue
+        result.events.append(parsed)
+    return result
+
+
+def parse_text(text: str) -> ParseResult:
+    """:func:`parse_lines` on a whole text (split on newlines)."""
+    return parse_lines(text.splitlines())
+
+
+def utc_iso(timestamp: float | None) -> str | None:
+    """Epoch seconds -> ISO 8601 UTC (``2025-01-21T04:41:44.283302+00:00``) or None."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat()
