@@ -1,12 +1,147 @@
-"""Slurm hook entry point (stub; filled in by the stage's issue)."""
+"""``gpuguard-prolog``: the Slurm Prolog (runs as root on every node of every job).
 
+What it does, in order, inside ``[prolog] time_budget_s``:
+
+1. load the config (errors: logged, exit 0 — our fault never blocks a job);
+2. open the node store (errors: logged as tool errors, the run still decides from live
+   checks);
+3. run the health checks (:func:`gpuguard.health.run_health`) on the job's node;
+4. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
+   then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
+   drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> exit 1;
+   ``proceed`` -> start the collector (when configured) and exit 0.
+
+Whatever hangs, the process exits when the budget runs out: the work runs in a daemon
+thread and the main thread leaves with ``os._exit`` (a hung NVML call cannot be
+interrupted otherwise). Running out of budget is our fault: exit 0, no drain.
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+import threading
+
+EXIT_OK = 0
+EXIT_FAIL_JOB = 1
+
+
+def _env(name: str) -> str | None:
+    v = os.environ.get(name)
+    return v if v else None
+
+
+def run(env: dict[str, str] | None = None) -> int:
+    """The prolog's work; returns the exit status. Used by :func:`main` and the tests."""
+    env = dict(os.environ) if env is None else env
+    from gpuguard import config as config_mod
+    from gpuguard import log as log_mod
+
+    job_id = env.get("SLURM_JOB_ID")
+    try:
+        cfg = config_mod.load()
+    except config_mod.ConfigError as e:
+        log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "prolog", job_id).error("tool error: config: %s", e)
+        return EXIT_OK
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
+    from gpuguard.health import parse_job_gpus, run_health
+    from gpuguard.store import StoreError, open_store
+
+    store = None
+    try:
+        store = open_store(cfg.store_path)
+    except StoreError as e:
+        log.error("tool error: %s", e)
+    job_gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
+    res = run_health(cfg, hook="prolog", store=store, job_id=job_id, job_gpus=job_gpus,
+                     budget_s=cfg.get("prolog", "time_budget_s") * 0.5)
+    for err in res.tool_errors:
+        log.error("tool error: %s", err)
+    for f, action in res.decision.actions:
+        log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
+    outcome = res.decision.outcome
+    if outcome == "drain":
+        node = cfg.node_name
+        if cfg.get("slurm", "drain"):
+            from gpuguard.slurm import SlurmCli, SlurmError
+
+            try:
+                SlurmCli(cfg.get("slurm", "bin_dir")).drain_node(node, res.decision.reason)
+                log.warning("drained %s: %s", node, res.decision.reason)
+            except SlurmError as e:
+                log.error("tool error: drain failed (Slurm will drain with 'Prolog error'): %s", e)
+        else:
+            log.warning("dry run: would drain %s: %s", node, res.decision.reason)
+        _close(store)
+        return EXIT_FAIL_JOB
+    if outcome == "fail-job":
+        log.warning("failing job %s: %s", job_id, res.decision.reason)
+        _close(store)
+        return EXIT_FAIL_JOB
+    if cfg.get("prolog", "start_collector") and job_id:
+        try:
+            from gpuguard.collector.launch import start_collector
+
+            start_collector(cfg, env, log)
+        except ImportError:
+            pass  # collector not installed in this build
+        except Exception as e:  # our fault: the job runs unmonitored, never fails
+            log.error("tool error: collector start: %s: %s", type(e).__name__, e)
+    _close(store)
+    log.info("proceed (%d finding(s))", len(res.findings))
+    return EXIT_OK
+
+
+def _close(store) -> None:
+    if store is not None:
+        store.close()
+
+
+def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
+    """Run :func:`run` in a daemon thread; give up after ``budget_s`` seconds (exit 0)."""
+    result: list[int] = []
+
+    def target() -> None:
+        try:
+            result.append(run(env))
+        except BaseException as e:  # a bug in gpuguard: log it, let the job run
+            try:
+                from gpuguard.log import LOG
+
+                LOG.exception("tool error: prolog crashed: %s", e)
+            finally:
+                result.append(EXIT_OK)
+
+    t = threading.Thread(target=target, name="gpuguard-prolog", daemon=True)
+    t.start()
+    t.join(budget_s)
+    if not result:
+        from gpuguard.log import LOG
+
+        LOG.error("tool error: prolog exceeded its time budget of %.1f s; proceeding", budget_s)
+        return EXIT_OK
+    return result[0]
+
+
+def _budget() -> float:
+    """The configured budget, read cheaply (a broken config falls back to the default)."""
+    from gpuguard import config as config_mod
+
+    try:
+        return float(config_mod.load().get("prolog", "time_budget_s"))
+    except Exception:
+        return float(config_mod.SCHEMA["prolog"]["time_budget_s"][0])
 
 
 def main() -> int:
-    """Run the hook. Exit 0: gpuguard's own errors never fail a Slurm hook."""
-    return 0
+    """Console script entry point. Exits through ``os._exit`` so a hung NVML thread
+    cannot keep the process (and the job) waiting."""
+    os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    rc = run_with_budget(_budget())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pathlib
 import time
 from typing import Any
 
@@ -76,7 +77,7 @@ class ReplaySource:
             from gpuguard.gpu.nvsmi import NvsmiParseError, load_nvidia_smi
 
             try:
-                self._base = load_nvidia_smi(text, name=path)
+                self._base = load_nvidia_smi(pathlib.Path(path))
             except NvsmiParseError as e:
                 raise ReplayError(str(e)) from None
             self._base.source = "replay:" + self._base.source

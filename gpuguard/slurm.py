@@ -1,0 +1,128 @@
+"""Slurm access behind one small interface.
+
+pyslurm cannot be installed against the Slurm these machines get (PyPI carries only its
+25.11 line; Debian 12 ships Slurm 22.05), so :class:`SlurmCli` drives the Slurm commands
+(``scontrol``, ``sinfo``, ``sacct``, ``sacctmgr``) by absolute path with argument lists —
+never a shell string — and a timeout. Another backend (pyslurm, slurmrestd) can implement
+the same methods.
+
+Hooks run with no ``PATH`` (SLURM-FACTS.md §3), hence ``bin_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+REASON_PREFIX = "gpuguard:"
+
+
+class SlurmError(Exception):
+    """A Slurm command failed or timed out; ``str()`` names the command and its stderr."""
+
+
+@dataclass
+class NodeReason:
+    """One row of ``sinfo -R -o '%E|%U|%H|%N'`` (reason, user, time, node list)."""
+
+    reason: str
+    user: str
+    time: str
+    nodes: str
+
+
+class SlurmCli:
+    """Slurm through its command-line tools.
+
+    ``bin_dir``: directory of the Slurm commands; ``timeout_s``: per command.
+    """
+
+    def __init__(self, bin_dir: str = "/usr/bin", timeout_s: float = 15.0):
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+
+    def run(self, tool: str, *args: str, timeout_s: float | None = None) -> str:
+        """Run ``tool args...``; return stdout. Raises :class:`SlurmError`."""
+        exe = os.path.join(self.bin_dir, tool)
+        cmd = [exe, *args]
+        env = dict(os.environ)
+        env.setdefault("PATH", f"{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s or self.timeout_s,
+                               env=env, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError(f"{exe}: not found (set [slurm] bin_dir)") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{tool} {' '.join(args[:3])}: timed out after {timeout_s or self.timeout_s:g} s") from None
+        if p.returncode != 0:
+            msg = (p.stderr or p.stdout).strip().splitlines()
+            raise SlurmError(f"{tool} {' '.join(args[:3])}: exit {p.returncode}: {msg[-1] if msg else ''}")
+        return p.stdout
+
+    # -- nodes ----------------------------------------------------------------------
+    def drain_node(self, node: str, reason: str) -> None:
+        """``scontrol update nodename=NODE state=drain reason=REASON``. The reason must
+        start with :data:`REASON_PREFIX` so that :meth:`resume_node` can tell our drains
+        from everyone else's (the LBNL NHC convention)."""
+        if not reason.startswith(REASON_PREFIX):
+            raise ValueError(f"drain reason must start with {REASON_PREFIX!r}")
+        self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+
+    def node_reasons(self) -> list[NodeReason]:
+        """Full drain/down reasons. Plain ``sinfo -R`` cuts them at 20 characters
+        (SLURM-FACTS §6b), so the format is given explicitly."""
+        out = self.run("sinfo", "-h", "-R", "-o", "%E|%U|%H|%N")
+        rows = []
+        for line in out.splitlines():
+            parts = line.rsplit("|", 3)
+            if len(parts) == 4:
+                rows.append(NodeReason(*parts))
+        return rows
+
+    def node_reason(self, node: str) -> str | None:
+        """The reason set on ``node`` (``scontrol show node``), or None."""
+        out = self.run("scontrol", "show", "node", node, "-o")
+        for tok in _scontrol_fields(out):
+            if tok[0] == "Reason":
+                return tok[1] or None
+        return None
+
+    def resume_node(self, node: str) -> bool:
+        """Resume ``node`` only when its reason was written by gpuguard; returns whether
+        it was resumed. Someone else's drain is never touched."""
+        reason = self.node_reason(node)
+        if not reason or not reason.startswith(REASON_PREFIX):
+            return False
+        self.run("scontrol", "update", f"nodename={node}", "state=resume")
+        return True
+
+    # -- jobs -----------------------------------------------------------------------
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o JOBID`` as a field dict (``JobName``, ``Comment``, ...)."""
+        out = self.run("scontrol", "show", "job", "-o", str(job_id))
+        return dict(_scontrol_fields(out))
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Store ``text`` in the job's AdminComment through slurmdbd: ``scontrol`` refuses
+        finished jobs (SLURM-FACTS §6c), ``sacctmgr modify job`` works from
+        EpilogSlurmctld. slurmdbd cuts values at 65,535 bytes silently; so do we, loudly."""
+        data = text.encode()
+        if len(data) > 65535:
+            raise ValueError(f"AdminComment is {len(data)} bytes; slurmdbd keeps at most 65535")
+        self.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"AdminComment={text}")
+
+
+def _scontrol_fields(text: str) -> list[tuple[str, str]]:
+    """Split one-line ``scontrol show -o`` output into (key, value) pairs. Values may
+    contain spaces (``Reason=gpuguard: xid.79 ...``), so a token without ``=`` is glued
+    to the previous value."""
+    pairs: list[tuple[str, str]] = []
+    for tok in text.strip().split(" "):
+        if "=" in tok and tok.split("=", 1)[0].replace("_", "").replace(":", "").isalnum():
+            k, v = tok.split("=", 1)
+            pairs.append((k, v))
+        elif pairs:
+            k, v = pairs[-1]
+            pairs[-1] = (k, f"{v} {tok}")
+    return pairs
