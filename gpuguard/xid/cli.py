@@ -1,0 +1,105 @@
+"""``gpuguard xid`` commands: a thin layer over :mod:`gpuguard.xid.parse` and
+:mod:`gpuguard.xid.catalog` (parse, classify, format)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from gpuguard.xid.catalog import classify
+from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines, utc_iso
+
+#: Message column width in the table (characters).
+MESSAGE_WIDTH = 60
+
+
+class FileError(click.ClickException):
+    """A one-line error about an input file; exit status 2 like a usage error."""
+
+    exit_code = 2
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as exc:
+        raise FileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _time_text(event: XidEvent) -> str:
+    if event.timestamp is not None:
+        return utc_iso(event.timestamp) or "-"
+    if event.monotonic_s is not None:
+        return f"+{event.monotonic_s:.6f}s"
+    return "-"
+
+
+def event_rows(result: ParseResult) -> list[dict]:
+    """One JSON-ready dict per event: the event's fields, ``time_iso`` (UTC or None)
+    and the classification (``action``, ``severity``, ``name``, ``meaning``, ``source``)."""
+    rows = []
+    for event in result.events:
+        c = classify(event)
+        row = event.to_dict()
+        row["time_iso"] = utc_iso(event.timestamp)
+        row.update(action=c.action, severity=c.severity, name=c.name, meaning=c.meaning, source=c.source)
+        rows.append(row)
+    return rows
+
+
+def _table(result: ParseResult) -> str:
+    header = ("TIME", "PCI", "KIND", "XID", "NAME", "PID", "PROCESS", "ACTION", "MESSAGE")
+    body = []
+    for event in result.events:
+        c = classify(event)
+        msg = " ".join(event.message.split())
+        if len(msg) > MESSAGE_WIDTH:
+            msg = msg[: MESSAGE_WIDTH - 3] + "..."
+        pci = event.pci_bus_id + (f" {event.mig_instance}" if event.mig_instance else "")
+        body.append((
+            _time_text(event), pci, event.kind, str(event.xid), c.name,
+            "-" if event.pid is None else str(event.pid), event.process or "-", c.action, msg,
+        ))
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
+    lines = []
+    for r in [header, *body]:
+        cells = [r[i].ljust(widths[i]) for i in range(len(widths))] + [r[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+@click.group()
+def xid() -> None:
+    """NVIDIA XID / SXid events in kernel logs."""
+
+
+@xid.command()
+@click.argument("file", default="-", metavar="[FILE|-]")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def scan(file: str, as_json: bool) -> None:
+    """Parse a kernel log (FILE, or stdin for -) and print its classified XID events.
+
+    Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k and syslog text.
+    The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
+    process, default action and the message; the count of NVRM lines that could not be
+    parsed goes to stderr. Exit status 0; 2 when FILE cannot be read.
+    """
+    result = parse_lines(_read_lines(file))
+    if as_json:
+        click.echo(json.dumps(event_rows(result), indent=2))
+    elif result.events:
+        click.echo(_table(result))
+    else:
+        click.echo("no XID events")
+    click.echo(f"unparsed NVRM lines: {result.unparsed}", err=True)
+    for sample in result.unparsed_samples:
+        click.echo(f"  {sample}", err=True)
+
+
+if __name__ == "__main__":
+    xid()
