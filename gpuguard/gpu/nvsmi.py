@@ -1,0 +1,66 @@
+"""Load an ``nvidia-smi -q`` or ``nvidia-smi -q -x`` dump, whichever it is.
+
+This is the entry point for the replay GPU source and for triage of dumps that
+operators attach to tickets: :func:`load_nvidia_smi` sniffs the format and hands the
+text to :mod:`gpuguard.gpu.nvsmi_text` or :mod:`gpuguard.gpu.nvsmi_xml`. Other
+nvidia-smi outputs (the default table, ``--query-gpu`` CSV, ``nvlink --status``)
+raise :class:`NvsmiParseError` with a one-line message naming the file and the
+command to run instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpuguard.gpu.nvsmi_common import NvsmiParseError, is_xml, reject_other_formats
+from gpuguard.gpu.nvsmi_text import parse_nvsmi_text
+from gpuguard.gpu.nvsmi_xml import parse_nvsmi_xml
+from gpuguard.model import NodeSnapshot
+
+__all__ = ["NvsmiParseError", "load_nvidia_smi", "parse_nvidia_smi"]
+
+
+def parse_nvidia_smi(
+    text: str, taken_at: float | None = None, where: str = "<text>"
+) -> NodeSnapshot:
+    """Parse dump text: XML when it starts with ``<?xml`` / ``<nvidia_smi_log``,
+    else ``-q`` text. ``taken_at`` is used only when the dump has no timestamp
+    (default: now). Raises :class:`NvsmiParseError`."""
+    if is_xml(text):
+        return parse_nvsmi_xml(text, taken_at=taken_at, where=where)
+    reject_other_formats(text, where)
+    return parse_nvsmi_text(text, taken_at=taken_at, where=where)
+
+
+def load_nvidia_smi(
+    path_or_text: str | os.PathLike[str] | bytes, taken_at: float | None = None
+) -> NodeSnapshot:
+    """Read a dump from a file or from text and return its :class:`NodeSnapshot`.
+
+    ``path_or_text``: a ``Path``/``PathLike`` is always a file; ``bytes`` are UTF-8
+    text; a ``str`` is text when it contains a newline or starts with ``<``, and a
+    file path otherwise. The snapshot's ``taken_at`` is the dump's own timestamp
+    (node local time -> epoch); without one, ``taken_at`` if given, else the file's
+    modification time, else now.
+
+    Raises :class:`NvsmiParseError` (message ``<file>: <what is wrong>``) for a file
+    that cannot be read or is not ``-q``/``-q -x`` output.
+    """
+    if isinstance(path_or_text, bytes):
+        return parse_nvidia_smi(
+            path_or_text.decode("utf-8", errors="replace"), taken_at
+        )
+    if isinstance(path_or_text, str) and (
+        "\n" in path_or_text or path_or_text.lstrip().startswith("<")
+    ):
+        return parse_nvidia_smi(path_or_text, taken_at)
+    path = Path(path_or_text)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        mtime = path.stat().st_mtime
+    except OSError as e:
+        raise NvsmiParseError(f"{path}: cannot read: {e.strerror or e}") from None
+    return parse_nvidia_smi(
+        text, taken_at if taken_at is not None else mtime, where=str(path)
+    )

@@ -1,0 +1,235 @@
+"""Value handling shared by the ``nvidia-smi -q`` text and ``-q -x`` XML parsers.
+
+nvidia-smi prints every value as text with its unit (``67.74 W``, ``16x``, ``29 C``)
+and uses a handful of sentinel strings for fields it cannot read. This module turns
+those strings into the typed values of :class:`gpuguard.model.GpuState`:
+
+* *Not available* sentinels (``N/A``, ``[N/A]``, ``Not Supported``, ``Not Available``,
+  ``Requested functionality has been deprecated``, an empty value) become ``None``
+  with no error: the model reserves ``None`` for "unsupported", never zero.
+* *Read-error* sentinels (``Unknown Error``, ``GPU is lost``, ``GPU requires reset``,
+  ``Insufficient Permissions``, ``Timeout``) become ``None`` **and** are recorded in
+  ``GpuState.read_errors`` under the model field name, with the NVML error name
+  (``Unknown``, ``GpuIsLost``, ...), so the checks can raise a finding.
+* A value that is neither a sentinel nor parseable (a layout we do not know) becomes
+  ``None`` and is logged; it is *not* a read error, so our own parsing gaps never
+  drain a node (DESIGN.md, "Fail open on our own errors").
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+
+from gpuguard.model import CLOCK_EVENT_REASONS
+
+log = logging.getLogger(__name__)
+
+
+class NvsmiParseError(ValueError):
+    """An nvidia-smi dump that cannot be read at all (wrong format, malformed XML,
+    unsafe XML). The message is one line and names the file when one is known."""
+
+
+_NOT_AVAILABLE = {
+    "",
+    "n/a",
+    "not supported",
+    "not available",
+    "requested functionality has been deprecated",
+    "none",
+}
+
+#: nvidia-smi error strings -> NVML error name stored in ``GpuState.read_errors``.
+READ_ERROR_NAMES = {
+    "unknown error": "Unknown",
+    "gpu is lost": "GpuIsLost",
+    "gpu requires reset": "ResetRequired",
+    "insufficient permissions": "NoPermission",
+    "timeout": "Timeout",
+}
+
+_NUMBER_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+)?$")
+
+_TRUE = {"enabled", "yes", "active", "true", "on"}
+_FALSE = {"disabled", "no", "not active", "false", "off"}
+
+
+def clean_value(raw: str | None) -> str | None:
+    """Strip whitespace and ``[...]`` brackets from a raw value (XML text nodes can
+    span lines). Returns ``None`` only for a missing value."""
+    if raw is None:
+        return None
+    s = " ".join(raw.split())
+    if len(s) >= 2 and s[0] == "[" and s[-1] == "]":
+        s = s[1:-1].strip()
+    return s
+
+
+class ValueReader:
+    """Converts one GPU's raw nvidia-smi strings to typed values.
+
+    Each method takes the model field name (for ``read_errors``) and the raw string
+    (``None`` when the key is absent from the dump) and returns the typed value or
+    ``None``. Read-error sentinels are recorded into the ``read_errors`` dict given at
+    construction (normally ``GpuState.read_errors``).
+    """
+
+    def __init__(self, read_errors: dict[str, str], where: str = "") -> None:
+        self.read_errors = read_errors
+        self.where = where
+
+    def text(self, field: str, raw: str | None) -> str | None:
+        """A string value; ``None`` for sentinels."""
+        s = clean_value(raw)
+        if s is None:
+            return None
+        low = s.lower()
+        if low in READ_ERROR_NAMES:
+            self.read_errors[field] = READ_ERROR_NAMES[low]
+            return None
+        if low in _NOT_AVAILABLE:
+            return None
+        return s
+
+    def _number(self, field: str, raw: str | None) -> str | None:
+        s = self.text(field, raw)
+        if s is None:
+            return None
+        m = _NUMBER_RE.match(s)
+        if not m:
+            log.warning(
+                "%s: cannot read %s from %r; left as None",
+                self.where or "nvidia-smi",
+                field,
+                s,
+            )
+            return None
+        return m.group(1)
+
+    def int(self, field: str, raw: str | None) -> int | None:
+        """An integer counter; the unit suffix (``x``, ``C``...) is dropped."""
+        s = self._number(field, raw)
+        if s is None:
+            return None
+        return int(float(s)) if "." in s else int(s)
+
+    def float(self, field: str, raw: str | None) -> float | None:
+        """A measurement in the unit of the model field (W, MHz, MiB, C, %)."""
+        s = self._number(field, raw)
+        return None if s is None else float(s)
+
+    def bool(self, field: str, raw: str | None) -> bool | None:
+        """``Enabled``/``Yes``/``Active`` -> True, ``Disabled``/``No``/``Not Active`` -> False."""
+        s = self.text(field, raw)
+        if s is None:
+            return None
+        low = s.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        log.warning(
+            "%s: cannot read %s from %r; left as None",
+            self.where or "nvidia-smi",
+            field,
+            s,
+        )
+        return None
+
+    def counter_sum(self, field: str, raws: Iterable[str | None]) -> int | None:
+        """Sum of several counters (SRAM + DRAM, parity + SEC-DED). ``None`` when no
+        part is available; parts that are ``N/A`` are left out of the sum."""
+        total = None
+        for raw in raws:
+            v = self.int(field, raw)
+            if v is not None:
+                total = (total or 0) + v
+        return total
+
+
+def order_reasons(names: Iterable[str]) -> list[str]:
+    """Reason names in NVML bit order (the order of ``CLOCK_EVENT_REASONS``)."""
+    wanted = set(names)
+    return [n for n in CLOCK_EVENT_REASONS if n in wanted]
+
+
+_TABLE_RE = re.compile(r"^\|\s*NVIDIA-SMI\s", re.MULTILINE)
+_TABLE_RULE_RE = re.compile(r"^\+-{10,}", re.MULTILINE)
+_NVLINK_STATUS_RE = re.compile(r"^GPU \d+: .*\(UUID: ")
+_XML_START_RE = re.compile(r"^\s*(?:<\?xml|<!DOCTYPE\s+nvidia_smi_log|<nvidia_smi_log)")
+
+
+def is_xml(text: str) -> bool:
+    """True when ``text`` starts like ``nvidia-smi -q -x`` output (``<?xml`` or
+    ``<nvidia_smi_log``, after an optional BOM and whitespace)."""
+    return bool(_XML_START_RE.match(text.lstrip("\ufeff")))
+
+
+def reject_other_formats(text: str, where: str) -> None:
+    """Raise :class:`NvsmiParseError` for dumps of the *other* nvidia-smi outputs
+    (the default table, ``--query-gpu`` CSV, ``nvlink --status``) and empty input,
+    with a message that says which command to run instead."""
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not first:
+        raise NvsmiParseError(
+            f"{where}: empty input; expected the output of nvidia-smi -q or nvidia-smi -q -x"
+        )
+    if _TABLE_RE.search(text) or (_TABLE_RULE_RE.search(text) and "|" in text):
+        raise NvsmiParseError(
+            f"{where}: this is the default nvidia-smi table, which drops counters; use nvidia-smi -q "
+            "(or nvidia-smi -q -x)"
+        )
+    if _NVLINK_STATUS_RE.match(first):
+        raise NvsmiParseError(
+            f"{where}: this is nvidia-smi nvlink --status output; use nvidia-smi -q "
+            "(or nvidia-smi -q -x)"
+        )
+    if "," in first and " : " not in first and not is_xml(text):
+        raise NvsmiParseError(
+            f"{where}: this is comma-separated output (nvidia-smi --query-gpu --format=csv?); "
+            "use nvidia-smi -q (or nvidia-smi -q -x)"
+        )
+
+
+_TIMESTAMP_RE = re.compile(
+    r"^(?:[A-Za-z]{3}\s+)?([A-Za-z]{3})\s+(\d{1,2})\s+(\d{1,2}):(\d{2}):(\d{2})\s+(\d{4})$"
+)
+_MONTH_NAMES = (
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "may",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "oct",
+    "nov",
+    "dec",
+)
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
+
+
+def parse_timestamp(value: str | None) -> float | None:
+    """``Wed Jul 31 11:22:39 2024`` -> epoch seconds, or ``None`` if unreadable.
+
+    nvidia-smi prints the node's local time without a zone, so the string is read in
+    this process's local time zone (``TZ``): exact when parsed on the node that wrote
+    it, off by the zone difference for a dump carried to another machine.
+    """
+    if not value:
+        return None
+    m = _TIMESTAMP_RE.match(" ".join(value.split()))
+    if not m or m.group(1).lower() not in _MONTHS:
+        return None
+    mon, day, hh, mm, ss, year = m.groups()
+    y, d, h, mi, sec = int(year), int(day), int(hh), int(mm), int(ss)
+    local = (y, _MONTHS[mon.lower()], d, h, mi, sec, 0, 0, -1)
+    try:
+        return time.mktime(local)
+    except (OverflowError, ValueError):
+        return None
