@@ -53,6 +53,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -101,14 +102,21 @@ def _run_capped(argv: list[str], timeout_s: float, max_bytes: int) -> tuple[byte
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                 env={**os.environ, "LC_ALL": "C", "SYSTEMD_PAGER": "", "PAGER": "cat"},
+                start_new_session=True,  # so a kill reaches children holding the pipe
             )
         except OSError as exc:
             raise KernelLogError(f"cannot run {name}: {exc.strerror or exc}") from exc
         timed_out = threading.Event()
 
+        def _kill_group() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
         def _kill() -> None:
             timed_out.set()
-            proc.kill()
+            _kill_group()
 
         timer = threading.Timer(timeout_s, _kill)
         timer.start()
@@ -117,7 +125,7 @@ def _run_capped(argv: list[str], timeout_s: float, max_bytes: int) -> tuple[byte
             data = proc.stdout.read(max_bytes + 1)
             overflow = len(data) > max_bytes
             if overflow:
-                proc.kill()
+                _kill_group()
                 data = data[:max_bytes]
             proc.stdout.close()
             rc = proc.wait()
@@ -187,7 +195,7 @@ def read_kmsg(
     boot_id = read_boot_id(boot_id_path)
     last_seq = -1
     if cursor and cursor.startswith("kmsg:"):
-        _, cur_boot, cur_seq = (cursor.split(":", 2) + ["", ""])[:3]
+        _, cur_boot, cur_seq = [*cursor.split(":", 2), "", ""][:3]
         if cur_boot == boot_id and cur_seq.lstrip("-").isdigit():
             last_seq = int(cur_seq)
     try:

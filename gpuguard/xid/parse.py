@@ -254,7 +254,7 @@ def _close_in_time(a: XidEvent, b: XidEvent) -> bool:
     return True
 
 
-def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | None | bool:
+def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
     """An event, ``None`` for an ordinary line, ``False`` for an unparsable NVRM one."""
     m = _XID_RE.search(text)
     if m or _XID_TRIGGER.search(text):

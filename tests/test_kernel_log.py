@@ -1,0 +1,269 @@
+"""gpuguard.xid.kernel_log: cursors of every source, with fake kmsg files and fake
+journalctl/dmesg executables on PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+
+from gpuguard.xid import kernel_log
+from gpuguard.xid.kernel_log import KernelLogError, read_since
+from gpuguard.xid.parse import parse_lines
+
+# Absolute paths: the fake tools run with PATH set to their own directory only.
+CAT = shutil.which("cat")
+SLEEP = shutil.which("sleep")
+
+BOOT_A = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+BOOT_B = "11111111-2222-3333-4444-555555555555"
+
+
+# ----------------------------------------------------------------- file source
+
+
+def test_file_cursor_returns_only_new_lines(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("one\ntwo\n")
+    lines, cur = read_since(str(log), None, 5)
+    assert lines == ["one", "two"]
+    st = log.stat()
+    assert cur == f"file:{st.st_dev}:{st.st_ino}:8"
+
+    lines, cur2 = read_since(str(log), cur, 5)
+    assert (lines, cur2) == ([], cur)
+
+    with log.open("a") as f:
+        f.write("three\nfour-unfinished")
+    lines, cur3 = read_since(str(log), cur, 5)
+    assert lines == ["three"]  # the unfinished line waits for its newline
+    with log.open("a") as f:
+        f.write("\n")
+    lines, _ = read_since(str(log), cur3, 5)
+    assert lines == ["four-unfinished"]
+
+
+def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("a much longer first line\nsecond\n")
+    _, cur = read_since(str(log), None, 5)
+    log.write_text("short\n")  # same inode, shorter than the offset
+    lines, cur = read_since(str(log), cur, 5)
+    assert lines == ["short"]
+
+    rotated = tmp_path / "new.log"
+    rotated.write_text("short\nfresh\n")  # longer than the old offset, but another file
+    os.replace(rotated, log)
+    lines, _ = read_since(str(log), cur, 5)
+    assert lines == ["short", "fresh"]
+
+
+def test_file_cap_limits_bytes_per_call(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("aaaa\nbbbb\ncccc\n")
+    lines, cur = read_since(str(log), None, 5, max_bytes=11)
+    assert lines == ["aaaa", "bbbb"]
+    lines, _ = read_since(str(log), cur, 5, max_bytes=11)
+    assert lines == ["cccc"]
+
+
+def test_missing_file_raises_one_line(tmp_path):
+    with pytest.raises(KernelLogError) as exc:
+        read_since(str(tmp_path / "nope.log"), None, 5)
+    assert "nope.log" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_arguments():
+    with pytest.raises(KernelLogError):
+        read_since("/var/log/kern.log", None, 0)
+    with pytest.raises(KernelLogError):
+        read_since("", None, 5)
+
+
+# ----------------------------------------------------------------------- kmsg
+
+
+def write_kmsg(path, records):
+    path.write_bytes(b"".join(r.encode() + b"\n" for r in records))
+
+
+@pytest.fixture
+def kmsg(tmp_path):
+    boot = tmp_path / "boot_id"
+    boot.write_text(BOOT_A + "\n")
+    dev = tmp_path / "kmsg"
+    write_kmsg(dev, [
+        "6,100,5000000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
+        " SUBSYSTEM=pci",
+        " DEVICE=+pci:0000:91:00.0",
+        "4,101,6781741548779,-;NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "12,102,6781741600000,-;NVRM: Xid (PCI:0000:92:00): 79, injected from userspace",
+        "4,103,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands.",
+    ])
+    return dev, boot
+
+
+def test_kmsg_formats_records_and_drops_userspace(kmsg):
+    dev, boot = kmsg
+    lines, cur = read_since("kmsg", None, 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert lines[0] == "[    5.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module"
+    assert lines[1] == ("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, "
+                        "GPU has fallen off the bus.")
+    assert lines[2] == "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0"
+    assert lines[3].startswith("               NVRM: (PCI ID")
+    assert len(lines) == 5  # record 102 (facility user) is dropped
+    assert cur == f"kmsg:{BOOT_A}:103"
+    events = parse_lines(lines).events
+    assert [(e.pci_bus_id, e.kind, e.monotonic_s) for e in events] == [
+        ("0000:91:00", "xid", pytest.approx(6781741.548779)),
+        ("0000:b3:00", "fallen_off_bus", pytest.approx(1843.308145)),
+    ]
+
+
+def test_kmsg_cursor_skips_seen_and_new_boot_resets(kmsg):
+    dev, boot = kmsg
+    lines, cur = read_since("kmsg", f"kmsg:{BOOT_A}:101", 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert len(lines) == 3 and lines[0].startswith("[ 1843.308145]")
+    assert cur == f"kmsg:{BOOT_A}:103"
+    lines, cur = read_since("kmsg", cur, 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert (lines, cur) == ([], f"kmsg:{BOOT_A}:103")
+
+    boot.write_text(BOOT_B + "\n")  # rebooted: seq numbers start over
+    write_kmsg(dev, ["6,0,1000,-;Linux version 6.8", "6,1,2000,-;second"])
+    lines, cur = read_since("kmsg", f"kmsg:{BOOT_A}:103", 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert lines == ["[    0.001000] Linux version 6.8", "[    0.002000] second"]
+    assert cur == f"kmsg:{BOOT_B}:1"
+
+
+def test_kmsg_cap_continues_next_call(kmsg):
+    dev, boot = kmsg
+    lines, cur = read_since("kmsg", None, 5, kmsg_path=str(dev), boot_id_path=str(boot), max_bytes=60)
+    assert len(lines) == 1 and cur == f"kmsg:{BOOT_A}:100"
+    lines, cur = read_since("kmsg", cur, 5, kmsg_path=str(dev), boot_id_path=str(boot), max_bytes=60)
+    assert lines[0].startswith("[6781741.548779]") and cur == f"kmsg:{BOOT_A}:101"
+
+
+def test_kmsg_unreadable(tmp_path, kmsg):
+    _, boot = kmsg
+    with pytest.raises(KernelLogError, match="cannot open"):
+        read_since("kmsg", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))
+    with pytest.raises(KernelLogError, match="boot id"):
+        read_since("kmsg", None, 5, kmsg_path=str(kmsg[0]), boot_id_path=str(tmp_path / "absent"))
+
+
+# ------------------------------------------------------- fake executables
+
+
+def fake_tool(bindir, name, body):
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+@pytest.fixture
+def bindir(tmp_path, monkeypatch):
+    d = tmp_path / "bin"
+    d.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(d))
+    monkeypatch.setattr(kernel_log, "FALLBACK_PATH", str(empty))
+    return d
+
+
+JOURNAL = r'''echo "$@" >> "$0.args"
+case "$*" in
+  *after-cursor=s=bad*) echo "Failed to seek to cursor: Invalid argument" >&2; exit 1;;
+  *after-cursor=s=2*) echo "-- No entries --";;
+  *after-cursor=s=1*) echo "2025-03-01T10:00:05+0000 n1 kernel: NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+                      echo "-- cursor: s=2";;
+  *"-n 0"*) echo "-- cursor: s=end";;
+  *) echo "2025-03-01T10:00:00+0000 n1 kernel: NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x"
+     echo "2025-03-01T10:00:01+0000 n1 kernel: usual line"
+     echo "-- cursor: s=1";;
+esac
+'''
+
+
+def test_journalctl_cursor_round_trip(bindir):
+    fake_tool(bindir, "journalctl", JOURNAL)
+    lines, cur = read_since("journalctl", None, 5)
+    assert lines == [
+        "2025-03-01T10:00:00+0000 n1 kernel: NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
+        "2025-03-01T10:00:01+0000 n1 kernel: usual line",
+    ]
+    assert cur == "journal:s=1"
+    lines, cur = read_since("journalctl", cur, 5)
+    assert parse_lines(lines).events[0].timestamp == 1740823205.0
+    assert cur == "journal:s=2"
+    lines, cur = read_since("journalctl", cur, 5)
+    assert (lines, cur) == ([], "journal:s=2")
+    args = (bindir / "journalctl.args").read_text().splitlines()
+    assert args[0] == "-k -o short-iso --no-pager --show-cursor"
+    assert args[1] == "-k -o short-iso --no-pager --show-cursor --after-cursor=s=1"
+
+
+def test_journalctl_bad_cursor_reads_whole_boot(bindir):
+    fake_tool(bindir, "journalctl", JOURNAL)
+    lines, cur = read_since("journalctl", "journal:s=bad", 5)
+    assert len(lines) == 2 and cur == "journal:s=1"
+
+
+def test_journalctl_overflow_skips_to_end(bindir):
+    fake_tool(bindir, "journalctl", JOURNAL)
+    lines, cur = read_since("journalctl", None, 5, max_bytes=100)
+    assert len(lines) == 1 and lines[0].endswith("name=a, x")
+    assert cur == "journal:s=end"
+
+
+def test_journalctl_failure_and_missing(bindir):
+    fake_tool(bindir, "journalctl", 'echo "No journal files were found." >&2\nexit 1\n')
+    with pytest.raises(KernelLogError, match=r"journalctl exited with status 1: No journal files were found\."):
+        read_since("journalctl", None, 5)
+    (bindir / "journalctl").unlink()
+    with pytest.raises(KernelLogError, match="journalctl not found"):
+        read_since("journalctl", None, 5)
+
+
+def test_subprocess_timeout(bindir):
+    fake_tool(bindir, "dmesg", f"{SLEEP} 30\n")
+    with pytest.raises(KernelLogError, match="dmesg timed out after 0.5 s"):
+        read_since("dmesg", None, 0.5)
+
+
+def test_dmesg_cursor_by_count_and_hash(bindir, tmp_path):
+    buf = tmp_path / "ring.txt"
+    fake_tool(bindir, "dmesg", f'{CAT} "{buf}"\n')
+    buf.write_text("[    1.000000] a\n[    2.000000] b\n")
+    lines, cur = read_since("dmesg", None, 5)
+    assert lines == ["[    1.000000] a", "[    2.000000] b"]
+    assert cur.startswith("dmesg:2:")
+
+    buf.write_text("[    1.000000] a\n[    2.000000] b\n[    3.000000] c\n")
+    lines, cur = read_since("dmesg", cur, 5)
+    assert lines == ["[    3.000000] c"] and cur.startswith("dmesg:3:")
+
+    # ring buffer rotated: the first lines fell out, the last seen line is still there
+    buf.write_text("[    3.000000] c\n[    4.000000] d\n")
+    lines, cur = read_since("dmesg", cur, 5)
+    assert lines == ["[    4.000000] d"] and cur.startswith("dmesg:2:")
+
+    # rebooted / cleared: the last seen line is gone, everything is new
+    buf.write_text("[    0.100000] boot\n")
+    lines, _ = read_since("dmesg", cur, 5)
+    assert lines == ["[    0.100000] boot"]
+
+
+def test_auto_prefers_kmsg_then_journalctl(bindir, kmsg, tmp_path):
+    dev, boot = kmsg
+    fake_tool(bindir, "journalctl", JOURNAL)
+    _, cur = read_since("auto", None, 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert cur.startswith("kmsg:")
+    _, cur = read_since("auto", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))
+    assert cur == "journal:s=1"
+    # the cursor names journalctl, so auto keeps using it although kmsg is readable
+    _, cur = read_since("auto", cur, 5, kmsg_path=str(dev), boot_id_path=str(boot))
+    assert cur == "journal:s=2"

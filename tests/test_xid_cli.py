@@ -1,0 +1,63 @@
+"""`xid scan` through click's CliRunner on the group itself."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from click.testing import CliRunner
+
+from gpuguard.xid.cli import xid
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps stderr apart
+        return CliRunner()
+
+
+def test_scan_table():
+    result = runner().invoke(xid, ["scan", str(DATA / "xid-79-sxid-20034-nvswitch.txt")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["TIME", "PCI", "KIND", "XID", "NAME", "PID", "PROCESS", "ACTION", "MESSAGE"]
+    assert len(lines) == 7
+    assert lines[1].split()[:4] == ["+6781741.548779s", "0000:91:00", "xid", "79"]
+    assert lines[1].rstrip().endswith("drain   GPU has fallen off the bus.")
+    assert lines[2].split()[:4] == ["+6781753.400584s", "0000:06:00.0", "sxid", "20034"]
+    assert result.stderr.strip() == "unparsed NVRM lines: 0"
+
+
+def test_scan_json_from_stdin():
+    text = (DATA / "xid-13-109-dmesg-ctime-peermem.txt").read_text()
+    result = runner().invoke(xid, ["scan", "-", "--json"], input=text)
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
+    assert [(r["xid"], r["pid"], r["process"], r["action"], r["severity"]) for r in rows] == [
+        (13, None, None, "record", "info"),
+        (13, None, None, "record", "info"),
+        (13, None, None, "record", "info"),
+        (109, 1797828, "pt_main_thread", "alert", "warning"),
+    ]
+    assert rows[3]["message"] == "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005"
+    assert rows[3]["pci_bus_id"] == "0000:cb:00"
+
+
+def test_scan_counts_unparsed_on_stderr_and_truncates_message():
+    text = ("NVRM: Xid (PCI:0000:01:00): abc\n"
+            "NVRM: Xid (PCI:0000:01:00): 31, pid=9, name=p, " + "x" * 100 + "\n")
+    result = runner().invoke(xid, ["scan"], input=text)
+    assert result.exit_code == 0
+    row = result.stdout.splitlines()[1]
+    assert row.endswith("x" * 57 + "...")
+    assert result.stderr.splitlines() == ["unparsed NVRM lines: 1", "  NVRM: Xid (PCI:0000:01:00): abc"]
+
+
+def test_scan_missing_file_exit_2(tmp_path):
+    missing = tmp_path / "nope.log"
+    result = runner().invoke(xid, ["scan", str(missing)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"Error: cannot read {missing}: No such file or directory"

@@ -1,0 +1,289 @@
+"""gpuguard.xid.parse on every corpus kernel-log sample, with exact expected values."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import pytest
+
+from gpuguard.xid.parse import parse_lines, parse_text
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+@pytest.fixture(autouse=True)
+def utc_tz(monkeypatch):
+    """ctime stamps are local time; pin the zone so expected epochs are exact."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def parse_file(name: str):
+    return parse_lines((DATA / name).read_text().splitlines())
+
+
+def tuples(result):
+    return [(e.pci_bus_id, e.kind, e.xid, e.pid, e.process) for e in result.events]
+
+
+G38 = ("0000:38:00", "xid", 13, None, None)
+
+EXPECTED = {
+    "xid-119-gsp-timeout-ctime.txt": [
+        ("0000:9b:00", "xid", 119, 2024380, "nvidia-smi"),
+        ("0000:9b:00", "xid", 119, 2024380, "nvidia-smi"),
+        ("0000:9b:00", "xid", 119, 2024380, "nvidia-smi"),
+        ("0000:9b:00", "xid", 119, 1263500, "cache_mgr_main"),
+        ("0000:9b:00", "xid", 119, 1240590, "gpud"),
+    ],
+    "xid-13-109-dmesg-ctime-peermem.txt": [
+        ("0000:cb:00", "xid", 13, None, None),
+        ("0000:cb:00", "xid", 13, None, None),
+        ("0000:cb:00", "xid", 13, None, None),
+        ("0000:cb:00", "xid", 109, 1797828, "pt_main_thread"),
+    ],
+    "xid-13-43-dmesg-iso.txt": [G38] * 16 + [("0000:38:00", "xid", 43, 2924364, "pt_main_thread")],
+    "xid-145-149-gb200-nvlink-nots.txt": [
+        ("0018:01:00", "xid", 149, None, None),
+        ("0018:01:00", "xid", 145, 876767, "ray::WorkerDict"),
+        ("0019:01:00", "xid", 145, 876766, "ray::WorkerDict"),
+        ("0008:01:00", "xid", 149, None, None),
+        ("0019:01:00", "xid", 145, None, None),
+        ("0019:01:00", "xid", 149, None, None),
+    ],
+    "xid-149-154-gb200-nvlink-timestamped.txt": [
+        ("0009:01:00", "xid", 149, None, None),
+        ("0009:01:00", "xid", 154, None, None),
+        ("0008:01:00", "xid", 149, None, None),
+        ("0019:01:00", "xid", 154, None, None),
+        ("0009:01:00", "xid", 149, None, None),
+        ("0009:01:00", "xid", 149, None, None),
+        ("0008:01:00", "xid", 149, None, None),
+        ("0018:01:00", "xid", 154, None, None),
+        ("0008:01:00", "xid", 154, None, None),
+    ],
+    "xid-31-13-32-legacy-418-dmesg.txt": [
+        ("0000:01:00", "xid", 31, None, None),
+        ("0000:01:00", "xid", 13, None, None),
+        ("0000:01:00", "xid", 13, None, None),
+        ("0000:01:00", "xid", 13, None, None),
+        ("0000:01:00", "xid", 13, None, None),
+        ("0000:01:00", "xid", 32, None, None),
+    ],
+    "xid-31-mmu-fault-journalctl-450.txt": [
+        ("0000:c1:00", "xid", 31, 12890, None),
+        ("0000:c1:00", "xid", 31, 12890, None),
+    ],
+    "xid-31-nvdec-nots.txt": [("0000:00:06", "xid", 31, 2708, None)],
+    "xid-31-wrapped-multiline-610.txt": [("0000:01:00", "xid", 31, None, "python3")],
+    "xid-62-154-gsp-crashcat-blackwell.txt": [
+        ("0000:01:00", "xid", 62, None, None),
+        ("0000:01:00", "xid", 154, None, None),
+    ],
+    "xid-63-64-syslog-wrapped-alert.txt": [
+        ("0000:10:1c", "xid", 63, 1850, None),
+        ("0000:90:1c", "xid", 64, None, None),
+    ],
+    "xid-63-nots-a100.txt": [("0000:10:1c", "xid", 63, 1896, None)],
+    "xid-74-nvlink-fatal-register-tuple.txt": [("0003:00:00", "xid", 74, None, None)],
+    "xid-79-no-pid-serial-zero-595.txt": [("0000:06:00", "xid", 79, None, None)],
+    "xid-79-sxid-20034-nvswitch.txt": [
+        ("0000:91:00", "xid", 79, None, None),
+        ("0000:06:00.0", "sxid", 20034, None, None),
+        ("0000:05:00.0", "sxid", 20034, None, None),
+        ("0000:07:00.0", "sxid", 20034, None, None),
+        ("0000:07:00.0", "sxid", 20034, None, None),
+        ("0000:05:00.0", "sxid", 20034, None, None),
+    ],
+    "xid-94-95-driver-source-format-examples.txt": [
+        ("0000:01:00", "xid", 94, 7194, None),
+        ("0000:01:00", "xid", 94, 7062, None),
+        ("0000:01:00", "xid", 95, 7062, None),
+    ],
+    "xid-none-fallen-off-bus-multiline.txt": [("0000:b3:00", "fallen_off_bus", 79, None, None)],
+}
+
+
+def test_every_corpus_xid_file_is_covered():
+    assert sorted(p.name for p in DATA.glob("xid-*.txt")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_corpus_file_events_exact(name):
+    result = parse_file(name)
+    assert tuples(result) == EXPECTED[name]
+    assert result.unparsed == 0
+    assert result.unparsed_samples == []
+
+
+def test_ctime_prefix_gives_epoch_and_line_numbers():
+    result = parse_file("xid-119-gsp-timeout-ctime.txt")
+    first = result.events[0]
+    assert first.timestamp == 1740327858.0  # Sun Feb 23 16:24:18 2025 UTC
+    assert first.monotonic_s is None
+    assert first.line_no == 3
+    assert first.message == (
+        "Timeout after 6s of waiting for RPC response from GPU4 GSP! "
+        "Expected function 103 (GSP_RM_ALLOC) (0x2081 0x4)."
+    )
+    assert [e.line_no for e in result.events] == [3, 38, 40, 42, 43]
+    assert result.gpu_uuids == {"0000:9b:00": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}
+
+
+def test_iso_prefix_with_comma_microseconds():
+    result = parse_file("xid-13-43-dmesg-iso.txt")
+    assert result.events[0].timestamp == pytest.approx(1737434504.283302, abs=1e-6)
+    assert result.events[-1].timestamp == pytest.approx(1737434504.287197, abs=1e-6)
+    assert result.events[-1].message == "Ch 00000008"
+    assert result.events[0].message == (
+        "Graphics SM Global Exception on (GPC 8, TPC 5, SM 1): Multiple Warp Errors"
+    )
+
+
+def test_monotonic_prefix_and_no_epoch():
+    event = parse_file("xid-74-nvlink-fatal-register-tuple.txt").events[0]
+    assert event.monotonic_s == pytest.approx(449410.332316)
+    assert event.timestamp is None
+    assert event.message == "NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+
+
+def test_syslog_wrapper_keeps_monotonic_and_truncated_message():
+    first, second = parse_file("xid-63-64-syslog-wrapped-alert.txt").events
+    assert first.timestamp is None  # "May 19 07:08:57" has no year
+    assert first.monotonic_s == pytest.approx(680111.646286)
+    assert first.message == "Row Remapper: New row marked for remapping, reset gpu to activate"
+    assert second.message == "..."
+    assert second.monotonic_s == pytest.approx(257087.812628)
+
+
+def test_legacy_418_format_has_no_pid_and_elision_line_is_ignored():
+    result = parse_file("xid-31-13-32-legacy-418-dmesg.txt")
+    assert result.events[0].message.startswith("Ch 0000003a, intr 10000000. MMU Fault: ENGINE GRAPHICS")
+    assert result.events[0].line_no == 2
+    assert result.events[1].line_no == 4  # line 3 is the user's "..."
+    assert result.events[-1].message == "Channel ID 00000052 intr 02000000"
+
+
+def test_rewrapped_xid_is_joined():
+    (event,) = parse_file("xid-31-wrapped-multiline-610.txt").events
+    assert event.message == (
+        "channel 0x00000002, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC0 GPCCLIENT_T1_0 faulted "
+        "@ 0x0_00019000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
+    )
+    assert event.raw.count("\n") == 2
+
+
+def test_fallen_off_bus_without_xid_multiline():
+    result = parse_file("xid-none-fallen-off-bus-multiline.txt")
+    (event,) = result.events
+    assert event.monotonic_s == pytest.approx(1843.308145)
+    assert event.message == (
+        "The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has "
+        "fallen off the bus and is not responding to commands."
+    )
+    assert len(event.raw.splitlines()) == 3
+
+
+def test_fallen_off_bus_after_xid79_is_attached_not_duplicated():
+    result = parse_file("xid-79-sxid-20034-nvswitch.txt")
+    xid79 = result.events[0]
+    assert xid79.raw.splitlines()[1] == "[6781741.548783] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
+    assert xid79.message == "GPU has fallen off the bus."
+    assert xid79.line_no == 3
+
+
+def test_sxid_detail_lines_attach_to_their_header():
+    events = parse_file("xid-79-sxid-20034-nvswitch.txt").events[1:]
+    assert [e.message for e in events] == [
+        "Fatal, Link 48 LTSSM Fault Up",
+        "Fatal, Link 63 LTSSM Fault Up",
+        "Severity 1 Engine instance 60 Sub-engine instance 00",  # its header was not captured
+        "Fatal, Link 37 LTSSM Fault Up",
+        "Fatal, Link 62 LTSSM Fault Up",
+    ]
+    assert events[1].raw.splitlines()[1].endswith("20034, Data {0x10000000, 0x10000000, 0x00000000, "
+                                                  "0x10000000, 0x00000000, 0x00000000, 0x00000000, "
+                                                  "0x00000000, 0x00000000}")
+    assert events[3].raw.splitlines()[1].endswith("Severity 1 Engine instance 37 Sub-engine instance 00")
+
+
+def test_mig_instance_and_pid_without_name():
+    events = parse_file("xid-94-95-driver-source-format-examples.txt").events
+    assert [e.mig_instance for e in events] == ["GPU-I:05", None, None]
+    assert events[2].message == "Uncontained: LTC TAG (0x2, 0x1). RST: Yes, D-RST: No"
+
+
+def test_nvlink5_message_keeps_spacing_and_gb200_domains():
+    events = parse_file("xid-149-154-gb200-nvlink-timestamped.txt").events
+    assert events[0].message.startswith("NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6")
+    assert events[1].message == "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
+
+
+def test_xid62_bare_hex_words():
+    event = parse_file("xid-62-154-gsp-crashcat-blackwell.txt").events[0]
+    assert event.message == "323f0f30 0000c3d8 00000000 206dae68 206da022 206da190 206d85f6 206d8d86"
+    assert event.pid is None
+
+
+def test_caused_by_previous_xid_is_not_the_code():
+    result = parse_text(
+        "[  10.5] NVRM: Xid (PCI:0000:3b:00): 45, pid=77, name=python, Ch 00000010, "
+        "Preemptive Cleanup, caused by previous Xid 79\n"
+    )
+    (event,) = result.events
+    assert (event.xid, event.pid, event.process) == (45, 77, "python")
+    assert event.message == "Ch 00000010, Preemptive Cleanup, caused by previous Xid 79"
+
+
+def test_journald_short_iso_and_long_domain():
+    result = parse_text(
+        "2025-03-01T10:00:00+0000 node01 kernel: NVRM: Xid (PCI:00000001:00:00): 48, "
+        "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected\n"
+    )
+    (event,) = result.events
+    assert event.pci_bus_id == "0001:00:00"
+    assert event.timestamp == 1740823200.0
+    assert (event.pid, event.process) == (None, None)
+
+
+def test_unparsable_nvrm_lines_are_counted_ordinary_lines_are_not():
+    result = parse_text(
+        "NVRM: Xid (PCI:zz:qq): 13, broken\n"
+        "NVRM: Xid (PCI:0000:01:00): abc\n"
+        "nvidia-nvswitch0: SXid (PCI:nope): 20034, Fatal\n"
+        "NVRM: something has fallen off the bus with no address\n"
+        "usual kernel line\n"
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+        "...\n"
+    )
+    assert result.events == []
+    assert result.unparsed == 4
+    assert result.unparsed_samples[1] == "NVRM: Xid (PCI:0000:01:00): abc"
+
+
+def test_fallen_off_bus_for_another_gpu_is_its_own_event():
+    result = parse_text(
+        "[1.0] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        "[1.1] NVRM: GPU 0000:92:00.0: GPU has fallen off the bus.\n"
+        "[99.0] NVRM: GPU 0000:92:00.0: GPU has fallen off the bus.\n"
+    )
+    assert tuples(result) == [
+        ("0000:91:00", "xid", 79, None, None),
+        ("0000:92:00", "fallen_off_bus", 79, None, None),
+        ("0000:92:00", "fallen_off_bus", 79, None, None),  # 98 s later: a new incident
+    ]
+
+
+def test_stack_frames_are_not_joined_to_an_xid():
+    result = parse_text(
+        "NVRM: Xid (PCI:0000:01:00): 13, pid=5, name=a, Graphics Exception\n"
+        "  show_stack+0x52/0x5c\n"
+        " <TASK>\n"
+    )
+    (event,) = result.events
+    assert event.message == "Graphics Exception"
+    assert event.raw == "NVRM: Xid (PCI:0000:01:00): 13, pid=5, name=a, Graphics Exception"
