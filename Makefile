@@ -1,0 +1,26 @@
+# Two commands for a fresh machine (see README): `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+
+.PHONY: install demo test lint bench
+
+$(BIN)/gpuguard: setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/gpuguard
+
+install: $(BIN)/gpuguard
+
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python bench/prolog_healthy.py

@@ -1,0 +1,142 @@
+"""The prolog's decision path end to end without Slurm: replay GPUs, a kernel-log file,
+a fake scontrol that records its argv."""
+
+import json
+import time
+
+import pytest
+from conftest import node_snapshot
+
+from gpuguard.prolog import hook
+from gpuguard.store import open_store
+
+XID79 = "[6781741.548779] NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1", "SLURMD_NODENAME": "n1"}
+DRAIN_79 = "gpuguard: xid.79 XID 79 GPU has fallen off the bus on gpu2 (0000:3a:00)"
+
+
+@pytest.fixture
+def node(tmp_path, make_config, write_replay, fake_slurm_bin):
+    kl = tmp_path / "kern.log"
+    kl.write_text("")
+    replay = write_replay(node_snapshot(4))
+    path, cfg = make_config('[prolog]\nstart_collector = false\n', replay=replay, kernel_log=str(kl))
+    return {"kl": kl, "cfg": cfg, "calls": fake_slurm_bin, "db": str(tmp_path / "node.db"), "tmp": tmp_path}
+
+
+def runs(db):
+    return open_store(db).query("select hook, job_id, decision, reason from health_runs order by id")
+
+
+def test_healthy_proceeds_and_records(node):
+    assert hook.run(ENV) == 0
+    assert node["calls"]() == []
+    assert runs(node["db"]) == [{"hook": "prolog", "job_id": "42", "decision": "proceed", "reason": ""}]
+    inv = open_store(node["db"]).query("select gpu_index, uuid from inventory order by gpu_index")
+    assert [r["gpu_index"] for r in inv] == [0, 1, 2, 3]
+
+
+def test_xid79_drains_with_reason_once(node):
+    node["kl"].write_text("[6781700.0] unrelated kernel line\n" + XID79)
+    assert hook.run(ENV) == 1
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
+    ev = open_store(node["db"]).query("select kind, code, gpu_index, pci_bus_id, action, job_id from events")
+    assert ev == [{"kind": "xid", "code": 79, "gpu_index": 2, "pci_bus_id": "0000:3a:00", "action": "drain",
+                   "job_id": "42"}]
+    # the cursor moved: the same XID is not reported again by the next job's prolog
+    assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0
+    assert len(node["calls"]()) == 1
+    # a new XID line appended later is seen
+    with open(node["kl"], "a") as fh:
+        fh.write(XID79)
+    assert hook.run(dict(ENV, SLURM_JOB_ID="44")) == 1
+
+
+def test_application_xid_is_recorded_not_drained(node):
+    node["kl"].write_text("NVRM: Xid (PCI:0000:29:00): 13, pid=1234, name=python, Graphics Exception: ESR 0x0\n")
+    assert hook.run(ENV) == 0
+    assert node["calls"]() == []
+    f = open_store(node["db"]).query("select code, action, gpu_index from findings")
+    assert f == [{"code": "xid.13", "action": "record", "gpu_index": 1}]
+
+
+def test_xid_policy_override(node, tmp_path, make_config, write_replay):
+    node["kl"].write_text("NVRM: Xid (PCI:0000:29:00): 13, pid=1234, name=python, Graphics Exception: ESR 0x0\n")
+    make_config('[prolog]\nstart_collector = false\n[policy.xid]\n13 = "drain"\n',
+                replay=write_replay(node_snapshot(4)), kernel_log=str(node["kl"]))
+    assert hook.run(ENV) == 1
+
+
+def test_store_unwritable_still_decides_from_live_checks(node, write_replay, monkeypatch):
+    replay = write_replay(node_snapshot(4, gpu1={"read_errors": {"temp_c": "GpuIsLost"}}))
+    p = node["tmp"] / "broken-store.toml"
+    p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['tmp']}/g.log"
+[gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"
+[slurm]\nbin_dir = "{node['calls'].bindir}"\n[prolog]\nstart_collector = false\n""")
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
+    assert hook.run(ENV) == 1
+    assert node["calls"]()[0][4].startswith("reason=gpuguard: gpu.lost gpu1 (0000:29:00.0) lost or hung")
+    log = (node["tmp"] / "g.log").read_text()
+    assert "tool error: store /proc/nope/node.db: cannot create" in log
+
+
+def test_store_locked_never_drains_a_healthy_node(node):
+    s = open_store(node["db"])
+    s.db.conn.execute("BEGIN EXCLUSIVE")  # hold the write lock past the busy timeout
+    import gpuguard.store as store_mod
+    old = store_mod.BUSY_TIMEOUT_MS
+    store_mod.BUSY_TIMEOUT_MS = 100
+    try:
+        assert hook.run(ENV) == 0
+    finally:
+        store_mod.BUSY_TIMEOUT_MS = old
+        s.db.conn.execute("ROLLBACK")
+    assert node["calls"]() == []
+    assert "tool error: store" in (node["tmp"] / "gpuguard.log").read_text()
+
+
+def test_bad_config_is_our_fault_exit_0(tmp_path, monkeypatch):
+    p = tmp_path / "bad.toml"
+    p.write_text("[gpu]\nsource = 'cuda'\n")
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
+    assert hook.run(ENV) == 0
+
+
+def test_dry_run_does_not_call_scontrol(node):
+    node["kl"].write_text(XID79)
+    cfg_path = node["tmp"] / "gpuguard.toml"
+    cfg_path.write_text(cfg_path.read_text().replace("[slurm]\n", "[slurm]\ndrain = false\n"))
+    assert hook.run(ENV) == 1
+    assert node["calls"]() == []
+    assert f"dry run: would drain n1: {DRAIN_79}" in (node["tmp"] / "gpuguard.log").read_text()
+
+
+def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
+    node["kl"].write_text(XID79)
+    sc = tmp_path / "bin" / "scontrol"
+    sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
+    assert hook.run(ENV) == 1
+    assert "drain failed (Slurm will drain with 'Prolog error'): scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified" in (tmp_path / "gpuguard.log").read_text()
+
+
+def test_budget_exceeded_proceeds(monkeypatch):
+    monkeypatch.setattr(hook, "run", lambda env=None: time.sleep(5) or 1)
+    t = time.monotonic()
+    assert hook.run_with_budget(0.2) == 0
+    assert time.monotonic() - t < 4
+
+
+def test_crash_proceeds(monkeypatch):
+    def boom(env=None):
+        raise KeyError("bug")
+    monkeypatch.setattr(hook, "run", boom)
+    assert hook.run_with_budget(5) == 0
+
+
+def test_decision_json_roundtrip(node):
+    node["kl"].write_text(XID79)
+    hook.run(ENV)
+    f = open_store(node["db"]).query("select evidence from findings where code = 'xid.79'")
+    ev = json.loads(f[0]["evidence"])
+    assert (ev["count"], ev["catalog_action"], ev["pci_bus_id"]) == (1, "drain", "0000:3a:00")
