@@ -267,3 +267,14 @@ def test_auto_prefers_kmsg_then_journalctl(bindir, kmsg, tmp_path):
     # the cursor names journalctl, so auto keeps using it although kmsg is readable
     _, cur = read_since("auto", cur, 5, kmsg_path=str(dev), boot_id_path=str(boot))
     assert cur == "journal:s=2"
+
+
+def test_auto_falls_back_to_dmesg_when_journalctl_fails(bindir, tmp_path, kmsg):
+    _, boot = kmsg
+    fake_tool(bindir, "journalctl", 'echo "No journal files were found." >&2\nexit 1\n')
+    fake_tool(bindir, "dmesg", 'echo "[    1.000000] only line"\n')
+    lines, cur = read_since("auto", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))
+    assert lines == ["[    1.000000] only line"] and cur.startswith("dmesg:1:")
+    (bindir / "dmesg").unlink()
+    with pytest.raises(KernelLogError, match="No journal files were found.*dmesg not found"):
+        read_since("auto", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))

@@ -31,7 +31,8 @@ Sources (``source`` argument):
   starts again at byte 0. Only complete lines are returned: a line is delivered once
   its newline is written.
 * ``"auto"`` -- the source the cursor names if that source is still usable, else kmsg
-  if it can be opened, else journalctl if installed, else dmesg. A cursor from another
+  if it can be opened, else journalctl if installed, else dmesg; when journalctl is
+  picked but fails (no journal files, bad exit) dmesg is tried once. A cursor from another
   source than the one used is ignored (reads start from the beginning).
 
 At most :data:`MAX_READ_BYTES` (16 MiB) of new log text is returned per call; the
@@ -414,6 +415,16 @@ def read_since(
         raise KernelLogError(f"timeout_s must be positive, got {timeout_s!r}")
     if source == "auto":
         source = pick_source(cursor, kmsg_path=kmsg_path)
+        if source == "journalctl":
+            try:
+                return read_since("journalctl", cursor, timeout_s, max_bytes=max_bytes)
+            except KernelLogError as exc:
+                # e.g. "No journal files were found" on hosts without journald storage
+                log.warning("journalctl unusable (%s); falling back to dmesg", exc)
+                try:
+                    return read_dmesg(cursor, timeout_s, max_bytes=max_bytes)
+                except KernelLogError as exc2:
+                    raise KernelLogError(f"{exc}; then {exc2}") from exc2
     if source == "kmsg":
         return read_kmsg(cursor, timeout_s, kmsg_path=kmsg_path, boot_id_path=boot_id_path, max_bytes=max_bytes)
     if source == "journalctl":
