@@ -9,7 +9,8 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 4. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
    drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> exit 1;
-   ``proceed`` -> start the collector (when configured) and exit 0.
+   ``proceed`` -> create the job's record directory and start the collector
+   (:func:`gpuguard.collector.launch.prepare_job`) and exit 0.
 
 Whatever hangs, the process exits when the budget runs out: the work runs in a daemon
 thread and the main thread leaves with ``os._exit`` (a hung NVML call cannot be
@@ -78,15 +79,13 @@ def run(env: dict[str, str] | None = None) -> int:
         log.warning("failing job %s: %s", job_id, res.decision.reason)
         _close(store)
         return EXIT_FAIL_JOB
-    if cfg.get("prolog", "start_collector") and job_id:
+    if job_id:
         try:
-            from gpuguard.collector.launch import start_collector
+            from gpuguard.collector.launch import prepare_job
 
-            start_collector(cfg, env, log)
-        except ImportError:
-            pass  # collector not installed in this build
+            prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
-            log.error("tool error: collector start: %s: %s", type(e).__name__, e)
+            log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
     _close(store)
     log.info("proceed (%d finding(s))", len(res.findings))
     return EXIT_OK
