@@ -201,16 +201,14 @@ def config_show(obj: _Obj, fmt: str) -> None:
     click.echo(_table([[k, json.dumps(v), o] for k, v, o in rows], ["KEY", "VALUE", "FROM"]))
 
 
-def _register_optional() -> None:
-    """Attach command groups that live in their own modules."""
-    try:
-        from gpuguard.xid.cli import xid
-    except ImportError:  # pragma: no cover - module absent in a partial checkout
-        return
+def _register_subcommands() -> None:
+    """Attach the command groups that live beside the code they drive."""
+    from gpuguard.xid.cli import xid
+
     main.add_command(xid)
 
 
-_register_optional()
+_register_subcommands()
 
 if __name__ == "__main__":
     main()

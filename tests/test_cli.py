@@ -1,0 +1,118 @@
+"""The CLI on real corpus dumps: exact exit codes, decisions and errors."""
+
+import json
+
+import pytest
+
+from click.testing import CliRunner
+from conftest import DATA, node_snapshot
+
+from gpuguard.cli import main
+from gpuguard.gpu.replay import ReplaySource
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["--config", "/dev/null", *args])
+
+
+def test_check_power_brake_dump_reports_the_right_gpu():
+    r = invoke("check", "--json", "--from-nvidia-smi", str(DATA / "nvsmi-q-h100-535.161.08-powerbrake.txt"))
+    assert r.exit_code == 2
+    doc = json.loads(r.output)
+    assert doc["outcome"] == "drain"
+    assert doc["gpus"] == 1
+    [f] = doc["findings"]
+    assert (f["code"], f["gpu_index"], f["action"]) == ("throttle.hw_slowdown_idle", 0, "drain")
+    assert f["evidence"]["reasons"] == ["hw_slowdown", "hw_power_brake_slowdown"]
+    assert f["message"] == "gpu0 (0000:19:00.0) hw_slowdown+hw_power_brake_slowdown active while idle"
+
+
+def test_check_8gpu_dump_only_gpu_75_power_brake():
+    r = invoke("check", "--json", "--from-nvidia-smi", str(DATA / "nvsmi-q-h100x8-535.183.01-full.txt"))
+    assert r.exit_code == 2
+    doc = json.loads(r.output)
+    assert doc["gpus"] == 8
+    assert sorted((f["code"], f["gpu_index"]) for f in doc["findings"]) == [
+        ("throttle.hw_slowdown_idle", 2), ("throttle.sw_thermal_idle", 2)]
+    assert doc["reason"] == ("gpuguard: throttle.hw_slowdown_idle gpu2 (0000:75:00.0) "
+                             "hw_power_brake_slowdown active while idle")
+
+
+def test_check_row_remap_pending_dump():
+    r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-q-a100-510.73.08-row-remap-pending-partial.txt"))
+    assert r.exit_code == 2
+    assert "critical  drain   ecc.row_remap_pending  0    gpu0 (0000:10:1c.0) row remap pending" in r.output
+
+
+CORPUS_DECISIONS = {
+    "nvsmi-q-a100-460.32.03-throttle-reasons.txt": (1, "proceed", [("config.persistence_off", 0)]),
+    "nvsmi-q-a100-510.73.08-row-remap-pending-partial.txt": (2, "drain", [("ecc.row_remap_pending", 0)]),
+    "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt": (0, "proceed", []),
+    "nvsmi-q-a100-ecc-sram-uncorrectable-partial.txt": (2, "drain", [("ecc.uncorrectable_volatile", 0)]),
+    "nvsmi-q-titanv-560.35.03-volta-ecc.txt": (1, "proceed", [("config.persistence_off", 0)]),
+    "nvsmi-qx-a100-mig-510.47.03.xml": (1, "proceed", [("config.persistence_off", 0)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS_DECISIONS))
+def test_corpus_dump_decisions(name):
+    rc, outcome, findings = CORPUS_DECISIONS[name]
+    r = invoke("check", "--json", "--from-nvidia-smi", str(DATA / name))
+    doc = json.loads(r.output)
+    assert (r.exit_code, doc["outcome"]) == (rc, outcome)
+    assert sorted((f["code"], f["gpu_index"]) for f in doc["findings"]) == findings
+
+
+def test_check_missing_and_wrong_format_files():
+    r = invoke("check", "--from-nvidia-smi", "/nonexistent/dump.txt")
+    assert r.exit_code == 2
+    assert r.output.strip() == "Error: /nonexistent/dump.txt: no such file"
+    r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-default-v100-inforom-corrupt.txt"))
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "default nvidia-smi table" in r.output
+
+
+def test_snapshot_roundtrip_and_replay_steps(tmp_path):
+    out = tmp_path / "snap.json"
+    r = invoke("gpu", "snapshot", "-o", str(out), "--from-nvidia-smi", str(DATA / "nvsmi-q-h100x8-535.183.01-full.txt"))
+    assert r.exit_code == 0, r.output
+    assert r.output == f"wrote 8 GPU(s) to {out}\n"
+    snap = ReplaySource(str(out)).snapshot()
+    assert [g.pcie_replay_count for g in snap.gpus] == [120, 111, 58, 60, 63, 93, 69, 78]
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--json", "--gpu-source", "replay",
+                                  "--replay", str(out), "--kernel-log", "none"])
+    assert json.loads(r.output)["gpus"] == 8
+
+
+def test_replay_timed_steps(write_replay):
+    p = write_replay(node_snapshot(2), steps=[{"after_s": 10, "gpus": {"1": {"ecc_volatile_uncorrected": 2}}},
+                                              {"after_s": 20, "gpus": {"1": {"sm_clock_mhz": 990.0}}}], t0=1000.0)
+    src = ReplaySource(p)
+    assert src.snapshot(now=1005).gpus[1].ecc_volatile_uncorrected == 0
+    s = src.snapshot(now=1015)
+    assert (s.gpus[1].ecc_volatile_uncorrected, s.gpus[1].sm_clock_mhz) == (2, 345.0)
+    s = src.snapshot(now=1025)
+    assert (s.gpus[1].ecc_volatile_uncorrected, s.gpus[1].sm_clock_mhz, s.gpus[0].sm_clock_mhz) == (2, 990.0, 345.0)
+
+
+def test_replay_errors(tmp_path):
+    from gpuguard.gpu.replay import ReplayError
+
+    bad = tmp_path / "b.json"
+    bad.write_text('{"format": "gpuguard-snapshot/1", "snapshot": {"taken_at": 0, "source": "x", "gpus": '
+                   '[{"index": 0, "tempc": 3}]}}')
+    with pytest.raises(ReplayError, match=r"b.json: bad snapshot: unknown GPU field\(s\): tempc"):
+        ReplaySource(str(bad))
+    bad.write_text("{not json")
+    with pytest.raises(ReplayError, match="b.json: invalid JSON"):
+        ReplaySource(str(bad))
+    with pytest.raises(ReplayError, match="cannot read replay file"):
+        ReplaySource(str(tmp_path / "missing.json"))
+
+
+def test_check_list_names_every_check():
+    r = invoke("check", "--list")
+    assert r.exit_code == 0
+    assert [ln.split()[0] for ln in r.output.splitlines()] == sorted(
+        ["driver", "gpu_count", "gpu_lost", "ecc", "retired_pages", "row_remap", "pcie_link", "pcie_replay",
+         "nvlink", "temperature", "idle_throttle", "persistence", "inventory", "xid"])
