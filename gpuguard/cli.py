@@ -201,6 +201,12 @@ def config_show(obj: _Obj, fmt: str) -> None:
     click.echo(_table([[k, json.dumps(v), o] for k, v, o in rows], ["KEY", "VALUE", "FROM"]))
 
 
+@config_group.command("example")
+def config_example() -> None:
+    """Print a complete gpuguard.toml with every key at its default, commented out."""
+    click.echo(config_mod.example_toml(), nl=False)
+
+
 def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
     from gpuguard.xid.cli import xid

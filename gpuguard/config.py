@@ -20,6 +20,7 @@ separate stores.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tomllib
@@ -252,3 +253,56 @@ def describe(cfg: Config) -> list[tuple[str, Any, str]]:
     for x, a in sorted(cfg.xid_policy.items()):
         rows.append((f"policy.xid.{x}", a, cfg.path or "<config>"))
     return rows
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(json.dumps(x) for x in v) + "]"
+    return repr(v)
+
+
+def example_toml() -> str:
+    """A complete gpuguard.toml with every key at its default, commented out, each with
+    its doc line (``gpuguard config example``; ``slurm-conf-examples/gpuguard.toml``)."""
+    out = [
+        "# gpuguard.toml — every key with its default, commented out.",
+        "# Install as /etc/gpuguard/gpuguard.toml, or as gpuguard.toml next to slurm.conf (the hooks",
+        "# find it through $SLURM_CONF). `gpuguard config show` prints the effective values.",
+        "# {node} in a path is replaced by the node name ($SLURMD_NODENAME or the short host name).",
+        "",
+    ]
+    for section, keys in SCHEMA.items():
+        if not keys:
+            continue
+        out.append(f"[{section}]")
+        for key, (default, _t, doc) in keys.items():
+            out += [f"# {doc}", f"# {key} = {_toml_value(default)}"]
+        out.append("")
+    out += [
+        "# Policy overrides: finding code -> record | alert | drain | fail-job.",
+        "# Shipped defaults and their sources: gpuguard/policy.py (DEFAULT_ACTIONS) and the XID",
+        "# catalog gpuguard/xid/catalog.py. Disputed XIDs (63, 68, 92, 109) are where sites differ.",
+        "[policy]",
+        '# "pcie.width_degraded" = "drain"',
+        '# "config.persistence_off" = "record"',
+        "",
+        "[policy.xid]",
+        '# 63 = "drain"    # row remap pending: drain at once instead of alerting',
+        '# 92 = "record"',
+    ]
+    return "\n".join(out) + "\n"
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference tables, generated from :data:`SCHEMA`."""
+    out = []
+    for section, keys in SCHEMA.items():
+        if not keys:
+            continue
+        out += ["", f"**[{section}]**", "", "| key | default | meaning |", "|---|---|---|"]
+        out += [f"| `{k}` | `{json.dumps(d)}` | {doc} |" for k, (d, _t, doc) in keys.items()]
+    return "\n".join(out) + "\n"

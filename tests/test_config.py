@@ -125,3 +125,20 @@ def test_every_schema_key_documented():
             assert doc, f"{section}.{key} has no doc"
             assert config_mod._check_type(default, typ), f"{section}.{key} default has the wrong type"
     assert os.path.basename(config_mod.DEFAULT_PATH) == "gpuguard.toml"
+
+
+def test_shipped_example_and_readme_match_the_schema():
+    """slurm-conf-examples/gpuguard.toml and the README reference are generated from
+    SCHEMA (`gpuguard config example`, `config.reference_markdown()`): regenerate them
+    when a key changes."""
+    import pathlib
+    import re
+    import tomllib
+
+    root = pathlib.Path(__file__).parent.parent
+    example = (root / "slurm-conf-examples" / "gpuguard.toml").read_text()
+    assert example == config_mod.example_toml()
+    uncommented = re.sub(r"^# (\w+ = )", r"\1", example, flags=re.M)
+    cfg = config_mod.from_dict(tomllib.loads(uncommented))
+    assert cfg.values == config_mod.from_dict({}).values
+    assert config_mod.reference_markdown() in (root / "README.md").read_text()
