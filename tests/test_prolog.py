@@ -140,3 +140,44 @@ def test_decision_json_roundtrip(node):
     f = open_store(node["db"]).query("select evidence from findings where code = 'xid.79'")
     ev = json.loads(f[0]["evidence"])
     assert (ev["count"], ev["catalog_action"], ev["pci_bus_id"]) == (1, "drain", "0000:3a:00")
+
+
+def test_corrupt_store_healthy_node_proceeds(node):
+    with open(node["db"], "wb") as fh:
+        fh.write(b"garbage" * 1000)
+    assert hook.run(ENV) == 0
+    assert node["calls"]() == []
+    assert "cannot open: file is not a database" in (node["tmp"] / "gpuguard.log").read_text()
+    assert open(node["db"], "rb").read(7) == b"garbage"  # nothing overwritten
+
+
+def test_readonly_store_still_drains_on_hardware(node):
+    hook.run(ENV)  # create it
+    import os
+    os.chmod(node["db"], 0o444)
+    node["kl"].write_text(XID79)
+    # root ignores file modes: make the connection itself read-only instead
+    import gpuguard.store as store_mod
+    real = store_mod.sqlite3.connect
+
+    def ro_connect(path, *a, **kw):
+        return real(f"file:{path}?mode=ro", *a, uri=True, **kw)
+    store_mod.sqlite3.connect = ro_connect
+    try:
+        assert hook.run(dict(ENV, SLURM_JOB_ID="50")) == 1
+    finally:
+        store_mod.sqlite3.connect = real
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
+    assert "attempt to write a readonly database" in (node["tmp"] / "gpuguard.log").read_text()
+    # the XID was not recorded, so the cursor did not move: the next run sees it again
+    assert hook.run(dict(ENV, SLURM_JOB_ID="51")) == 1
+
+
+def test_full_disk_on_write_is_a_tool_error(node, monkeypatch):
+    from gpuguard.store import Store, StoreError
+
+    def full(self, table, row):
+        raise StoreError(f"store {self.path}: insert into {table} failed: database or disk is full")
+    monkeypatch.setattr(Store, "insert", full)
+    assert hook.run(ENV) == 0
+    assert "database or disk is full" in (node["tmp"] / "gpuguard.log").read_text()
