@@ -72,9 +72,13 @@ def take_snapshot(cfg: Config, *, budget_s: float | None = None,
     except ReplayError as e:
         return None, [f"GPU source: {e}"]
     try:
-        return src.snapshot(), []
+        snap = src.snapshot()
     finally:
         src.close()
+    if snap.error and snap.error.startswith("tool error:"):
+        # gpuguard's own fault (a broken install): judge nothing rather than drain
+        return None, [f"GPU source: {snap.error[len('tool error:'):].strip()}"]
+    return snap, []
 
 
 def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,

@@ -410,7 +410,7 @@ def snap_of_real():
 def test_pynvml_not_importable(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     snap = snap_of_real()
-    assert snap.error.startswith("NVML unavailable: pynvml not importable")
+    assert snap.error.startswith("tool error: pynvml not importable")
     assert snap.gpus == []
 
 

@@ -181,3 +181,56 @@ def test_full_disk_on_write_is_a_tool_error(node, monkeypatch):
     monkeypatch.setattr(Store, "insert", full)
     assert hook.run(ENV) == 0
     assert "database or disk is full" in (node["tmp"] / "gpuguard.log").read_text()
+
+
+# --- the nvml source under the prolog (fake pynvml raising the real NVMLError classes) ---
+
+@pytest.fixture
+def nvml_node(node, monkeypatch):
+    import pynvml as real
+
+    import fake_pynvml as fp
+
+    cfg_path = node["tmp"] / "gpuguard.toml"
+    text = cfg_path.read_text()
+    text = text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\ncall_timeout_s = 0.3\n'
+    cfg_path.write_text(text)
+    fake = fp.FakeNvml(fp.h100_node())
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake.module)
+    node["fake"], node["real"] = fake, real
+    return node
+
+
+def test_broken_pynvml_install_is_our_fault(node, monkeypatch):
+    cfg_path = node["tmp"] / "gpuguard.toml"
+    text = cfg_path.read_text()
+    cfg_path.write_text(text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\n')
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import raises ImportError
+    assert hook.run(ENV) == 0
+    assert node["calls"]() == []
+    assert "tool error: GPU source: pynvml not importable" in (node["tmp"] / "gpuguard.log").read_text()
+
+
+def test_nvml_library_missing_on_gpu_node_drains(nvml_node):
+    nvml_node["fake"].init_error = nvml_node["real"].NVML_ERROR_LIBRARY_NOT_FOUND
+    assert hook.run(ENV) == 1
+    [call] = nvml_node["calls"]()
+    assert call[4].startswith("reason=gpuguard: gpu.driver_unusable GPU driver/NVML unusable: NVML unavailable: ")
+
+
+def test_nvml_gpu_lost_drains_that_gpu(nvml_node):
+    nvml_node["fake"].fail("nvmlDeviceGetPowerUsage", nvml_node["real"].NVML_ERROR_GPU_IS_LOST, gpu=3)
+    assert hook.run(ENV) == 1
+    [call] = nvml_node["calls"]()
+    # the fake H100 node's GPU 5 also has a pending row remap (a second draining finding)
+    assert call[4] == "reason=gpuguard: gpu.lost gpu3 (0000:5d:00.0) lost or hung: power_w=GpuIsLost (+1 more)"
+
+
+def test_nvml_hung_call_becomes_a_finding_not_a_hung_prolog(nvml_node):
+    nvml_node["fake"].hang("nvmlDeviceGetPowerUsage", gpu=1, max_s=5)
+    t = time.monotonic()
+    assert hook.run(ENV) == 1
+    assert time.monotonic() - t < 4
+    nvml_node["fake"].release()
+    [call] = nvml_node["calls"]()
+    assert call[4] == "reason=gpuguard: gpu.lost gpu1 (0000:2a:00.0) lost or hung: power_w=Timeout (+1 more)"

@@ -57,9 +57,12 @@ returns, and Slurm's ``PrologEpilogTimeout`` is the backstop.
 
 Snapshot-level errors (``NodeSnapshot.error``, ``gpus == []``), never an exception:
 
-* ``"NVML unavailable: ..."``: ``pynvml`` not importable, ``NVMLError_LibraryNotFound``
-  or ``NVMLError_DriverNotLoaded`` from ``nvmlInit`` (a GPU-less node or no driver:
-  callers fail open).
+* ``"tool error: ..."``: gpuguard's own fault (``pynvml`` not importable: a broken
+  install; the source used after ``close()``). :func:`gpuguard.health.take_snapshot` turns
+  it into a tool error, never a finding, so it can never drain a node.
+* ``"NVML unavailable: ..."``: ``NVMLError_LibraryNotFound`` or
+  ``NVMLError_DriverNotLoaded`` from ``nvmlInit``: a GPU-less node (info) or a GPU node
+  whose driver is missing (a fault: ``gpu.driver_unusable``).
 * ``"NVML init failed: <ErrorName> ..."``: any other ``nvmlInit`` failure, e.g.
   ``LibRmVersionMismatch`` after a driver upgrade without reboot, or ``Timeout``.
 * ``"NVML hung: ..."``: a node-level call did not return (see above).
@@ -282,7 +285,7 @@ class NvmlSource:
     def _init(self) -> str | None:
         """Import and initialise NVML; return a NodeSnapshot error string, or None."""
         if self._closed:
-            return "NVML unavailable: source closed"
+            return "tool error: NVML source used after close()"
         if self._initialised:
             return None
         if self._init_hung:
@@ -291,7 +294,7 @@ class NvmlSource:
             try:
                 import pynvml  # deferred: the prolog pays for it only when it reads GPUs
             except ImportError as e:
-                return f"NVML unavailable: pynvml not importable ({e})"
+                return f"tool error: pynvml not importable ({e})"
             self._nv = pynvml
         try:
             job = self._runner.call(self.call_timeout_s, "nvmlInit", self._nv.nvmlInit)
@@ -311,7 +314,7 @@ class NvmlSource:
 
         ``nvmlShutdown`` is skipped while an earlier call is still hung: it would wait on
         the same driver lock. A closed source is not reopened: a later :meth:`snapshot`
-        returns ``error="NVML unavailable: source closed"``."""
+        returns ``error="tool error: NVML source used after close()"``."""
         if self._closed:
             return
         self._closed = True
