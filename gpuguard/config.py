@@ -71,6 +71,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "epilog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
+        "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
     },
     "slurm": {
         "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
