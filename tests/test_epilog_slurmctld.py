@@ -12,7 +12,7 @@ def ctld(tmp_path, make_config, fake_slurm_bin, write_replay):
     from conftest import node_snapshot
 
     sp = tmp_path / "spool"
-    make_config(f'[epilog]\nslurmctld_wait_s = 0.3\n', replay=write_replay(node_snapshot(1)))
+    make_config('[epilog]\nslurmctld_wait_s = 0.3\n', replay=write_replay(node_snapshot(1)))
     cfg = tmp_path / "gpuguard.toml"
     cfg.write_text(cfg.read_text().replace("[paths]\n", f'[paths]\nspool_dir = "{sp}"\n'))
     # scontrol show hostnames n[1-2] -> n1 n2
