@@ -1,10 +1,54 @@
-"""Slurm hook entry point (stub; filled in by the stage's issue)."""
+"""``gpuguard-taskprolog``: the Slurm TaskProlog. Runs as the job user inside each task.
 
+Slurm parses the TaskProlog's stdout: a line ``export NAME=value`` puts ``NAME`` into the
+task's environment, the value taken literally up to the end of the line, quotes included
+(SLURM-FACTS.md §6f). So this prints exactly one line,
+``export GPUGUARD_JOB_DIR=/path``, and only when ``{paths.job_dir_root}/{SLURM_JOB_ID}``
+is a real directory (not a symlink) owned by the current uid; otherwise nothing.
+
+A failing TaskProlog fails the job (SLURM-FACTS.md §5): this always exits 0, and imports
+only the standard library and :mod:`gpuguard.config` (tomllib; no click, no sqlite).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
 import sys
 
 
+def job_dir_export(env: dict[str, str], uid: int | None = None) -> str | None:
+    """The ``export`` line for ``env`` (``SLURM_JOB_ID``; the config as in
+    :func:`gpuguard.config.load`), or ``None``. ``uid``: the owner the directory must have
+    (default: the real uid). Raises whatever the config loader raises."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return None
+    from gpuguard import config as config_mod
+
+    root = config_mod.load().get("paths", "job_dir_root")
+    path = os.path.join(root, job_id)
+    if "\n" in path or "\r" in path:
+        return None  # would break Slurm's line protocol
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    want = os.getuid() if uid is None else uid
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != want:
+        return None
+    return f"export GPUGUARD_JOB_DIR={path}"
+
+
 def main() -> int:
-    """Run the hook. Exit 0: gpuguard's own errors never fail a Slurm hook."""
+    """Console script entry point; always returns 0."""
+    try:
+        line = job_dir_export(dict(os.environ))
+        if line:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    except BaseException:  # nothing may fail the job, and there is no log to write to
+        pass
     return 0
 
 
