@@ -1,0 +1,1 @@
+"""Real single-host Slurm testbed for gpuguard integration tests (see README.md)."""
