@@ -100,6 +100,18 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
         "drain": (True, bool, "actually drain nodes; false = log the drain decision only (dry run)"),
     },
+    "reports": {
+        "gpu_hour_rate": (0.0, (int, float), "price of one GPU-hour where no gpu_hour_rates key matches (0 = costs not priced)"),
+        "gpu_hour_rates": ({}, dict, "price per GPU-hour by GPU type and/or partition: keys \"TYPE\", \"@PARTITION\", \"TYPE@PARTITION\" (most specific wins; a MIG slice type such as a100_3g.20gb is its own type)"),
+        "cpu_hour_rate": (0.0, (int, float), "price of one allocated CPU-hour, added to the GPU cost"),
+        "currency": ("", str, "label printed beside costs (e.g. EUR); no conversion"),
+        "idle_util_pct": (5.0, (int, float), "efficiency report: a job whose mean GPU utilisation is under this counts all its GPU-hours as idle"),
+        "timezone": ("", str, "IANA zone of wall-clock times in imported sacct -P files (sync --from-file); empty = $TZ, else the system zone; also the zone of report windows and output"),
+        "cluster": ("", str, "cluster name for imported sacct -P rows without a Cluster field"),
+        "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
+        "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
+        "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+    },
     "policy": {},  # finding code -> action; validated separately
 }
 

@@ -112,6 +112,26 @@ class SlurmCli:
             raise ValueError(f"AdminComment is {len(data)} bytes; slurmdbd keeps at most 65535")
         self.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"AdminComment={text}")
 
+    # -- accounting -------------------------------------------------------------------
+    def sacct(self, *, fields: tuple[str, ...] | list[str], start: str | None = None, end: str | None = None,
+              all_users: bool = True, allocations_only: bool = True, delimiter: str = "|",
+              timeout_s: float | None = None) -> str:
+        """``sacct [-a] [-X] -P -n --delimiter=D --format=F1,F2,... [-S start] [-E end]``;
+        returns its stdout: one job per line, ``fields`` in order, no header. ``start``/
+        ``end`` are sacct time specs (``YYYY-MM-DDTHH:MM:SS`` in sacct's local zone).
+        Without ``-s`` sacct returns the jobs eligible or running in the window (sacct
+        man page, ``--starttime``). Raises :class:`SlurmError`."""
+        args = ["-P", "-n", f"--delimiter={delimiter}", f"--format={','.join(fields)}"]
+        if all_users:
+            args.insert(0, "-a")
+        if allocations_only:
+            args.insert(0, "-X")
+        if start:
+            args += ["-S", start]
+        if end:
+            args += ["-E", end]
+        return self.run("sacct", *args, timeout_s=timeout_s)
+
 
 def _scontrol_fields(text: str) -> list[tuple[str, str]]:
     """Split one-line ``scontrol show -o`` output into (key, value) pairs. Values may
