@@ -17,7 +17,7 @@ demo: install
 	bash scripts/demo.sh
 
 test: install
-	$(BIN)/pytest -q
+	GPUGUARD_SLURM=1 $(BIN)/pytest -q
 
 lint: install
 	$(BIN)/ruff check .

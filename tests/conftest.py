@@ -107,3 +107,7 @@ def fake_slurm_bin(tmp_path):
         return [[os.path.basename(a[0]), *a[1:]] for a in map(json.loads, log.read_text().splitlines())]
     calls.bindir = str(bindir)
     return calls
+
+
+# Real-Slurm testbed fixtures (tests/testbed): `slurm_testbed` (session) and `slurm`.
+from testbed.fixtures import slurm, slurm_testbed  # noqa: E402, F401

@@ -5,7 +5,8 @@ Wire them into tests/conftest.py with::
     from testbed.fixtures import slurm_testbed, slurm  # noqa: F401
 
 ``slurm_testbed`` (session): runs ``testbed.sh up`` once and yields a ``slurmtb.Testbed``.
-  - skipped (with the reason) only when GPUGUARD_SKIP_SLURM=1;
+  - runs when GPUGUARD_SLURM=1 (``make test``) or CI is set; skipped with the reason
+    otherwise, and always when GPUGUARD_SKIP_SLURM=1;
   - FAILS the tests that use it when ``up`` fails (output of testbed.sh in the message);
   - at session end it runs ``testbed.sh down`` only if the testbed was not already up when
     the session started (GPUGUARD_KEEP_TESTBED=1 keeps it up anyway).
@@ -33,6 +34,10 @@ UP_TIMEOUT_S = 600
 def slurm_testbed():
     if os.environ.get("GPUGUARD_SKIP_SLURM") == "1":
         pytest.skip("GPUGUARD_SKIP_SLURM=1: Slurm testbed integration tests disabled")
+    if os.environ.get("GPUGUARD_SLURM") != "1" and not os.environ.get("CI"):
+        # Opt-in outside CI: bringing up Slurm installs packages and starts daemons as root.
+        # `make test` and .ci/run set GPUGUARD_SLURM=1.
+        pytest.skip("Slurm testbed tests need GPUGUARD_SLURM=1 (set by `make test` and CI)")
     tb = slurmtb.Testbed()
     was_up = tb.testbed_sh("status", timeout=60).returncode == 0
     try:
