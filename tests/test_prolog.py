@@ -193,7 +193,7 @@ def nvml_node(node, monkeypatch):
 
     cfg_path = node["tmp"] / "gpuguard.toml"
     text = cfg_path.read_text()
-    text = text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\ncall_timeout_s = 0.3\n'
+    text = text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\ncall_timeout_s = 0.3\n[prolog]\nstart_collector = false\n'
     cfg_path.write_text(text)
     fake = fp.FakeNvml(fp.h100_node())
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake.module)
@@ -204,7 +204,7 @@ def nvml_node(node, monkeypatch):
 def test_broken_pynvml_install_is_our_fault(node, monkeypatch):
     cfg_path = node["tmp"] / "gpuguard.toml"
     text = cfg_path.read_text()
-    cfg_path.write_text(text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\n')
+    cfg_path.write_text(text[: text.index("[gpu]")] + '[gpu]\nsource = "nvml"\n[prolog]\nstart_collector = false\n')
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import raises ImportError
     assert hook.run(ENV) == 0
     assert node["calls"]() == []
