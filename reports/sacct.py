@@ -1,0 +1,534 @@
+"""Parse Slurm accounting output (``sacct -P``/``-p`` and ``sacct --json``) into cache rows.
+
+Field meanings and job states follow the sacct man page (Slurm 22.05 and 24.11,
+https://slurm.schedmd.com/sacct.html, "Job Accounting Fields" and "Job State Codes");
+the JSON shapes are those of Slurm's ``openapi/dbv0.0.38`` plugin (22.05: plain
+integers, ``state.current`` a string, NO_VAL as ``null``) and ``data_parser/v0.0.41``
+(24.11: ``{"set", "infinite", "number"}`` wrappers, ``state.current`` a list).
+
+One parsed job is a :class:`dict` with the keys of :data:`COLUMNS` (the ``sacct_jobs``
+cache table of the cluster store). Times are UTC epoch seconds (float) or ``None``;
+``elapsed_s`` is whole seconds; ``gpus`` an int (0 when the job holds no GPU).
+
+Rules (each with its reason):
+
+* GPUs come from AllocTRES. ``gres/gpu=N`` is the count; typed entries
+  ``gres/gpu:TYPE=N`` (MIG slices too: ``gres/gpu:a100_3g.20gb=1``) give the type and,
+  only when the untyped entry is absent, the count: Slurm lists both forms for the same
+  GPUs when ``AccountingStorageTRES`` names both, so adding them would double count.
+  ``gres/gpumem`` and ``gres/gpuutil`` are not GPUs. Several types: ``gpu_type`` is
+  their sorted names joined by ``,``.
+* ``Unknown``, ``None`` and empty times are ``None`` (sacct prints them for jobs that
+  have not reached that point).
+* ``CANCELLED by 1234`` is state ``CANCELLED`` (the raw text stays in ``state_raw``).
+* sacct prints wall-clock times in the timezone of the sacct process (``TZ``), without
+  an offset; :class:`TimeConverter` turns them into UTC epoch seconds with an explicit
+  zone (DST-ambiguous wall-clock times take the first occurrence, ``fold=0``).
+* Step rows (``123.batch``, ``123_4.0``, ``123+1.extern``) are skipped: reports count
+  jobs (``sacct -X``).
+* ``sacct --json`` of 22.05 (dbv0.0.38) reports every non-zero exit as
+  ``{"status": "SUCCESS", "return_code": 0}`` (SLURM-FACTS §6d), so its exit codes are
+  ``None`` (unknown) unless the job was signalled; exit codes come from ``-P`` output.
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+#: Columns of the ``sacct_jobs`` cache table, in order (see :mod:`gpuguard.reports.schema`).
+COLUMNS = (
+    "cluster", "job_id_raw", "job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset",
+    "job_name", "user", "account", "partition", "qos",
+    "submit_at", "eligible_at", "start_at", "end_at", "elapsed_s", "usage_end_at",
+    "state", "state_raw", "exit_code", "exit_signal",
+    "gpus", "gpu_type", "cpus", "alloc_tres", "nnodes", "node_list",
+    "comment", "admin_comment", "template", "synced_at", "source",
+)
+
+#: The ``--format`` a live sync asks sacct for (``sacct -a -X -P -n --format=...``).
+SACCT_FIELDS = (
+    "JobIDRaw", "JobID", "Cluster", "JobName", "User", "Account", "Partition", "QOS",
+    "Submit", "Eligible", "Start", "End", "ElapsedRaw", "State", "ExitCode",
+    "AllocTRES", "AllocCPUS", "NNodes", "NodeList", "Comment", "AdminComment",
+)
+
+#: States after which sacct's record no longer changes (sacct man page, JOB STATE CODES).
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE", "REVOKED",
+})
+#: States a later sync may still change (``PENDING``, ``RUNNING``, ``REQUEUED``, ``SUSPENDED``...).
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING",
+                           "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "RESIZE"})
+
+_TEMPLATE_RE = re.compile(r"gpuguard:template=([A-Za-z0-9][A-Za-z0-9._+-]*)")
+_JOBID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?(?:\+(\d+))?(\.\S+)?$")
+_ELAPSED_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
+_UNSET_TIMES = {"", "Unknown", "None", "N/A", "0"}
+
+
+class SacctParseError(ValueError):
+    """A whole input could not be read as sacct output; ``str()`` is one line naming the
+    source (and line, where there is one)."""
+
+
+class RowError(ValueError):
+    """One row is malformed; the caller reports it with its line number and skips it."""
+
+
+@dataclass
+class ParsedRow:
+    """One parse outcome: a job (``job`` set), a skipped step (``step`` true), or a
+    malformed row (``error`` set). ``line`` is 1-based in the input (for JSON: the
+    1-based index of the job in ``jobs[]``)."""
+
+    line: int
+    job: dict | None = None
+    step: bool = False
+    error: str | None = None
+
+
+# --- time -------------------------------------------------------------------------------
+def resolve_timezone(name: str | None = None) -> tzinfo:
+    """The zone sacct printed its times in: ``name`` (an IANA name such as
+    ``Europe/Berlin`` or ``UTC``), else ``$TZ``, else ``/etc/localtime``, else UTC.
+
+    Raises :class:`SacctParseError` for an unknown zone name.
+    """
+    if name:
+        try:
+            return ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise SacctParseError(f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)") from None
+    env = os.environ.get("TZ", "").lstrip(":")
+    if env:
+        try:
+            return ZoneInfo(env)
+        except (ZoneInfoNotFoundError, ValueError):
+            pass  # a POSIX TZ string like "CET-1CEST": fall through to the system zone
+    try:
+        target = os.path.realpath("/etc/localtime")
+        if "/zoneinfo/" in target:
+            return ZoneInfo(target.split("/zoneinfo/", 1)[1])
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        pass  # not a link into the zone database: read the file itself
+    try:
+        with open("/etc/localtime", "rb") as fh:
+            return ZoneInfo.from_file(fh, key="localtime")
+    except (OSError, ValueError):
+        return ZoneInfo("UTC")
+
+
+class TimeConverter:
+    """Wall-clock ``YYYY-MM-DDTHH:MM:SS`` (sacct's default ``SLURM_TIME_FORMAT``) in
+    ``tz`` -> UTC epoch seconds. Bare integers are taken as epoch seconds already
+    (``SLURM_TIME_FORMAT=%s``). ``Unknown``/``None``/empty -> ``None``.
+
+    The UTC offset is looked up once per wall-clock hour (zones change offset on the hour
+    or half hour at most, and the half-hour zones change at 02:00), which keeps a
+    million-row import fast. Raises :class:`RowError` on anything else.
+    """
+
+    def __init__(self, tz: tzinfo):
+        self.tz = tz
+        self._offsets: dict[str, float] = {}
+
+    def __call__(self, s: str | None) -> float | None:
+        if s is None:
+            return None
+        s = s.strip()
+        if s in _UNSET_TIMES:
+            return None
+        if s.isdigit():
+            return float(s)
+        if len(s) < 19 or s[4] != "-" or s[10] != "T":
+            raise RowError(f"time {s!r} is not YYYY-MM-DDTHH:MM:SS")
+        try:
+            naive = datetime.fromisoformat(s[:19])
+        except ValueError:
+            raise RowError(f"time {s!r} is not YYYY-MM-DDTHH:MM:SS") from None
+        key = s[:13]
+        off = self._offsets.get(key)
+        if off is None:
+            hour = naive.replace(minute=0, second=0, tzinfo=self.tz)
+            delta = hour.utcoffset()
+            off = delta.total_seconds() if delta is not None else 0.0
+            self._offsets[key] = off
+        return calendar.timegm(naive.timetuple()) - off
+
+
+def parse_elapsed(s: str | None) -> int | None:
+    """sacct ``Elapsed`` (``[DD-[HH:]]MM:SS``) or ``ElapsedRaw`` (seconds) -> seconds."""
+    if s is None:
+        return None
+    s = s.strip()
+    if not s or s in ("Unknown", "INVALID"):
+        return None
+    if s.isdigit():
+        return int(s)
+    m = _ELAPSED_RE.match(s)
+    if not m:
+        raise RowError(f"elapsed {s!r} is not [DD-]HH:MM:SS")
+    d, h, mi, sec = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + sec
+
+
+# --- TRES, state, ids, comment ----------------------------------------------------------
+def parse_tres(s: str | None) -> tuple[int, str | None, int | None]:
+    """AllocTRES ``billing=4,cpu=4,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1`` ->
+    ``(gpus, gpu_type, cpus)``. See the module docstring for the GPU rules.
+    Raises :class:`RowError` on a GPU or CPU count that is not an integer."""
+    untyped: int | None = None
+    typed: dict[str, int] = {}
+    cpus: int | None = None
+    if s:
+        for item in s.split(","):
+            name, sep, val = item.strip().partition("=")
+            if not sep:
+                continue
+            if name == "gres/gpu" or name.startswith("gres/gpu:"):
+                try:
+                    n = int(val)
+                except ValueError:
+                    raise RowError(f"AllocTRES {name}={val!r}: GPU count is not an integer") from None
+                if name == "gres/gpu":
+                    untyped = n
+                else:
+                    gtype = name[len("gres/gpu:"):]
+                    typed[gtype] = typed.get(gtype, 0) + n
+            elif name == "cpu":
+                try:
+                    cpus = int(val)
+                except ValueError:
+                    raise RowError(f"AllocTRES cpu={val!r}: not an integer") from None
+    gpus = untyped if untyped is not None else sum(typed.values())
+    types = sorted(t for t, n in typed.items() if n > 0)
+    return gpus, (",".join(types) or None), cpus
+
+
+def normalize_state(s: str | None) -> str | None:
+    """``CANCELLED by 1234`` -> ``CANCELLED``; ``RUNNING`` -> ``RUNNING``; empty -> None."""
+    if not s:
+        return None
+    return s.split()[0].upper().rstrip("+")
+
+
+def parse_job_id(s: str) -> tuple[dict, bool]:
+    """``123``, ``123_4``, ``123_[1-5%2]``, ``123+1``, ``123.batch`` -> (id fields, is_step).
+    Raises :class:`RowError` on anything else."""
+    m = _JOBID_RE.match(s.strip())
+    if not m:
+        raise RowError(f"JobID {s!r} is not NNN, NNN_T, NNN+K or a step of one")
+    base, task, het, step = m.groups()
+    out: dict = {"array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None}
+    if task is not None:
+        out["array_job_id"] = int(base)
+        out["array_task_id"] = int(task) if task.isdigit() else None
+    if het is not None:
+        out["het_job_id"] = int(base)
+        out["het_job_offset"] = int(het)
+    return out, step is not None
+
+
+def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
+    """sacct ``ExitCode`` ``3:0`` -> ``(3, 0)`` (exit status, signal)."""
+    if not s:
+        return None, None
+    a, sep, b = s.strip().partition(":")
+    try:
+        return int(a), (int(b) if sep else 0)
+    except ValueError:
+        raise RowError(f"ExitCode {s!r} is not N:S") from None
+
+
+def template_of(comment: str | None) -> str | None:
+    """The template named in a job comment (``gpuguard:template=NAME``, other text allowed)."""
+    if not comment:
+        return None
+    m = _TEMPLATE_RE.search(comment)
+    return m.group(1) if m else None
+
+
+def _int_or_none(s: str | None, what: str) -> int | None:
+    if s is None or s.strip() in ("", "Unknown"):
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        raise RowError(f"{what} {s!r} is not an integer") from None
+
+
+def _finish(job: dict) -> dict:
+    """Fill derived columns: usage_end_at, template, defaults."""
+    start, end, el = job.get("start_at"), job.get("end_at"), job.get("elapsed_s")
+    if start is not None:
+        job["usage_end_at"] = end if end is not None else (start + el if el is not None else start)
+    else:
+        job["usage_end_at"] = None
+    if job.get("elapsed_s") is None and start is not None and end is not None:
+        job["elapsed_s"] = int(max(0.0, end - start))
+    job["template"] = template_of(job.get("comment"))
+    for c in COLUMNS:
+        job.setdefault(c, None)
+    if job["gpus"] is None:
+        job["gpus"] = 0
+    if job["cluster"] is None:
+        job["cluster"] = ""
+    return job
+
+
+# --- sacct -P / -p ----------------------------------------------------------------------
+_FIELD_ALIASES = {"ncpus": "alloccpus", "jobidraw": "jobidraw"}
+
+
+def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> tuple[dict | None, bool]:
+    """One ``-P`` record (lower-cased field name -> text) -> ``(job, is_step)``.
+    Raises :class:`RowError`."""
+    jid_text = rec.get("jobid") or rec.get("jobidraw")
+    if not jid_text:
+        raise RowError("no JobID")
+    ids, is_step = parse_job_id(jid_text)
+    raw_text = rec.get("jobidraw") or jid_text
+    if is_step or "." in raw_text:
+        return None, True
+    raw_m = re.match(r"^(\d+)$", raw_text.strip())
+    if raw_m:
+        raw = int(raw_m.group(1))
+    elif "jobidraw" not in rec and ids["array_job_id"] is None and ids["het_job_id"] is None:
+        raw = int(re.match(r"^\d+", jid_text).group(0))  # no JobIDRaw column: a plain id is the raw id
+    elif "jobidraw" not in rec:
+        raise RowError(f"JobID {jid_text!r} is an array task or het component: its raw id needs the JobIDRaw field")
+    else:
+        raise RowError(f"JobIDRaw {raw_text!r} is not an integer")
+    gpus, gtype, tres_cpus = parse_tres(rec.get("alloctres"))
+    code, sig = parse_exit_code(rec.get("exitcode"))
+    elapsed = rec.get("elapsedraw")
+    job = {
+        "cluster": rec.get("cluster") or cluster,
+        "job_id_raw": raw,
+        "job_id": jid_text.strip(),
+        **ids,
+        "job_name": rec.get("jobname"),
+        "user": rec.get("user") or None,
+        "account": rec.get("account") or None,
+        "partition": rec.get("partition") or None,
+        "qos": rec.get("qos") or None,
+        "submit_at": conv(rec.get("submit")),
+        "eligible_at": conv(rec.get("eligible")),
+        "start_at": conv(rec.get("start")),
+        "end_at": conv(rec.get("end")),
+        "elapsed_s": parse_elapsed(elapsed if elapsed is not None else rec.get("elapsed")),
+        "state": normalize_state(rec.get("state")),
+        "state_raw": rec.get("state") or None,
+        "exit_code": code,
+        "exit_signal": sig,
+        "gpus": gpus,
+        "gpu_type": gtype,
+        "cpus": _int_or_none(rec.get("alloccpus"), "AllocCPUS") if rec.get("alloccpus") else tres_cpus,
+        "alloc_tres": rec.get("alloctres") or None,
+        "nnodes": _int_or_none(rec.get("nnodes"), "NNodes"),
+        "node_list": rec.get("nodelist") or None,
+        "comment": rec.get("comment") or None,
+        "admin_comment": rec.get("admincomment") or None,
+    }
+    if job["state"] is None:
+        raise RowError("empty State")
+    return _finish(job), False
+
+
+def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str] | None = None,
+              delimiter: str = "|", source: str = "<input>") -> Iterator[ParsedRow]:
+    """Parse ``sacct -P`` (``-p``: a trailing delimiter) text, one :class:`ParsedRow` per
+    data line. ``lines``: an iterable of text lines (an open file works). With ``fields``
+    None the first line must be the header (sacct without ``-n``); otherwise ``fields``
+    names the columns of header-less output (``-n --format=...``).
+
+    Rows read by :mod:`csv` with ``delimiter`` and no quoting (sacct does not quote).
+    Raises :class:`SacctParseError` for an input that is not ``-P`` output at all (no
+    header, fixed-width columns, no JobID column).
+    """
+    reader = csv.reader(lines, delimiter=delimiter, quoting=csv.QUOTE_NONE)
+    header_len: int
+    if fields is None:
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise SacctParseError(f"{source}:1: {e}") from None
+        if len(header) < 2:
+            if header and re.match(r"^\s*JobID\b", header[0]):
+                raise SacctParseError(f"{source}:1: fixed-width sacct output; save it with sacct -P (or -p)")
+            raise SacctParseError(f"{source}:1: no sacct -P header line (fields separated by {delimiter!r})")
+        if header[-1] == "":
+            header = header[:-1]  # -p: trailing delimiter
+        names = [_FIELD_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header]
+    else:
+        names = [_FIELD_ALIASES.get(f.lower(), f.lower()) for f in fields]
+    if "jobid" not in names and "jobidraw" not in names:
+        raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
+    header_len = len(names)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield ParsedRow(line=reader.line_num, error=str(e))
+            continue
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) == header_len + 1 and row[-1] == "":
+            row = row[:-1]
+        if len(row) != header_len:
+            yield ParsedRow(line=reader.line_num, error=f"{len(row)} fields, header has {header_len}")
+            continue
+        try:
+            job, is_step = pipe_row_to_job(dict(zip(names, row, strict=True)), conv, cluster)
+        except RowError as e:
+            yield ParsedRow(line=reader.line_num, error=str(e))
+            continue
+        yield ParsedRow(line=reader.line_num, job=job, step=is_step)
+
+
+# --- sacct --json -----------------------------------------------------------------------
+def _num(v):
+    """A JSON number, ``{"set", "infinite", "number"}`` (v0.0.40+) or null -> int/None."""
+    if isinstance(v, dict):
+        if not v.get("set", False) or v.get("infinite", False):
+            return None
+        v = v.get("number")
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    raise RowError(f"expected a number, got {v!r}")
+
+
+def _time(v) -> float | None:
+    n = _num(v)
+    return None if not n else float(n)  # 0 = not reached (pending: start 0)
+
+
+def _json_exit(ec, buggy: bool) -> tuple[int | None, int | None]:
+    if not isinstance(ec, dict):
+        return None, None
+    status = ec.get("status")
+    statuses = set(status if isinstance(status, list) else [status] if status else [])
+    sig = ec.get("signal") or {}
+    sig_id = _num(sig.get("id", sig.get("signal_id"))) if isinstance(sig, dict) else None
+    if "SIGNALED" in statuses:
+        return 0, sig_id
+    if "PENDING" in statuses:
+        return None, None
+    if buggy:
+        return None, None
+    return _num(ec.get("return_code")), (sig_id or 0)
+
+
+def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict, bool]:
+    """One ``jobs[]`` element of ``sacct --json`` -> cache row. Raises :class:`RowError`."""
+    if not isinstance(j, dict):
+        raise RowError("job is not an object")
+    raw = _num(j.get("job_id"))
+    if raw is None:
+        raise RowError("no job_id")
+    raw = int(raw)
+    arr = j.get("array") or {}
+    het = j.get("het") or {}
+    arr_job = _num(arr.get("job_id")) or None
+    arr_task = _num(arr.get("task_id"))
+    het_job = _num(het.get("job_id")) or None
+    het_off = _num(het.get("job_offset"))
+    ids = {"array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None}
+    job_id = str(raw)
+    if arr_job:
+        ids["array_job_id"] = int(arr_job)
+        if arr_task is not None:
+            ids["array_task_id"] = int(arr_task)
+            job_id = f"{int(arr_job)}_{int(arr_task)}"
+        else:
+            job_id = f"{int(arr_job)}_[{arr.get('task') or ''}]"
+    if het_job and het_off is not None:
+        ids["het_job_id"], ids["het_job_offset"] = int(het_job), int(het_off)
+        job_id = f"{int(het_job)}+{int(het_off)}"
+    state = j.get("state") or {}
+    cur = state.get("current") if isinstance(state, dict) else state
+    if isinstance(cur, list):
+        cur = cur[0] if cur else None
+    if not cur:
+        raise RowError("no state")
+    tres = (j.get("tres") or {}).get("allocated") or []
+    parts = []
+    for t in tres:
+        if isinstance(t, dict) and t.get("type"):
+            name = f"{t['type']}/{t['name']}" if t.get("name") else t["type"]
+            parts.append(f"{name}={t.get('count')}")
+    tres_text = ",".join(parts)
+    gpus, gtype, cpus = parse_tres(tres_text)
+    tm = j.get("time") or {}
+    code, sig = _json_exit(j.get("exit_code"), buggy_exit)
+    comment = j.get("comment") or {}
+    qos = j.get("qos")
+    job = {
+        "cluster": j.get("cluster") or conv_cluster,
+        "job_id_raw": raw,
+        "job_id": job_id,
+        **ids,
+        "job_name": j.get("name"),
+        "user": j.get("user") or None,
+        "account": j.get("account") or None,
+        "partition": j.get("partition") or None,
+        "qos": qos if isinstance(qos, str) and qos else None,
+        "submit_at": _time(tm.get("submission")),
+        "eligible_at": _time(tm.get("eligible")),
+        "start_at": _time(tm.get("start")),
+        "end_at": _time(tm.get("end")),
+        "elapsed_s": _num(tm.get("elapsed")),
+        "state": normalize_state(str(cur)),
+        "state_raw": str(cur),
+        "exit_code": code,
+        "exit_signal": sig,
+        "gpus": gpus,
+        "gpu_type": gtype,
+        "cpus": cpus,
+        "alloc_tres": tres_text or None,
+        "nnodes": _num(j.get("allocation_nodes")),
+        "node_list": j.get("nodes") or None,
+        "comment": (comment.get("job") if isinstance(comment, dict) else None) or None,
+        "admin_comment": (comment.get("administrator") if isinstance(comment, dict) else None) or None,
+    }
+    if job["state"] in ("PENDING",):
+        job["start_at"] = job["end_at"] = None
+    return _finish(job), False
+
+
+def iter_json(doc: dict, *, cluster: str = "", source: str = "<input>") -> Iterator[ParsedRow]:
+    """Parse a ``sacct --json`` document (``{"jobs": [...], "meta": {...}}``); ``line``
+    of each :class:`ParsedRow` is the 1-based index in ``jobs``. Raises
+    :class:`SacctParseError` when ``jobs`` is missing."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise SacctParseError(f"{source}: JSON without a \"jobs\" list: not sacct --json output")
+    plugin = json.dumps((doc.get("meta") or {}).get("plugin") or {})
+    buggy = "0.0.38" in plugin or "0.0.37" in plugin
+    for i, j in enumerate(doc["jobs"], start=1):
+        try:
+            job, step = json_job_to_row(j, cluster, buggy)
+        except (RowError, TypeError, AttributeError, ValueError) as e:
+            yield ParsedRow(line=i, error=f"jobs[{i - 1}]: {e}")
+            continue
+        yield ParsedRow(line=i, job=job, step=step)
+
+
+def sniff_format(head: str) -> str:
+    """``"json"`` when the text starts with ``{``, else ``"pipe"``."""
+    return "json" if head.lstrip()[:1] == "{" else "pipe"

@@ -1,0 +1,269 @@
+"""sacct parsing: every corpus sample with exact values, TRES rules, timezones, ids, states."""
+
+from __future__ import annotations
+
+import io
+import json
+from zoneinfo import ZoneInfo
+
+import pytest
+from reports_helpers import DATA, HANDMADE, utc
+
+from gpuguard.reports.sacct import (
+    RowError,
+    SacctParseError,
+    TimeConverter,
+    iter_json,
+    iter_pipe,
+    normalize_state,
+    parse_elapsed,
+    parse_exit_code,
+    parse_job_id,
+    parse_tres,
+    resolve_timezone,
+    template_of,
+)
+
+UTC = TimeConverter(ZoneInfo("UTC"))
+
+
+def parse_file(name: str, tz: str = "UTC"):
+    path = DATA / name
+    text = path.read_text()
+    if text.lstrip().startswith("{"):
+        return list(iter_json(json.loads(text), source=name))
+    return list(iter_pipe(io.StringIO(text, newline=""), conv=TimeConverter(ZoneInfo(tz)), source=name))
+
+
+def jobs_of(rows):
+    return {r.job["job_id_raw"]: r.job for r in rows if r.job}
+
+
+# --- corpus ---------------------------------------------------------------------------------
+def test_corpus_p1_timeout_and_cancelled_by_uid():
+    rows = parse_file("sacct-p-1-timeout-cancelled-gpu-jobstats.txt")
+    assert [r.error for r in rows if r.error] == []
+    assert sum(r.step for r in rows) == 4
+    jobs = jobs_of(rows)
+    assert sorted(jobs) == [45352405, 46044267]
+    t = jobs[46044267]
+    assert (t["job_id"], t["state"], t["state_raw"], t["elapsed_s"], t["cpus"], t["nnodes"]) == (
+        "46044267", "TIMEOUT", "TIMEOUT", 23 * 3600 + 5 * 60 + 24, 12, 1)
+    assert t["admin_comment"].startswith("JS1:H4sIAAAAAAACA1WOwQ6DIBBE")
+    assert (t["gpus"], t["gpu_type"], t["start_at"], t["submit_at"], t["exit_code"]) == (0, None, None, None, None)
+    c = jobs[45352405]
+    assert (c["state"], c["state_raw"], c["elapsed_s"], c["cpus"]) == ("CANCELLED", "CANCELLED by 100001", 27738, 1)
+
+
+def test_corpus_p2_legacy_multinode_and_failed():
+    rows = parse_file("sacct-p-2-legacy-reqmem-failed-steps.txt")
+    assert [r.error for r in rows if r.error] == []
+    assert sum(r.step for r in rows) == 4
+    jobs = jobs_of(rows)
+    big = jobs[6196869]
+    assert (big["state"], big["elapsed_s"], big["cpus"], big["nnodes"], big["admin_comment"]) == (
+        "COMPLETED", 12 * 86400 + 14 * 3600 + 16 * 60 + 39, 720, 20, None)
+    short = jobs[8205464]
+    assert (short["state"], short["elapsed_s"], short["cpus"], short["admin_comment"]) == ("FAILED", 2, 8, "JS1:Short")
+
+
+def test_corpus_p3_ntasks_column():
+    rows = parse_file("sacct-p-3-ntasks-column.txt")
+    assert [r.error for r in rows if r.error] == []
+    assert sum(r.step for r in rows) == 3
+    (job,) = jobs_of(rows).values()
+    assert (job["job_id_raw"], job["state"], job["elapsed_s"], job["cpus"], job["nnodes"]) == (131042, "COMPLETED", 53, 8, 1)
+
+
+def test_corpus_default_fixed_width_is_refused_with_its_line():
+    with pytest.raises(SacctParseError, match=r"^sacct-default-pending-2019.txt:1: fixed-width sacct output"):
+        parse_file("sacct-default-pending-2019.txt")
+
+
+def test_corpus_json_24_11_v0041():
+    rows = parse_file("sacct-json-slurmdb-24.11-gpu-job.json")
+    assert [r.error for r in rows] == [None]
+    j = rows[0].job
+    expect = {
+        "cluster": "hpc", "job_id_raw": 5980, "job_id": "5980", "array_job_id": None, "array_task_id": None,
+        "het_job_id": None, "het_job_offset": None, "job_name": "wrap", "user": "user01", "account": "biology",
+        "partition": "gpu", "qos": "normal", "submit_at": 1747751625.0, "eligible_at": 1747751625.0,
+        "start_at": 1747751628.0, "end_at": 1747751658.0, "elapsed_s": 30, "usage_end_at": 1747751658.0,
+        "state": "COMPLETED", "state_raw": "COMPLETED", "exit_code": 0, "exit_signal": 0,
+        # submit_line asked --gpus 4, but the allocated TRES holds no gres/gpu: 0 GPUs
+        "gpus": 0, "gpu_type": None, "cpus": 1, "alloc_tres": "cpu=1,mem=512,energy=-2,node=1,billing=1",
+        "nnodes": 1, "node_list": "gpu1", "comment": None, "admin_comment": None, "template": None,
+    }
+    assert {k: j[k] for k in expect} == expect
+
+
+def test_json_22_05_dbv0038_exit_codes_not_trusted():
+    rows = parse_file("sacct-json-22.05-dbv0.0.38-constructed.json")
+    assert [r.error for r in rows] == [None] * 4
+    jobs = jobs_of(rows)
+    failed = jobs[301]
+    # 22.05 reports exit 3 as SUCCESS/0 (SLURM-FACTS §6d): unknown, not 0
+    assert (failed["state"], failed["exit_code"], failed["exit_signal"]) == ("FAILED", None, None)
+    assert (failed["gpus"], failed["template"], failed["comment"], failed["cluster"]) == (2, "t1", "gpuguard:template=t1", "tb")
+    arr = jobs[302]
+    assert (arr["job_id"], arr["array_job_id"], arr["array_task_id"], arr["exit_code"], arr["exit_signal"]) == (
+        "300_2", 300, 2, 0, 9)
+    het = jobs[303]
+    assert (het["job_id"], het["het_job_id"], het["het_job_offset"], het["gpus"], het["cpus"]) == ("303+0", 303, 0, 0, 2)
+    pend = jobs[304]
+    assert (pend["state"], pend["start_at"], pend["end_at"], pend["eligible_at"], pend["usage_end_at"]) == (
+        "PENDING", None, None, 1741000500.0, None)
+
+
+def test_json_without_jobs_is_refused():
+    with pytest.raises(SacctParseError, match='x.json: JSON without a "jobs" list'):
+        list(iter_json({"meta": {}}, source="x.json"))
+
+
+# --- the hand-made -P file ------------------------------------------------------------------
+def test_handmade_file_every_field():
+    rows = list(iter_pipe(io.StringIO(HANDMADE.read_text(), newline=""), conv=UTC))
+    assert [r.error for r in rows] == [None] * 14
+    jobs = jobs_of(rows)
+    j = jobs[101]
+    assert j == {
+        "cluster": "tc", "job_id_raw": 101, "job_id": "101", "array_job_id": None, "array_task_id": None,
+        "het_job_id": None, "het_job_offset": None, "job_name": "train70b", "user": "alice", "account": "physics",
+        "partition": "gpu", "qos": "normal", "submit_at": utc("2025-03-01T23:00:00"),
+        "eligible_at": utc("2025-03-01T23:30:00"), "start_at": utc("2025-03-02T00:00:00"),
+        "end_at": utc("2025-03-02T10:00:00"), "elapsed_s": 36000, "usage_end_at": utc("2025-03-02T10:00:00"),
+        "state": "COMPLETED", "state_raw": "COMPLETED", "exit_code": 0, "exit_signal": 0, "gpus": 4,
+        "gpu_type": "a100", "cpus": 16, "alloc_tres": "billing=16,cpu=16,gres/gpu=4,gres/gpu:a100=4,mem=64G,node=1",
+        "nnodes": 1, "node_list": "g01", "comment": "gpuguard:template=llm-70b run 3", "admin_comment": None,
+        "template": "llm-70b", "synced_at": None, "source": None,
+    }
+    assert (jobs[106]["job_id"], jobs[106]["array_job_id"], jobs[106]["array_task_id"], jobs[106]["state"]) == (
+        "106_7", 106, 7, "CANCELLED")
+    assert [(jobs[k]["job_id"], jobs[k]["het_job_id"], jobs[k]["het_job_offset"]) for k in (107, 108)] == [
+        ("107+0", 107, 0), ("107+1", 107, 1)]
+    pend = jobs[110]
+    assert (pend["state"], pend["eligible_at"], pend["start_at"], pend["end_at"], pend["gpus"], pend["alloc_tres"]) == (
+        "PENDING", None, None, None, 0, None)
+    run = jobs[111]
+    assert (run["end_at"], run["usage_end_at"]) == (None, utc("2025-03-31T12:00:00"))
+    assert (jobs[113]["exit_code"], jobs[113]["exit_signal"]) == (0, 125)
+
+
+def test_p_with_trailing_delimiter():
+    text = "JobIDRaw|JobID|State|AllocTRES|\n7|7|COMPLETED|cpu=2,gres/gpu=1|\n"
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert (row.job["job_id_raw"], row.job["state"], row.job["gpus"], row.job["cpus"]) == (7, "COMPLETED", 1, 2)
+
+
+def test_header_less_output_with_fields():
+    text = "9\x1f9\x1fRUNNING\n"
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC, fields=["JobIDRaw", "JobID", "State"], delimiter="\x1f"))
+    assert (row.job["job_id_raw"], row.job["state"]) == (9, "RUNNING")
+
+
+def test_pipe_inside_a_comment_is_a_malformed_row_with_its_line():
+    text = "JobIDRaw|JobID|State|Comment\n1|1|COMPLETED|ok\n2|2|COMPLETED|a|b\n3|3|FAILED|\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.line, r.error) for r in rows if r.error] == [(3, "5 fields, header has 4")]
+    assert [r.job["job_id_raw"] for r in rows if r.job] == [1, 3]
+
+
+def test_array_task_without_jobidraw_is_malformed():
+    text = "JobID|State\n5_1|COMPLETED\n6|COMPLETED\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert rows[0].error.startswith("JobID '5_1' is an array task or het component")
+    assert rows[1].job["job_id_raw"] == 6
+
+
+def test_no_header_is_refused():
+    with pytest.raises(SacctParseError, match=r"^f:1: header has no JobID or JobIDRaw field"):
+        list(iter_pipe(io.StringIO("1|2|3\n"), conv=UTC, source="f"))
+
+
+# --- units ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("tres", "expect"), [
+    ("billing=4,cpu=4,gres/gpu=4,mem=8G,node=1", (4, None, 4)),
+    ("cpu=8,gres/gpu:a100=4", (4, "a100", 8)),
+    ("cpu=8,gres/gpu=4,gres/gpu:a100=4", (4, "a100", 8)),  # both forms: never 8
+    ("gres/gpu:a100=4,gres/gpu=4", (4, "a100", None)),  # order does not matter
+    ("cpu=2,gres/gpu=1,gres/gpu:a100_3g.20gb=1", (1, "a100_3g.20gb", 2)),  # MIG slice
+    ("gres/gpu:a100_1g.5gb=2,gres/gpu:a100_3g.20gb=1", (3, "a100_1g.5gb,a100_3g.20gb", None)),
+    ("gres/gpu=3,gres/gpu:a100=2,gres/gpu:v100=1", (3, "a100,v100", None)),
+    ("cpu=1,gres/gpumem=40G,gres/gpuutil=100,gres/gpu=1", (1, None, 1)),  # gpumem/gpuutil are not GPUs
+    ("cpu=1,mem=1G,node=1", (0, None, 1)),
+    ("", (0, None, None)),
+    (None, (0, None, None)),
+])
+def test_tres(tres, expect):
+    assert parse_tres(tres) == expect
+
+
+def test_tres_bad_gpu_count():
+    with pytest.raises(RowError, match="GPU count is not an integer"):
+        parse_tres("gres/gpu=lots")
+
+
+@pytest.mark.parametrize(("zone", "wall", "iso_utc"), [
+    ("UTC", "2025-03-01T12:00:00", "2025-03-01T12:00:00"),
+    ("America/New_York", "2025-01-15T12:00:00", "2025-01-15T17:00:00"),  # EST -5
+    ("America/New_York", "2025-07-15T12:00:00", "2025-07-15T16:00:00"),  # EDT -4
+    ("Europe/Berlin", "2025-03-30T01:30:00", "2025-03-30T00:30:00"),  # CET, just before the jump
+    ("Europe/Berlin", "2025-03-30T03:30:00", "2025-03-30T01:30:00"),  # CEST, just after
+    ("Europe/Berlin", "2025-10-26T02:30:00", "2025-10-26T00:30:00"),  # ambiguous hour: first (CEST)
+    ("Europe/Berlin", "2025-10-26T03:30:00", "2025-10-26T02:30:00"),  # CET again
+    ("Asia/Kolkata", "2025-03-01T05:30:00", "2025-03-01T00:00:00"),  # +05:30
+    ("Australia/Lord_Howe", "2025-01-10T12:00:00", "2025-01-10T01:00:00"),  # +11 (DST) half-hour zone
+    ("Australia/Lord_Howe", "2025-07-10T12:00:00", "2025-07-10T01:30:00"),  # +10:30
+])
+def test_time_conversion(zone, wall, iso_utc):
+    conv = TimeConverter(ZoneInfo(zone))
+    assert conv(wall) == utc(iso_utc)
+    assert conv(wall) == utc(iso_utc)  # second call: cached offset, same answer
+
+
+@pytest.mark.parametrize("text", ["Unknown", "None", "", None, "  Unknown "])
+def test_unset_times(text):
+    assert UTC(text) is None
+
+
+def test_epoch_and_bad_times():
+    assert UTC("1741000000") == 1741000000.0
+    with pytest.raises(RowError, match="is not YYYY-MM-DDTHH:MM:SS"):
+        UTC("03/01 12:00")
+    with pytest.raises(RowError, match="is not YYYY-MM-DDTHH:MM:SS"):
+        UTC("2025-13-01T00:00:00")
+
+
+def test_resolve_timezone(monkeypatch):
+    assert resolve_timezone("Europe/Berlin").key == "Europe/Berlin"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    assert resolve_timezone().key == "Asia/Tokyo"
+    with pytest.raises(SacctParseError, match="unknown timezone 'Mars/Olympus'"):
+        resolve_timezone("Mars/Olympus")
+
+
+@pytest.mark.parametrize(("text", "secs"), [
+    ("53", 53), ("00:00:53", 53), ("23:05:24", 83124), ("12-14:16:39", 1088199), ("1-00:00:00", 86400),
+    ("06:57.815", 417), ("", None), ("Unknown", None),
+])
+def test_elapsed(text, secs):
+    assert parse_elapsed(text) == secs
+
+
+def test_states_ids_exit_template():
+    assert normalize_state("CANCELLED by 1234") == "CANCELLED"
+    assert normalize_state("CANCELLED by 0") == "CANCELLED"
+    assert normalize_state("OUT_OF_MEMORY") == "OUT_OF_MEMORY"
+    assert parse_job_id("123_4") == ({"array_job_id": 123, "array_task_id": 4, "het_job_id": None,
+                                      "het_job_offset": None}, False)
+    assert parse_job_id("123_[1-5%2]")[0]["array_task_id"] is None
+    assert parse_job_id("123+1")[0]["het_job_offset"] == 1
+    assert parse_job_id("123_4.batch")[1] is True
+    assert parse_job_id("123+1.extern")[1] is True
+    with pytest.raises(RowError):
+        parse_job_id("abc")
+    assert parse_exit_code("3:0") == (3, 0)
+    assert parse_exit_code("0:9") == (0, 9)
+    assert template_of("run 3 gpuguard:template=llm-70b; other") == "llm-70b"
+    assert template_of("template=foo") is None
+    assert template_of(None) is None
