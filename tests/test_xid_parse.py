@@ -287,3 +287,37 @@ def test_stack_frames_are_not_joined_to_an_xid():
     (event,) = result.events
     assert event.message == "Graphics Exception"
     assert event.raw == "NVRM: Xid (PCI:0000:01:00): 13, pid=5, name=a, Graphics Exception"
+
+
+# --- user-controlled text inside kernel messages must never count as an XID ----------
+
+INJECTED = [
+    # execve with NULL argv logs the user-chosen file name (reproduced on kernel 6.18)
+    "[ 5012.114] process 'python3' launched '/tmp/evil/NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, "
+    "GPU has fallen off the bus' with NULL argv",
+    # an audit record with a user-chosen path
+    '[ 5013.2] audit: type=1400 apparmor="DENIED" name="/tmp/NVRM: Xid (PCI:0000:53:00): 48, pid=1, name=x, DBE"',
+    # logger(1) into a syslog file
+    "Nov 30 03:40:01 node01 alice: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+    # "NVRM" without a colon next to "fallen off the bus" used to crash the parser
+    '[1234.5] audit: name="/tmp/NVRM GPU 0000:75:00.0 has fallen off the bus"',
+    "[1234.6] nvidia-nvswitch0: hello SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+]
+
+
+def test_injected_markers_are_ignored_and_real_lines_still_parse():
+    real = "[1234.7] NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    res = parse_lines([*INJECTED, real])
+    assert [(e.kind, e.pci_bus_id, e.xid) for e in res.events] == [("xid", "0000:53:00", 79)]
+    assert res.events[0].line_no == 6
+    assert res.unparsed == 0
+
+
+def test_kernel_prefixes_accepted():
+    lines = [
+        "2025-01-21T04:41:44+0000 node01 kernel: NVRM: Xid (PCI:0000:53:00): 13, pid=1, name=a, x",
+        "Nov 29 11:28:11 host02 kernel: [ 12.5] NVRM: Xid (PCI:0000:53:00): 31, pid=2, name=b, y",
+        "kern  :warn  : 2025-01-21T04:41:44,283302+00:00 NVRM: Xid (PCI:0000:53:00): 43, pid=3, name=c, z",
+        "<4>NVRM: Xid (PCI:0000:53:00): 45, pid=4, name=d, w",
+    ]
+    assert [e.xid for e in parse_lines(lines).events] == [13, 31, 43, 45]

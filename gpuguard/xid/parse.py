@@ -164,6 +164,33 @@ _ISO_RE = re.compile(
 _SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
 _MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]")
 
+#: What may stand before ``NVRM:`` / ``SXid`` for the line to count. Kernel messages can
+#: embed user-chosen text (a file name in "process 'x' launched '...' with NULL argv", an
+#: audit ``name="..."``, a ``logger`` line in a syslog file), so a marker anywhere in the
+#: line would let any user fake an XID and drain the node. Only the log prefixes seen in
+#: real logs are accepted, each optional, in this order: a third-party alert wrapper
+#: (``Xid errors on instance: HOST, Error:``), ``dmesg --decode`` facility/level, a
+#: ``[ctime]`` or ``[monotonic]`` stamp, an ISO stamp (``dmesg --time-format iso``,
+#: ``journalctl -o short-iso``), a syslog date, ``HOST kernel:``, a monotonic stamp, and
+#: for SXid the ``nvidia-nvswitchN:`` device name.
+_PREFIX_OK = re.compile(
+    r"^\s*"
+    r"(?:Xid errors on instance: [\w.-]+, Error:\s*)?"
+    r"(?:<\d+>)?"
+    r"(?:kern\s*:\s*[a-z]+\s*:\s*)?"
+    r"(?:\[[0-9A-Za-z :.]+\]\s*)?"
+    r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+)?"
+    rf"(?:(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\s+)?"
+    r"(?:[\w.-]+ kernel:\s*)?"
+    r"(?:\[\s*\d+\.\d+\]\s*)?"
+    r"(?:nvidia-nvswitch\d+:\s*)?$"
+)
+
+
+def _prefix_ok(prefix: str) -> bool:
+    """True when ``prefix`` is only log-prefix material (see :data:`_PREFIX_OK`)."""
+    return bool(_PREFIX_OK.match(prefix))
+
 
 def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
@@ -260,6 +287,8 @@ def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
     if m or _XID_TRIGGER.search(text):
         if not m:
             return False
+        if not _prefix_ok(text[: m.start()]):
+            return None  # the marker is inside someone's text, not the kernel's: ignore
         loc = _LOC_RE.match(m["loc"])
         if not loc:
             return False
@@ -282,6 +311,8 @@ def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
     if m or _SXID_TRIGGER.search(text):
         if not m:
             return False
+        if not _prefix_ok(text[: m.start()]):
+            return None
         loc = _LOC_RE.match(m["loc"])
         if not loc:
             return False
@@ -301,7 +332,8 @@ def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
         )
     if _FALLEN_RE.search(text) and "NVRM" in text:
         nvrm = _NVRM_RE.search(text)
-        assert nvrm is not None
+        if nvrm is None or not _prefix_ok(text[: nvrm.start()]):
+            return None  # "NVRM" without the kernel's "NVRM:" at the start of the message
         body = text[nvrm.end():]
         bdf = _BDF_IN_TEXT_RE.search(body)
         if not bdf:
@@ -355,7 +387,7 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
                 pass
         try:
             parsed = _parse_record(text, raw, line_no)
-        except ValueError:  # norm_pci on an address the loose pattern let through
+        except Exception:  # noqa: BLE001 - one odd record must never stop the scan
             parsed = False
         if parsed is None:
             continue
