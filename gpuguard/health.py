@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,9 +94,9 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     from gpuguard.xid.parse import parse_lines
 
     src = source or cfg.get("xid", "kernel_log")
-    cursor = None
     errors: list[str] = []
-    if store is not None:
+    cursor = read_cursor_file(cfg)
+    if cursor is None and store is not None:
         try:
             cursor = store.get_cursor(CURSOR_NAME)
         except Exception as e:  # store trouble is a tool error; read from the start
@@ -110,6 +111,35 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     if res.unparsed:
         errors.append(f"kernel log: {res.unparsed} NVRM line(s) not understood")
     return res.events, new_cursor, errors
+
+
+def _cursor_path(cfg: Config) -> str:
+    return os.path.join(cfg.get("paths", "state_dir"), "kernel_log.cursor")
+
+
+def read_cursor_file(cfg: Config) -> str | None:
+    """The kernel-log cursor kept in ``{state_dir}/kernel_log.cursor`` (None if absent).
+
+    The cursor lives in a small file as well as the store so that a broken store (corrupt,
+    locked, full) does not make every prolog re-read the whole kernel log and drain the
+    node again for an XID that was already acted on."""
+    try:
+        fd = os.open(_cursor_path(cfg), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
+            return fh.read(4096).strip() or None
+    except OSError:
+        return None
+
+
+def write_cursor_file(cfg: Config, cursor: str) -> None:
+    """Atomically replace the cursor file. Raises ``OSError``."""
+    d = cfg.get("paths", "state_dir")
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    tmp = _cursor_path(cfg) + f".{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(cursor + "\n")
+    os.replace(tmp, _cursor_path(cfg))
 
 
 def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None = None,
@@ -164,6 +194,12 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
             result.run_id = record_run(store, cfg, hook, job_id, started, result, new_cursor)
         except Exception as e:
             result.tool_errors.append(f"store: {e}")
+    if record and new_cursor is not None:
+        # The decision above has acted on these events: move on even if the store failed.
+        try:
+            write_cursor_file(cfg, new_cursor)
+        except OSError as e:
+            result.tool_errors.append(f"cursor file: {e}")
     return result
 
 

@@ -278,3 +278,12 @@ def test_auto_falls_back_to_dmesg_when_journalctl_fails(bindir, tmp_path, kmsg):
     (bindir / "dmesg").unlink()
     with pytest.raises(KernelLogError, match="No journal files were found.*dmesg not found"):
         read_since("auto", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))
+
+
+def test_file_source_refuses_fifo_without_hanging(tmp_path):
+    import os
+
+    fifo = tmp_path / "kern.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(KernelLogError, match=f"cannot read {fifo}: not a regular file"):
+        read_since(str(fifo), None, 1.0)

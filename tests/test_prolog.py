@@ -169,8 +169,9 @@ def test_readonly_store_still_drains_on_hardware(node):
         store_mod.sqlite3.connect = real
     assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
     assert "attempt to write a readonly database" in (node["tmp"] / "gpuguard.log").read_text()
-    # the XID was not recorded, so the cursor did not move: the next run sees it again
-    assert hook.run(dict(ENV, SLURM_JOB_ID="51")) == 1
+    # the XID was acted on (drained) though not recorded: the cursor file moved on, so the
+    # next job's prolog does not drain again for the same line
+    assert hook.run(dict(ENV, SLURM_JOB_ID="51")) == 0
 
 
 def test_full_disk_on_write_is_a_tool_error(node, monkeypatch):
@@ -234,3 +235,15 @@ def test_nvml_hung_call_becomes_a_finding_not_a_hung_prolog(nvml_node):
     nvml_node["fake"].release()
     [call] = nvml_node["calls"]()
     assert call[4] == "reason=gpuguard: gpu.lost gpu1 (0000:2a:00.0) lost or hung: power_w=Timeout (+1 more)"
+
+
+def test_broken_store_does_not_redrain_on_an_old_xid(node):
+    """A corrupt store must not make every prolog re-read the kernel log from the start."""
+    node["kl"].write_text(XID79)
+    assert hook.run(ENV) == 1
+    with open(node["db"], "wb") as fh:
+        fh.write(b"garbage" * 1000)
+    node["calls"]()  # one drain so far
+    assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0
+    assert hook.run(dict(ENV, SLURM_JOB_ID="44")) == 0
+    assert len(node["calls"]()) == 1

@@ -52,6 +52,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 import re
 import shutil
 import signal
@@ -334,8 +335,12 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES)
 
     Raises :class:`KernelLogError` when the file cannot be opened or read."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO or device named by mistake must not hang the prolog.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise KernelLogError(f"cannot read {path}: not a regular file")
             offset = 0
             if cursor and cursor.startswith("file:"):
                 parts = cursor.split(":")
