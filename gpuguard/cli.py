@@ -209,9 +209,11 @@ def config_example() -> None:
 
 def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
+    from gpuguard.reports.cli import report
     from gpuguard.xid.cli import xid
 
     main.add_command(xid)
+    main.add_command(report)
 
 
 _register_subcommands()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 from datetime import datetime, UTC
-
-import pytest
 
 from gpuguard import store as store_mod
 
@@ -22,29 +21,22 @@ def open_cache_store(path) -> store_mod.Store:
     return store_mod.open_store(str(path))
 
 
-@pytest.fixture
-def cstore(tmp_path):
-    """A fresh cluster store with every migration applied (the sacct cache included)."""
+def cache_store(tmp_path):
+    """Body of each test module's ``cstore`` fixture: a fresh cluster store with every
+    migration applied (the sacct cache included), closed afterwards."""
     s = open_cache_store(tmp_path / "cluster.db")
     yield s
     s.close()
 
 
-def add_summary(store: store_mod.Store, job_id: str, node: str, util: float) -> None:
-    """Insert one gpuguard job summary row. Creates a minimal ``job_summaries`` table when
-    the store has none; otherwise fills NOT NULL columns without defaults with neutral
-    values so the test does not depend on the epilog's full column list."""
+def add_summary(store: store_mod.Store, job_id: str, node: str, gpu_utils: list[float | None]) -> None:
+    """Store one gpuguard job summary the way the epilog does: a ``job_summaries`` row per
+    (job, node) with the JobSummary JSON in ``summary`` (per-GPU ``gpu_util_mean_pct``)."""
+    utils = [u for u in gpu_utils if u is not None]
+    doc = {"job_id": job_id, "node": node, "gpu_util_mean_pct": (sum(utils) / len(utils)) if utils else None,
+           "gpus": [{"gpu_index": i, "gpu_uuid": None, "sample_count": 1 if u is not None else 0,
+                     "gpu_util_mean_pct": u} for i, u in enumerate(gpu_utils)]}
     conn = store.db.conn
-    cols = conn.execute("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('job_summaries')").fetchall()
-    if not cols:
-        conn.execute("CREATE TABLE job_summaries (job_id TEXT, node TEXT, gpu_util_mean_pct REAL)")
-        cols = conn.execute("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('job_summaries')").fetchall()
-    row = {"job_id": job_id, "node": node, "gpu_util_mean_pct": util}
-    for name, typ, notnull, dflt, pk in cols:
-        if name in row or not (notnull or pk) or dflt is not None:
-            continue
-        if pk and "INT" in (typ or "").upper():
-            continue  # rowid alias: SQLite assigns it
-        row[name] = 0 if any(t in (typ or "").upper() for t in ("INT", "REAL", "FLOA", "NUM")) else ""
-    names = ", ".join(f'"{k}"' for k in row)
-    conn.execute(f"INSERT INTO job_summaries ({names}) VALUES ({', '.join('?' for _ in row)})", list(row.values()))
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'job_summaries'").fetchall():
+        conn.execute("CREATE TABLE job_summaries (job_id TEXT, node TEXT, summary TEXT, PRIMARY KEY (job_id, node))")
+    conn.execute("INSERT INTO job_summaries (job_id, node, summary) VALUES (?, ?, ?)", [job_id, node, json.dumps(doc)])

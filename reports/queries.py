@@ -1,0 +1,431 @@
+"""The reports: cost, queue wait, failures and efficiency over the ``sacct_jobs`` cache.
+
+Every figure is aggregated by SQLite (parameterised SQL, window functions for
+percentiles); Python only folds the few aggregated rows (one per group x GPU type x
+partition x outcome at most) into tables.
+
+Which jobs a report counts, for a window ``[since, until)`` (UTC epoch seconds):
+
+* **cost** and **efficiency** charge usage inside the window, as ``sreport`` does: a job's
+  seconds are ``min(elapsed_s, overlap of [start, end) with the window)``; a job still
+  running is charged up to its last sync (``usage_end_at``). GPU-hours = seconds x
+  allocated GPUs / 3600; CPU-hours likewise with allocated CPUs.
+* **wait** counts jobs that *started* in the window: wait = start - eligible (Slurm's
+  Eligible excludes time held or waiting on a dependency; where Eligible is unknown the
+  submit time is used), start - submit beside it; negative differences count as 0.
+  Percentiles use the **nearest-rank** method: p-th percentile = the value at rank
+  ``ceil(p/100 x n)`` of the n waits in ascending order (always an observed wait; numpy
+  ``method="inverted_cdf"``). Jobs pending at the last sync are listed with their
+  current wait (last sync time - eligible, or - submit when not yet eligible).
+* **failures** counts jobs that *ended* in the window, by final state; GPU-hours are
+  the whole job's (elapsed x GPUs).
+* **efficiency** joins gpuguard's per-(job, node) summaries (table ``job_summaries``,
+  the epilog's JSON in ``summary``: per-GPU ``gpu_util_mean_pct``); a job's utilisation is
+  the mean over its GPUs; its idle GPU-hours are its GPU-hours x the share of its GPUs
+  under ``idle_util_pct``. GPU jobs without a summary are counted and their GPU-hours
+  shown as "no summary", never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuguard.store import Store
+
+BY_CHOICES = ("account", "user", "partition", "qos", "template", "gpus")
+REPORTS = ("cost", "wait", "failures", "efficiency")
+FAILURE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+PERCENTILES = (50, 90, 99)
+
+_GROUP_SQL = {
+    "account": "COALESCE(NULLIF(account, ''), '(none)')",
+    "user": "COALESCE(NULLIF(user, ''), '(none)')",
+    "partition": "COALESCE(NULLIF(partition, ''), '(none)')",
+    "qos": "COALESCE(NULLIF(qos, ''), '(none)')",
+    "template": "COALESCE(NULLIF(template, ''), '(none)')",
+    "gpus": ("CASE WHEN gpus <= 0 THEN '0' WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' "
+             "WHEN gpus <= 8 THEN '5-8' WHEN gpus <= 16 THEN '9-16' ELSE '17+' END"),
+}
+_GPU_BUCKET_ORDER = {"0": 0, "1": 1, "2-4": 2, "5-8": 3, "9-16": 4, "17+": 5}
+
+# seconds of a job's usage inside [:since, :until)
+_SECS = ("MIN(COALESCE(elapsed_s, usage_end_at - start_at), "
+         "MAX(0, MIN(usage_end_at, :until) - MAX(start_at, :since)))")
+_IN_WINDOW = ("start_at IS NOT NULL AND start_at < :until AND (usage_end_at > :since OR start_at >= :since) "
+              "AND (:cluster IS NULL OR cluster = :cluster)")
+
+
+class ReportError(ValueError):
+    """Bad report parameters (unknown --by, empty window, bad rate table); one line."""
+
+
+@dataclass
+class Column:
+    """A table column: ``key`` in each row dict, ``label`` for people, ``kind`` one of
+    ``text``, ``count``, ``hours``, ``seconds``, ``money``, ``share`` (a fraction 0..1),
+    ``pct``, ``time`` (UTC epoch)."""
+
+    key: str
+    label: str
+    kind: str = "text"
+
+
+@dataclass
+class Table:
+    """Rows (dicts keyed by column key) with their columns; ``total`` is the same shape
+    as a row for the whole selection (None where a total makes no sense)."""
+
+    name: str
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    total: dict[str, Any] | None = None
+
+
+@dataclass
+class Report:
+    """One report: parameters, tables (the first is the main one), notes for readers."""
+
+    name: str
+    title: str
+    since: float
+    until: float
+    by: str
+    tables: list[Table]
+    notes: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rates:
+    """Prices from config ``[reports]``: ``gpu_hour_rates`` keys ``TYPE``, ``@PARTITION``
+    or ``TYPE@PARTITION`` -> price per GPU-hour; ``gpu_hour_rate`` for GPUs none of them
+    matches; ``cpu_hour_rate`` per CPU-hour; ``currency`` a label only."""
+
+    gpu_hour_rate: float = 0.0
+    gpu_hour_rates: dict[str, float] = field(default_factory=dict)
+    cpu_hour_rate: float = 0.0
+    currency: str = ""
+
+    def __post_init__(self) -> None:
+        for k, v in self.gpu_hour_rates.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ReportError(f"reports.gpu_hour_rates.{k} must be a number >= 0, got {v!r}")
+        for name in ("gpu_hour_rate", "cpu_hour_rate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ReportError(f"reports.{name} must be a number >= 0, got {v!r}")
+
+    def gpu_rate(self, gpu_type: str | None, partition: str | None) -> float:
+        """Most specific match first: ``TYPE@PARTITION``, ``TYPE``, ``@PARTITION``, default."""
+        r = self.gpu_hour_rates
+        for key in ((f"{gpu_type}@{partition}" if gpu_type and partition else None), gpu_type,
+                    (f"@{partition}" if partition else None)):
+            if key and key in r:
+                return float(r[key])
+        return float(self.gpu_hour_rate)
+
+
+def _group_sql(by: str) -> str:
+    try:
+        return _GROUP_SQL[by]
+    except KeyError:
+        raise ReportError(f"--by {by!r}: expected one of {', '.join(BY_CHOICES)}") from None
+
+
+def _params(since: float, until: float, cluster: str | None, **kw: Any) -> dict[str, Any]:
+    if not until > since:
+        raise ReportError("empty window: --until must be after --since")
+    return {"since": float(since), "until": float(until), "cluster": cluster, **kw}
+
+
+def _sort(rows: list[dict], by: str, key: str) -> list[dict]:
+    if by == "gpus":
+        return sorted(rows, key=lambda r: _GPU_BUCKET_ORDER.get(r["group"], 99))
+    return sorted(rows, key=lambda r: (-(r.get(key) or 0), r["group"]))
+
+
+# --- cost -------------------------------------------------------------------------------
+def cost_report(store: Store, *, since: float, until: float, by: str = "account", rates: Rates | None = None,
+                cluster: str | None = None) -> Report:
+    """GPU-hours, CPU-hours, cost and job count per group; the cost of jobs that failed
+    (FAILED, OUT_OF_MEMORY, BOOT_FAIL), timed out (TIMEOUT, DEADLINE) or hit a node
+    failure (NODE_FAIL) is shown separately (it is included in ``cost``).
+    Raises :class:`ReportError`, :class:`gpuguard.store.StoreError`."""
+    rates = rates or Rates()
+    g = _group_sql(by)
+    sql = f"""
+        WITH j AS (
+            SELECT {g} AS grp, gpu_type, partition, state, gpus, COALESCE(cpus, 0) AS cpus, {_SECS} AS secs
+            FROM sacct_jobs WHERE {_IN_WINDOW}
+        )
+        SELECT grp, gpu_type, partition,
+               CASE WHEN state IN ('FAILED', 'OUT_OF_MEMORY', 'BOOT_FAIL') THEN 'failed'
+                    WHEN state IN ('TIMEOUT', 'DEADLINE') THEN 'timeout'
+                    WHEN state = 'NODE_FAIL' THEN 'node_fail' ELSE 'other' END AS outcome,
+               COUNT(*) AS jobs, SUM(secs * gpus) AS gpu_s, SUM(secs * cpus) AS cpu_s
+        FROM j GROUP BY 1, 2, 3, 4
+    """
+    agg = store.query(sql, _params(since, until, cluster))
+    groups: dict[str, dict[str, Any]] = {}
+    keys = ("jobs", "gpu_hours", "cpu_hours", "gpu_cost", "cpu_cost", "cost", "failed_cost",
+            "timeout_cost", "node_fail_cost")
+    total = dict.fromkeys(keys, 0.0)
+    total["group"] = "TOTAL"
+    for a in agg:
+        gh, ch = (a["gpu_s"] or 0) / 3600.0, (a["cpu_s"] or 0) / 3600.0
+        gc = gh * rates.gpu_rate(a["gpu_type"], a["partition"])
+        cc = ch * rates.cpu_hour_rate
+        row = groups.setdefault(a["grp"], {"group": a["grp"], **dict.fromkeys(keys, 0.0)})
+        for tgt in (row, total):
+            tgt["jobs"] += a["jobs"]
+            tgt["gpu_hours"] += gh
+            tgt["cpu_hours"] += ch
+            tgt["gpu_cost"] += gc
+            tgt["cpu_cost"] += cc
+            tgt["cost"] += gc + cc
+            if a["outcome"] != "other":
+                tgt[f"{a['outcome']}_cost"] += gc + cc
+    for tgt in [*groups.values(), total]:
+        tgt["jobs"] = int(tgt["jobs"])
+    cur = f" ({rates.currency})" if rates.currency else ""
+    cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
+            Column("cpu_hours", "CPU-h", "hours"), Column("gpu_cost", f"GPU cost{cur}", "money"),
+            Column("cpu_cost", f"CPU cost{cur}", "money"), Column("cost", f"cost{cur}", "money"),
+            Column("failed_cost", f"failed{cur}", "money"), Column("timeout_cost", f"timeout{cur}", "money"),
+            Column("node_fail_cost", f"node fail{cur}", "money")]
+    notes = ["usage inside the window (jobs overlapping its edges are prorated); running jobs up to the last sync",
+             "failed/timeout/node fail: cost of jobs ending FAILED, OUT_OF_MEMORY or BOOT_FAIL / TIMEOUT or "
+             "DEADLINE / NODE_FAIL; included in cost"]
+    if not rates.gpu_hour_rate and not rates.gpu_hour_rates and not rates.cpu_hour_rate:
+        notes.append("no rates configured ([reports] gpu_hour_rate, gpu_hour_rates, cpu_hour_rate): costs are 0")
+    return Report("cost", "Cost", since, until, by,
+                  [Table("cost", f"Cost per {by}", cols, _sort(list(groups.values()), by, "gpu_hours"), total)],
+                  notes, {"currency": rates.currency})
+
+
+# --- wait -------------------------------------------------------------------------------
+def _wait_sql(g: str) -> str:
+    pct = ", ".join(
+        f"MAX(CASE WHEN rn = ({p} * n + 99) / 100 THEN wait_s END) AS p{p}_s" for p in PERCENTILES
+    )
+    return f"""
+        WITH w AS (
+            SELECT {g} AS grp,
+                   MAX(0, start_at - COALESCE(eligible_at, submit_at)) AS wait_s,
+                   MAX(0, start_at - COALESCE(submit_at, eligible_at)) AS submit_wait_s
+            FROM sacct_jobs
+            WHERE start_at IS NOT NULL AND start_at >= :since AND start_at < :until
+              AND COALESCE(eligible_at, submit_at) IS NOT NULL AND (:cluster IS NULL OR cluster = :cluster)
+        ), r AS (
+            SELECT grp, wait_s, submit_wait_s,
+                   ROW_NUMBER() OVER (PARTITION BY grp ORDER BY wait_s) AS rn,
+                   ROW_NUMBER() OVER (PARTITION BY grp ORDER BY submit_wait_s) AS rn_sub,
+                   COUNT(*) OVER (PARTITION BY grp) AS n
+            FROM w
+        )
+        SELECT grp, MAX(n) AS jobs, AVG(wait_s) AS mean_s, {pct}, MAX(wait_s) AS max_s,
+               AVG(submit_wait_s) AS submit_mean_s,
+               MAX(CASE WHEN rn_sub = (50 * n + 99) / 100 THEN submit_wait_s END) AS submit_p50_s,
+               MAX(submit_wait_s) AS submit_max_s
+        FROM r GROUP BY grp
+    """
+
+
+def wait_report(store: Store, *, since: float, until: float, by: str = "account", cluster: str | None = None,
+                pending_limit: int = 20) -> Report:
+    """Queue wait per group (job-weighted mean, p50/p90/p99 nearest-rank, max; start -
+    submit beside it) for jobs that started in the window; jobs pending at the last sync
+    per group and the ``pending_limit`` longest-waiting ones. Raises :class:`ReportError`."""
+    g = _group_sql(by)
+    p = _params(since, until, cluster)
+    rows = [dict(r, group=r.pop("grp")) for r in store.query(_wait_sql(g), p)]
+    tot = store.query(_wait_sql("'TOTAL'"), p)
+    total = dict(tot[0], group=tot[0].pop("grp")) if tot else None
+    pend_where = "state = 'PENDING' AND (:cluster IS NULL OR cluster = :cluster)"
+    pend = store.query(f"""
+        SELECT {g} AS grp, COUNT(*) AS jobs, SUM(eligible_at IS NULL) AS not_eligible,
+               AVG(MAX(0, synced_at - COALESCE(eligible_at, submit_at))) AS mean_current_s,
+               MAX(MAX(0, synced_at - COALESCE(eligible_at, submit_at))) AS max_current_s
+        FROM sacct_jobs WHERE {pend_where} GROUP BY 1
+    """, {"cluster": cluster})
+    pend_rows = [dict(r, group=r.pop("grp")) for r in pend]
+    longest = store.query(f"""
+        SELECT job_id, account, user, partition, gpus, submit_at, eligible_at,
+               MAX(0, synced_at - COALESCE(eligible_at, submit_at)) AS current_wait_s, synced_at
+        FROM sacct_jobs WHERE {pend_where}
+        ORDER BY current_wait_s DESC, job_id_raw LIMIT :limit
+    """, {"cluster": cluster, "limit": int(pending_limit)})
+    cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("mean_s", "mean", "seconds")]
+    cols += [Column(f"p{q}_s", f"p{q}", "seconds") for q in PERCENTILES]
+    cols += [Column("max_s", "max", "seconds"), Column("submit_mean_s", "mean (from submit)", "seconds"),
+             Column("submit_p50_s", "p50 (from submit)", "seconds"),
+             Column("submit_max_s", "max (from submit)", "seconds")]
+    pcols = [Column("group", by), Column("jobs", "pending", "count"),
+             Column("not_eligible", "not yet eligible", "count"),
+             Column("mean_current_s", "mean current wait", "seconds"),
+             Column("max_current_s", "max current wait", "seconds")]
+    lcols = [Column("job_id", "job"), Column("account", "account"), Column("user", "user"),
+             Column("partition", "partition"), Column("gpus", "GPUs", "count"),
+             Column("submit_at", "submitted", "time"), Column("eligible_at", "eligible", "time"),
+             Column("current_wait_s", "current wait", "seconds")]
+    notes = ["wait = start - eligible (Eligible excludes holds and dependencies; submit when unknown), for jobs "
+             "that started in the window",
+             "percentiles: nearest rank, the value at rank ceil(p/100 x n) of the sorted waits",
+             "pending: as of the last sync; current wait = last sync - eligible (- submit if not yet eligible)"]
+    return Report("wait", "Queue wait", since, until, by, [
+        Table("wait", f"Queue wait per {by} (jobs started in the window)", cols,
+              _sort(rows, by, "jobs"), total),
+        Table("pending", f"Pending jobs per {by} (at the last sync)", pcols, _sort(pend_rows, by, "jobs")),
+        Table("longest_pending", f"Longest-waiting pending jobs (top {pending_limit})", lcols, longest),
+    ], notes)
+
+
+# --- failures ---------------------------------------------------------------------------
+def failures_report(store: Store, *, since: float, until: float, by: str = "account",
+                    cluster: str | None = None) -> Report:
+    """Shares (fractions 0..1) of COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,
+    OUT_OF_MEMORY, PREEMPTED (and OTHER: BOOT_FAIL, DEADLINE, REVOKED) among jobs that
+    ended in the window, and the GPU-hours of each (lost, for every state but COMPLETED).
+    Raises :class:`ReportError`."""
+    g = _group_sql(by)
+    states_sql = ", ".join(f"'{s}'" for s in FAILURE_STATES)
+    agg = store.query(f"""
+        SELECT {g} AS grp, CASE WHEN state IN ({states_sql}) THEN state ELSE 'OTHER' END AS st,
+               COUNT(*) AS jobs, SUM(COALESCE(elapsed_s, 0) * gpus) AS gpu_s
+        FROM sacct_jobs
+        WHERE end_at IS NOT NULL AND end_at >= :since AND end_at < :until
+          AND state NOT IN ('PENDING', 'RUNNING', 'REQUEUED', 'SUSPENDED', 'RESIZING')
+          AND (:cluster IS NULL OR cluster = :cluster)
+        GROUP BY 1, 2
+    """, _params(since, until, cluster))
+    states = (*FAILURE_STATES, "OTHER")
+    groups: dict[str, dict[str, Any]] = {}
+    total: dict[str, Any] = {"group": "TOTAL", "jobs": 0, "gpu_hours": 0.0, "lost_gpu_hours": 0.0}
+    for a in agg:
+        row = groups.setdefault(a["grp"], {"group": a["grp"], "jobs": 0, "gpu_hours": 0.0, "lost_gpu_hours": 0.0})
+        gh = (a["gpu_s"] or 0) / 3600.0
+        for tgt in (row, total):
+            tgt["jobs"] += a["jobs"]
+            tgt[f"n_{a['st']}"] = tgt.get(f"n_{a['st']}", 0) + a["jobs"]
+            tgt[f"{a['st']}_gpu_hours"] = tgt.get(f"{a['st']}_gpu_hours", 0.0) + gh
+            tgt["gpu_hours"] += gh
+            if a["st"] != "COMPLETED":
+                tgt["lost_gpu_hours"] += gh
+    for tgt in [*groups.values(), total]:
+        for s in states:
+            n = tgt.pop(f"n_{s}", 0)
+            tgt[f"{s}_share"] = n / tgt["jobs"] if tgt["jobs"] else 0.0
+            tgt.setdefault(f"{s}_gpu_hours", 0.0)
+    cols = [Column("group", by), Column("jobs", "jobs", "count")]
+    cols += [Column(f"{s}_share", s, "share") for s in states]
+    cols += [Column("gpu_hours", "GPU-h", "hours"), Column("lost_gpu_hours", "GPU-h lost", "hours")]
+    cols += [Column(f"{s}_gpu_hours", f"GPU-h {s}", "hours") for s in states if s != "COMPLETED"]
+    notes = ["jobs that ended in the window; shares of their final state; GPU-hours = elapsed x GPUs of the "
+             "whole job; lost = every state but COMPLETED",
+             "OTHER: BOOT_FAIL, DEADLINE, REVOKED"]
+    return Report("failures", "Failures", since, until, by,
+                  [Table("failures", f"Job outcomes per {by} (jobs ended in the window)", cols,
+                         _sort(list(groups.values()), by, "jobs"), total)], notes)
+
+
+# --- efficiency -------------------------------------------------------------------------
+def _summary_source(store: Store) -> tuple[str, str | None]:
+    """SQL for ``(jid, util, idle_frac)`` per job from gpuguard's ``job_summaries``, or an
+    empty relation and a note when the table or its ``summary`` column is absent.
+
+    ``job_summaries`` holds one row per (job, node) with the epilog's JobSummary as JSON
+    in ``summary`` (``gpuguard.epilog.summary``): ``gpus[].gpu_util_mean_pct`` per GPU,
+    ``gpu_util_mean_pct`` for the node. A job's ``util`` is the mean over all its GPUs on
+    all nodes (GPU-weighted); ``idle_frac`` the fraction of those GPUs under ``:idle``.
+    A node summary without per-GPU entries counts as one reading of its node mean. GPUs
+    without samples (utilisation null) and unparsable JSON are left out; a job left with
+    no reading at all is "no summary".
+    """
+    cols = {r["name"] for r in store.query("SELECT name FROM pragma_table_info('job_summaries')")}
+    empty = "SELECT NULL AS jid, NULL AS util, NULL AS idle_frac WHERE 0"
+    if not cols:
+        return empty, "no gpuguard job summaries in this store (table job_summaries absent): every job is 'no summary'"
+    if not {"job_id", "summary"} <= cols:
+        return empty, "job_summaries has no job_id/summary columns: every job is 'no summary'"
+    doc = "CASE WHEN json_valid(summary) THEN summary ELSE '{}' END"
+    return f"""
+        SELECT jid, AVG(u) AS util, AVG(CASE WHEN u < :idle THEN 1.0 ELSE 0.0 END) AS idle_frac FROM (
+            SELECT CAST(js.job_id AS INTEGER) AS jid, CAST(json_extract(g.value, '$.gpu_util_mean_pct') AS REAL) AS u
+            FROM job_summaries AS js, json_each({doc}, '$.gpus') AS g
+            UNION ALL
+            SELECT CAST(job_id AS INTEGER), CAST(json_extract({doc}, '$.gpu_util_mean_pct') AS REAL)
+            FROM job_summaries WHERE COALESCE(json_array_length({doc}, '$.gpus'), 0) = 0
+        ) WHERE u IS NOT NULL GROUP BY jid""", None
+
+
+def efficiency_report(store: Store, *, since: float, until: float, by: str = "account", idle_util_pct: float = 5.0,
+                      cluster: str | None = None) -> Report:
+    """Per group, over GPU jobs (usage in the window, as the cost report): GPU-hours;
+    GPU-hours weighted by utilisation (GPU-h x util/100); idle GPU-hours (GPU-h x the
+    fraction of the job's GPUs whose mean utilisation is under ``idle_util_pct``); jobs
+    and GPU-hours with and without a gpuguard summary. Mean utilisation is over measured
+    GPU-hours only. Raises :class:`ReportError`."""
+    g = _group_sql(by)
+    src, note = _summary_source(store)
+    agg = store.query(f"""
+        WITH s AS ({src}),
+        j AS (
+            SELECT {g} AS grp, gpus * {_SECS} AS gs, s.util AS util, s.idle_frac AS idle_frac
+            FROM sacct_jobs LEFT JOIN s ON s.jid = sacct_jobs.job_id_raw
+            WHERE {_IN_WINDOW} AND gpus > 0
+        )
+        SELECT grp, COUNT(*) AS jobs, SUM(gs) / 3600.0 AS gpu_hours,
+               SUM(util IS NOT NULL) AS jobs_with_summary, SUM(util IS NULL) AS jobs_no_summary,
+               COALESCE(SUM(CASE WHEN util IS NOT NULL THEN gs END), 0) / 3600.0 AS measured_gpu_hours,
+               COALESCE(SUM(CASE WHEN util IS NULL THEN gs END), 0) / 3600.0 AS no_summary_gpu_hours,
+               COALESCE(SUM(gs * util / 100.0), 0) / 3600.0 AS util_weighted_gpu_hours,
+               COALESCE(SUM(gs * idle_frac), 0) / 3600.0 AS idle_gpu_hours,
+               SUM(CASE WHEN idle_frac > 0 THEN 1 ELSE 0 END) AS jobs_with_idle_gpus
+        FROM j GROUP BY grp
+    """, _params(since, until, cluster, idle=float(idle_util_pct)))
+    rows = [dict(r, group=r.pop("grp")) for r in agg]
+    keys = ("jobs", "gpu_hours", "jobs_with_summary", "jobs_no_summary", "measured_gpu_hours",
+            "no_summary_gpu_hours", "util_weighted_gpu_hours", "idle_gpu_hours", "jobs_with_idle_gpus")
+    total: dict[str, Any] = {"group": "TOTAL", **{k: sum(r[k] or 0 for r in rows) for k in keys}}
+    for r in [*rows, total]:
+        r["mean_util_pct"] = (100.0 * r["util_weighted_gpu_hours"] / r["measured_gpu_hours"]
+                              if r["measured_gpu_hours"] else None)
+    cols = [Column("group", by), Column("jobs", "GPU jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
+            Column("util_weighted_gpu_hours", "used GPU-h (util-weighted)", "hours"),
+            Column("mean_util_pct", "mean util %", "pct"),
+            Column("idle_gpu_hours", f"idle GPU-h (<{idle_util_pct:g}%)", "hours"),
+            Column("jobs_with_idle_gpus", "jobs with idle GPUs", "count"),
+            Column("jobs_with_summary", "with summary", "count"),
+            Column("jobs_no_summary", "no gpuguard summary", "count"),
+            Column("no_summary_gpu_hours", "GPU-h no summary", "hours")]
+    notes = [f"GPU jobs only; usage in the window as in the cost report; idle GPU-h = GPU-h x share of the job's "
+             f"GPUs whose mean utilisation is < {idle_util_pct:g}%",
+             "jobs without a gpuguard summary (or without GPU samples) are counted under 'no gpuguard summary', "
+             "never dropped"]
+    if note:
+        notes.append(note)
+    return Report("efficiency", "Efficiency", since, until, by,
+                  [Table("efficiency", f"GPU efficiency per {by}", cols, _sort(rows, by, "gpu_hours"), total)],
+                  notes, {"idle_util_pct": idle_util_pct})
+
+
+def run_reports(store: Store, names: list[str], *, since: float, until: float, by: str = "account",
+                rates: Rates | None = None, idle_util_pct: float = 5.0, cluster: str | None = None) -> list[Report]:
+    """Run the named reports (``cost``, ``wait``, ``failures``, ``efficiency``) in that order."""
+    out = []
+    for n in names:
+        if n == "cost":
+            out.append(cost_report(store, since=since, until=until, by=by, rates=rates, cluster=cluster))
+        elif n == "wait":
+            out.append(wait_report(store, since=since, until=until, by=by, cluster=cluster))
+        elif n == "failures":
+            out.append(failures_report(store, since=since, until=until, by=by, cluster=cluster))
+        elif n == "efficiency":
+            out.append(efficiency_report(store, since=since, until=until, by=by, idle_util_pct=idle_util_pct,
+                                         cluster=cluster))
+        else:
+            raise ReportError(f"unknown report {n!r}; expected one of {', '.join(REPORTS)}")
+    return out

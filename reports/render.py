@@ -1,0 +1,199 @@
+"""Render reports as text, CSV, JSON or one self-contained HTML file.
+
+Shapes:
+
+* **json**: ``{"generated_at": ISO, "timezone": NAME, "reports": [REPORT...]}``; a
+  REPORT is ``{"report", "title", "since", "until" (ISO 8601 with offset), "since_epoch",
+  "until_epoch", "by", "params", "notes", "tables": [{"name", "title", "columns":
+  [{"key", "label", "kind"}], "rows": [{key: value}], "total": {key: value} | null}]}``.
+  Numbers are raw: hours, seconds, money, shares as fractions 0..1, times as UTC epoch.
+* **csv**: one header line of column keys, one line per row, then the ``TOTAL`` row.
+  When the output holds more than one table (``wait``, ``all``), each table is preceded
+  by a line ``# REPORT.TABLE`` and followed by an empty line.
+* **text**: aligned tables with human units (hours with 2 decimals, durations, %).
+* **html**: jinja2 templates ``templates/*.j2`` with autoescaping on, each report's
+  chart as inline SVG (:mod:`gpuguard.reports.charts`); no external resources.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime, tzinfo, UTC
+from typing import Any
+
+from gpuguard.reports.queries import Column, Report, Table
+
+
+def iso(ts: float | None, tz: tzinfo) -> str | None:
+    """UTC epoch -> ISO 8601 with offset in ``tz`` (seconds precision)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz).isoformat(timespec="seconds")
+
+
+def tz_name(tz: tzinfo) -> str:
+    return getattr(tz, "key", None) or str(tz)
+
+
+def duration(s: float | None) -> str:
+    """Seconds -> ``45s``, ``12m30s``, ``3h05m``, ``2d04h``."""
+    if s is None:
+        return "-"
+    s = round(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def fmt(v: Any, kind: str, tz: tzinfo) -> str:
+    """A value for people (text and HTML tables)."""
+    if v is None:
+        return "-"
+    if kind == "hours":
+        return f"{v:,.2f}"
+    if kind == "money":
+        return f"{v:,.2f}"
+    if kind == "share":
+        return f"{100 * v:.1f}%"
+    if kind == "pct":
+        return f"{v:.1f}"
+    if kind == "seconds":
+        return duration(v)
+    if kind == "count":
+        return f"{int(v):,}"
+    if kind == "time":
+        return datetime.fromtimestamp(v, tz).strftime("%Y-%m-%d %H:%M")
+    return str(v)
+
+
+# --- json -------------------------------------------------------------------------------
+def _table_doc(t: Table) -> dict[str, Any]:
+    keys = [c.key for c in t.columns]
+    return {"name": t.name, "title": t.title,
+            "columns": [{"key": c.key, "label": c.label, "kind": c.kind} for c in t.columns],
+            "rows": [{k: r.get(k) for k in keys} for r in t.rows],
+            "total": ({k: t.total.get(k) for k in keys} if t.total is not None else None)}
+
+
+def report_doc(r: Report, tz: tzinfo) -> dict[str, Any]:
+    return {"report": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
+            "since_epoch": r.since, "until_epoch": r.until, "by": r.by, "params": r.params, "notes": r.notes,
+            "tables": [_table_doc(t) for t in r.tables]}
+
+
+def to_json(reports: list[Report], tz: tzinfo, generated_at: float) -> str:
+    doc = {"generated_at": iso(generated_at, tz), "timezone": tz_name(tz),
+           "reports": [report_doc(r, tz) for r in reports]}
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+# --- csv --------------------------------------------------------------------------------
+def to_csv(reports: list[Report]) -> str:
+    tables = [(r, t) for r in reports for t in r.tables]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    many = len(tables) > 1
+    for r, t in tables:
+        keys = [c.key for c in t.columns]
+        if many:
+            buf.write(f"# {r.name}.{t.name}\n")
+        w.writerow(keys)
+        for row in t.rows:
+            w.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
+        if t.total is not None:
+            w.writerow(["" if t.total.get(k) is None else t.total.get(k) for k in keys])
+        if many:
+            buf.write("\n")
+    return buf.getvalue()
+
+
+# --- text -------------------------------------------------------------------------------
+def _text_table(t: Table, tz: tzinfo) -> str:
+    cols: list[Column] = t.columns
+    body = [[fmt(r.get(c.key), c.kind, tz) for c in cols] for r in t.rows]
+    if t.total is not None and t.rows:
+        body.append([fmt(t.total.get(c.key), c.kind, tz) for c in cols])
+    head = [c.label for c in cols]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    right = [c.kind not in ("text",) for c in cols]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    out = [line(head), "  ".join("-" * w for w in widths)]
+    out += [line(b) for b in body[:len(t.rows)]]
+    if len(body) > len(t.rows):
+        out.append("  ".join("-" * w for w in widths))
+        out.append(line(body[-1]))
+    if not t.rows:
+        out.append("(no jobs)")
+    return "\n".join(out)
+
+
+def to_text(reports: list[Report], tz: tzinfo) -> str:
+    parts = []
+    for r in reports:
+        parts.append(f"== {r.title}: {iso(r.since, tz)} .. {iso(r.until, tz)} ({tz_name(tz)}) ==")
+        for t in r.tables:
+            parts.append(f"\n{t.title}\n" + _text_table(t, tz))
+        if r.notes:
+            parts.append("\n" + "\n".join(f"note: {n}" for n in r.notes))
+        parts.append("")
+    return "\n".join(parts) + "\n"
+
+
+# --- html -------------------------------------------------------------------------------
+def _env():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("gpuguard.reports", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    return env
+
+
+def to_html(reports: list[Report], tz: tzinfo, generated_at: float, *, charts: bool = True) -> str:
+    """One self-contained HTML page. Every value from the data (account, user, job
+    names...) passes through jinja2 autoescaping; only the chart SVG, produced by
+    matplotlib with its own XML escaping, is inserted as markup."""
+    from markupsafe import Markup
+
+    from gpuguard.reports.charts import chart_svg
+
+    view = []
+    for r in reports:
+        svg = chart_svg(r) if charts else None
+        tables = []
+        for t in r.tables:
+            tables.append({
+                "title": t.title,
+                "columns": t.columns,
+                "rows": [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows],
+                "total": ([fmt(t.total.get(c.key), c.kind, tz) for c in t.columns]
+                          if t.total is not None and t.rows else None),
+            })
+        view.append({"name": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
+                     "by": r.by, "notes": r.notes, "tables": tables,
+                     "chart": Markup(svg) if svg else None})
+    return _env().get_template("report.html.j2").render(
+        reports=view, generated_at=iso(generated_at, tz), timezone=tz_name(tz),
+        window=(iso(reports[0].since, tz), iso(reports[0].until, tz)) if reports else ("", ""),
+    )
+
+
+def render(reports: list[Report], fmt_name: str, tz: tzinfo, generated_at: float | None = None) -> str:
+    """Dispatch on ``fmt_name`` (``text``, ``csv``, ``json``, ``html``)."""
+    gen = datetime.now(UTC).timestamp() if generated_at is None else generated_at
+    if fmt_name == "json":
+        return to_json(reports, tz, gen)
+    if fmt_name == "csv":
+        return to_csv(reports)
+    if fmt_name == "html":
+        return to_html(reports, tz, gen)
+    return to_text(reports, tz)

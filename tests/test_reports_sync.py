@@ -1,0 +1,187 @@
+"""sacct cache: idempotent upsert, re-sync of pending/running jobs, malformed rows,
+incremental live sync through a fake sacct, and the `gpuguard report sync` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from zoneinfo import ZoneInfo
+
+import pytest
+from click.testing import CliRunner
+from reports_helpers import DATA, HANDMADE, cache_store, utc
+
+from gpuguard.cli import main
+from gpuguard.reports.sacct import SACCT_FIELDS
+from gpuguard.reports.sync import CURSOR, import_file, import_text, last_sync, sync_from_slurm
+from gpuguard.slurm import SlurmCli
+
+UTC = ZoneInfo("UTC")
+HEAD = "JobIDRaw|JobID|Account|State|Submit|Eligible|Start|End|ElapsedRaw|ExitCode|AllocTRES|Comment\n"
+
+
+@pytest.fixture
+def cstore(tmp_path):
+    yield from cache_store(tmp_path)
+
+
+def rows(store, sql="SELECT job_id_raw, state, start_at, end_at, exit_code FROM sacct_jobs ORDER BY job_id_raw"):
+    return [tuple(r.values()) for r in store.query(sql)]
+
+
+def test_migration_creates_the_cache(cstore):
+    cols = [r["name"] for r in cstore.query("SELECT name FROM pragma_table_info('sacct_jobs')")]
+    assert cols[:3] == ["cluster", "job_id_raw", "job_id"]
+    pk = [r["name"] for r in cstore.query("SELECT name FROM pragma_table_info('sacct_jobs') WHERE pk > 0 ORDER BY pk")]
+    assert pk == ["cluster", "job_id_raw"]
+
+
+def test_import_handmade_twice_is_idempotent(cstore):
+    a = import_file(cstore, str(HANDMADE), tz=UTC)
+    before = cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw")
+    b = import_file(cstore, str(HANDMADE), tz=UTC)
+    after = cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw")
+    assert (a.jobs, b.jobs, a.malformed, b.malformed) == (14, 14, [], [])
+    assert len(after) == 14
+    strip = [{k: v for k, v in r.items() if k != "synced_at"} for r in before]
+    assert strip == [{k: v for k, v in r.items() if k != "synced_at"} for r in after]
+
+
+def test_resync_updates_pending_and_running_but_never_reverts_a_final_state(cstore):
+    first = HEAD + textwrap.dedent("""\
+        1|1|a|RUNNING|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|Unknown|600|0:0|cpu=1,gres/gpu=1|
+        2|2|a|PENDING|2025-03-01T00:00:00|2025-03-01T00:00:00|Unknown|Unknown|0|0:0||
+    """)
+    later = HEAD + textwrap.dedent("""\
+        1|1|a|COMPLETED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|2025-03-01T03:00:00|7200|0:0|cpu=1,gres/gpu=1|
+        2|2|a|RUNNING|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T02:00:00|Unknown|3600|0:0|cpu=1,gres/gpu=2|
+    """)
+    import_text(cstore, first, tz=UTC)
+    assert rows(cstore) == [(1, "RUNNING", utc("2025-03-01T01:00:00"), None, 0), (2, "PENDING", None, None, 0)]
+    import_text(cstore, later, tz=UTC)
+    done = [(1, "COMPLETED", utc("2025-03-01T01:00:00"), utc("2025-03-01T03:00:00"), 0),
+            (2, "RUNNING", utc("2025-03-01T02:00:00"), None, 0)]
+    assert rows(cstore) == done
+    assert rows(cstore, "SELECT gpus, usage_end_at FROM sacct_jobs WHERE job_id_raw = 2") == [
+        (2, utc("2025-03-01T03:00:00"))]
+    # an old paste replayed after the newer sync: job 1 stays COMPLETED
+    import_text(cstore, first, tz=UTC)
+    assert rows(cstore)[0] == done[0]
+    assert cstore.query("SELECT COUNT(*) AS n FROM sacct_jobs") == [{"n": 2}]
+
+
+def test_json_import_keeps_the_exit_code_from_p(cstore):
+    text = HEAD + "301|301|physics|FAILED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-03T11:07:40|2025-03-03T12:07:40|3600|3:0|cpu=4,gres/gpu=2|\n"
+    import_text(cstore, text, tz=UTC, cluster="tb")
+    import_file(cstore, str(DATA / "sacct-json-22.05-dbv0.0.38-constructed.json"))
+    assert rows(cstore, "SELECT job_id_raw, exit_code, exit_signal, template, cluster FROM sacct_jobs "
+                        "WHERE job_id_raw IN (301, 302) ORDER BY 1") == [(301, 3, 0, "t1", "tb"), (302, 0, 9, None, "tb")]
+
+
+def test_malformed_rows_are_reported_with_their_line_and_skipped(cstore, tmp_path):
+    import_text(cstore, HEAD + "50|50|keep|COMPLETED|||||10|0:0||\n", tz=UTC)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(HEAD + textwrap.dedent("""\
+        1|1|a|COMPLETED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|3600|0:0|cpu=1|
+        2|2|a|COMPLETED|2025-03-01T00:00:00
+        3|3|a|COMPLETED|yesterday|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|3600|0:0|cpu=1|
+        3.batch|3.batch|a|COMPLETED|||||3600|0:0||
+        4|4|a|FAILED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|3600|2:0|gres/gpu=x|
+        5|5|a|FAILED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|3600|1:0|cpu=1|
+    """))
+    res = import_file(cstore, str(bad), tz=UTC)
+    assert res.malformed == [
+        (3, "5 fields, header has 12"),
+        (4, "time 'yesterday' is not YYYY-MM-DDTHH:MM:SS"),
+        (6, "AllocTRES gres/gpu='x': GPU count is not an integer"),
+    ]
+    assert (res.jobs, res.steps_skipped) == (2, 1)
+    assert [r[0] for r in rows(cstore)] == [1, 5, 50]  # the row stored before survives
+
+
+FAKE_SACCT = """#!{python}
+import json, sys
+open({log!r}, "a").write(json.dumps(sys.argv[1:]) + "\\n")
+sys.stdout.write(open({out!r}).read())
+"""
+
+
+def _fake_sacct(tmp_path, output: str):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    out = tmp_path / "sacct.out"
+    out.write_text(output)
+    log = tmp_path / "sacct.log"
+    exe = bindir / "sacct"
+    exe.write_text(FAKE_SACCT.format(python=os.environ.get("PYTHON", "/usr/bin/env python3"), log=str(log), out=str(out)))
+    exe.chmod(0o755)
+    return str(bindir), log
+
+
+def _live_line(raw: int, state: str, start: str, end: str, elapsed: int) -> str:
+    vals = {"JobIDRaw": str(raw), "JobID": str(raw), "Cluster": "tb", "JobName": "j", "User": "u", "Account": "a|b",
+            "Partition": "gpu", "QOS": "normal", "Submit": "2025-03-01T00:00:00", "Eligible": "2025-03-01T00:00:00",
+            "Start": start, "End": end, "ElapsedRaw": str(elapsed), "State": state, "ExitCode": "0:0",
+            "AllocTRES": "cpu=2,gres/gpu=1", "AllocCPUS": "2", "NNodes": "1", "NodeList": "n1",
+            "Comment": "gpuguard:template=x | note", "AdminComment": ""}
+    return "\x1f".join(vals[f] for f in SACCT_FIELDS) + "\n"
+
+
+def test_live_sync_is_incremental_and_reads_the_unit_separator(cstore, tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    out = _live_line(7, "RUNNING", "2025-03-01T01:00:00", "Unknown", 60)
+    bindir, log = _fake_sacct(tmp_path, out)
+    slurm = SlurmCli(bindir)
+    t0 = utc("2025-03-01T01:01:00")
+    res = sync_from_slurm(cstore, slurm, now=t0, first_sync_days=2)
+    assert (res.jobs, res.malformed, res.since, res.until) == (1, [], t0 - 2 * 86400, t0)
+    assert last_sync(cstore) == t0 and cstore.get_cursor(CURSOR) == repr(t0)
+    argv = [json.loads(x) for x in log.read_text().splitlines()]
+    assert argv[0] == ["-X", "-a", "-P", "-n", "--delimiter=\x1f", "--format=" + ",".join(SACCT_FIELDS),
+                       "-S", "2025-02-27T01:01:00", "-E", "2025-03-01T01:01:00"]
+    # second sync: from the last one minus the overlap; the job finished meanwhile
+    (tmp_path / "sacct.out").write_text(_live_line(7, "COMPLETED", "2025-03-01T01:00:00", "2025-03-01T02:00:00", 3600))
+    sync_from_slurm(cstore, slurm, now=t0 + 7200, overlap_s=300)
+    argv = [json.loads(x) for x in log.read_text().splitlines()]
+    assert argv[1][-4:] == ["-S", "2025-03-01T00:56:00", "-E", "2025-03-01T03:01:00"]
+    assert rows(cstore, "SELECT state, account, comment, template, gpus, end_at FROM sacct_jobs") == [
+        ("COMPLETED", "a|b", "gpuguard:template=x | note", "x", 1, utc("2025-03-01T02:00:00"))]
+
+
+# --- the command ----------------------------------------------------------------------------
+def _cfg(tmp_path, extra: str = "") -> dict[str, str]:
+    p = tmp_path / "gpuguard.toml"
+    p.write_text(f'[paths]\nstore = "{tmp_path}/node.db"\ncluster_store = "{tmp_path}/cluster.db"\n'
+                 f'[slurm]\nbin_dir = "{tmp_path}/bin"\n{extra}')
+    return {"GPUGUARD_CONFIG": str(p), "TZ": "UTC"}
+
+
+def test_cli_sync_from_file_and_exit_codes(tmp_path):
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(HANDMADE)], env=env)
+    assert (r.exit_code, r.output) == (0, f"{HANDMADE}: 14 job(s) stored\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("JobIDRaw|State\n1|COMPLETED\nnot-a-job|FAILED\n")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(bad)], env=env)
+    assert r.exit_code == 1
+    assert f"{bad}:3: skipped malformed row: JobID 'not-a-job' is not NNN, NNN_T, NNN+K or a step of one" in r.output
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(DATA / "sacct-default-pending-2019.txt")], env=env)
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"Error: {DATA / 'sacct-default-pending-2019.txt'}:1: fixed-width sacct output; "
+                                "save it with sacct -P (or -p)")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(tmp_path / "nope.txt")], env=env)
+    assert (r.exit_code, r.output.strip()) == (2, f"Error: {tmp_path / 'nope.txt'}: no such file")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"jobs": [\n{"job_id": 1,\n')
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(broken)], env=env)
+    assert r.exit_code == 2 and r.output.startswith(f"Error: {broken}:3: invalid JSON")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(HANDMADE), "--timezone", "Nowhere/Land"], env=env)
+    assert r.exit_code == 2 and "unknown timezone 'Nowhere/Land'" in r.output
+
+
+def test_cli_sync_live_failure_is_exit_1(tmp_path):
+    env = _cfg(tmp_path)
+    r = CliRunner().invoke(main, ["report", "sync"], env=env)
+    assert r.exit_code == 1
+    assert f"{tmp_path}/bin/sacct: not found" in r.output
