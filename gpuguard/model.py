@@ -159,17 +159,66 @@ class GpuState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuState:
-        """Build from :meth:`to_dict` output. Unknown keys raise ``ValueError``."""
+        """Build from :meth:`to_dict` output (a replay file: user-editable input).
+
+        Raises ``ValueError`` for unknown keys and for values of the wrong type (a
+        counter given as ``"3"`` would otherwise crash a check and hide a real fault)."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown GPU field(s): {', '.join(sorted(unknown))}")
         d = dict(d)
+        for k, v in d.items():
+            check_field(k, v)
         if d.get("nvlinks") is not None:
-            d["nvlinks"] = [NvLinkState(**x) for x in d["nvlinks"]]
+            try:
+                d["nvlinks"] = [NvLinkState(**x) for x in d["nvlinks"]]
+            except TypeError as e:
+                raise ValueError(f"nvlinks: {e}") from None
+            for n in d["nvlinks"]:
+                for f in dataclasses.fields(NvLinkState):
+                    v = getattr(n, f.name)
+                    want = bool if f.name == "active" else int
+                    if not (v is None or (isinstance(v, want) and (want is bool or not isinstance(v, bool)))):
+                        raise ValueError(f"nvlinks[].{f.name} must be {want.__name__} or null, got {v!r}")
         if d.get("read_errors") is None:
             d["read_errors"] = {}
         return cls(**d)
+
+
+def _field_types() -> dict[str, tuple[type, ...]]:
+    out: dict[str, tuple[type, ...]] = {}
+    for f in dataclasses.fields(GpuState):
+        ann = str(f.type)
+        if ann.startswith("int"):
+            out[f.name] = (int,)
+        elif ann.startswith("float"):
+            out[f.name] = (int, float)
+        elif ann.startswith("bool"):
+            out[f.name] = (bool,)
+        elif ann.startswith("str"):
+            out[f.name] = (str,)
+        elif ann.startswith("list"):
+            out[f.name] = (list,)
+        elif ann.startswith("dict"):
+            out[f.name] = (dict,)
+    return out
+
+
+def check_field(name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` fits :class:`GpuState` field ``name``
+    (``None`` fits every optional field; ``bool`` is not a number here)."""
+    types = _FIELD_TYPES.get(name)
+    if types is None:
+        raise ValueError(f"unknown GPU field: {name}")
+    if value is None and name not in ("index", "read_errors"):
+        return
+    if isinstance(value, bool) and bool not in types:
+        raise ValueError(f"{name} must be {'/'.join(t.__name__ for t in types)}, got {value!r}")
+    if not isinstance(value, types):
+        raise ValueError(f"{name} must be {'/'.join(t.__name__ for t in types)}, got {value!r}")
+    if name == "clock_event_reasons" and any(r not in CLOCK_EVENT_REASONS for r in value):
+        raise ValueError(f"clock_event_reasons: unknown reason(s) {[r for r in value if r not in CLOCK_EVENT_REASONS]}")
 
 
 @dataclass
@@ -208,6 +257,9 @@ class NodeSnapshot:
             if g.pci_bus_id:
                 out[pci_key(g.pci_bus_id)] = g
         return out
+
+
+_FIELD_TYPES = _field_types()
 
 
 @dataclass

@@ -119,6 +119,9 @@ def format_reason(hits: list[Finding]) -> str:
     first = hits[0]
     more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
     text = f"gpuguard: {first.code} {first.message}"
+    # Control characters (NUL, ESC...) could come from a replay file or a kernel line;
+    # NUL would even make the scontrol argv invalid and lose the drain.
+    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
     text = " ".join(text.replace('"', "'").split())
     if len(text) + len(more) > REASON_MAX:
         text = text[: REASON_MAX - len(more) - 3] + "..."

@@ -53,6 +53,8 @@ class SlurmCli:
                                env=env, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SlurmError(f"{exe}: not found (set [slurm] bin_dir)") from None
+        except (OSError, ValueError) as e:  # e.g. an argument with a NUL byte
+            raise SlurmError(f"{tool} {' '.join(args[:3])}: cannot run: {e}") from None
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{tool} {' '.join(args[:3])}: timed out after {timeout_s or self.timeout_s:g} s") from None
         if p.returncode != 0:

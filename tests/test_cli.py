@@ -116,3 +116,39 @@ def test_check_list_names_every_check():
     assert [ln.split()[0] for ln in r.output.splitlines()] == sorted(
         ["driver", "gpu_count", "gpu_lost", "ecc", "retired_pages", "row_remap", "pcie_link", "pcie_replay",
          "nvlink", "temperature", "idle_throttle", "persistence", "inventory", "xid"])
+
+
+def test_text_that_is_not_nvidia_smi_is_refused():
+    r = invoke("check", "--from-nvidia-smi", str(DATA / "xid-13-43-dmesg-iso.txt"))
+    assert r.exit_code == 2
+    assert r.output == (f"Error: GPU source: {DATA / 'xid-13-43-dmesg-iso.txt'}: no GPU section and no "
+                        "nvidia-smi -q GPU field; not nvidia-smi -q output\n")
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("ecc_volatile_uncorrected", "3", "ecc_volatile_uncorrected must be int, got '3'"),
+    ("index", "one", "index must be int, got 'one'"),
+    ("persistence_mode", 1, "persistence_mode must be bool, got 1"),
+    ("clock_event_reasons", ["hw_slowdwn"], "clock_event_reasons: unknown reason(s) ['hw_slowdwn']"),
+])
+def test_replay_values_are_type_checked(write_replay, field, value, msg):
+    from gpuguard.gpu.replay import ReplayError
+
+    p = write_replay(node_snapshot(2))
+    doc = json.loads(open(p).read())
+    doc["snapshot"]["gpus"][1][field] = value
+    open(p, "w").write(json.dumps(doc))
+    with pytest.raises(ReplayError) as e:
+        ReplaySource(p)
+    assert str(e.value) == f"{p}: bad snapshot: {msg}"
+
+
+def test_replay_step_keys_checked(write_replay):
+    from gpuguard.gpu.replay import ReplayError
+
+    p = write_replay(node_snapshot(1), steps=[{"after_s": 1, "gpus": {"x": {"temp_c": 90}}}])
+    with pytest.raises(ReplayError, match=r"steps\[0\].gpus: key 'x' is not a GPU index"):
+        ReplaySource(p)
+    p = write_replay(node_snapshot(1), steps=[{"after_s": 1, "gpus": {"0": {"temp_c": "hot"}}}])
+    with pytest.raises(ReplayError, match=r"steps\[0\].gpus.0: temp_c must be int/float, got 'hot'"):
+        ReplaySource(p)

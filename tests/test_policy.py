@@ -50,3 +50,8 @@ def test_reason_is_one_line_and_capped():
     assert len(d.reason) == REASON_MAX
     assert d.reason.startswith("gpuguard: gpu.lost bad 'quote' next line x")
     assert d.reason.endswith("...")
+
+
+def test_control_characters_never_reach_scontrol():
+    d = decide([F("throttle.hw_slowdown_idle", "critical", 2, "gpu2 (0000:75:00.0\x00evil\x1b[2J) hw_slowdown")])
+    assert d.reason == "gpuguard: throttle.hw_slowdown_idle gpu2 (0000:75:00.0 evil [2J) hw_slowdown"

@@ -319,6 +319,15 @@ def _gpu_state(
     return gpu
 
 
+#: Keys nvidia-smi -q prints inside a GPU section (casefolded), for recognising fragments.
+_GPU_SECTION_KEYS = frozenset(k.casefold() for k in (
+    "Product Name", "GPU UUID", "Serial Number", "VBIOS Version", "Persistence Mode", "PCI",
+    "FB Memory Usage", "Utilization", "Ecc Mode", "ECC Mode", "ECC Errors", "Retired Pages",
+    "Remapped Rows", "Temperature", "Power Readings", "GPU Power Readings", "Clocks", "Max Clocks",
+    "Clocks Event Reasons", "Clocks Throttle Reasons", "Performance State", "MIG Mode",
+))
+
+
 def parse_nvsmi_text(
     text: str, taken_at: float | None = None, where: str = "<text>"
 ) -> NodeSnapshot:
@@ -353,7 +362,14 @@ def parse_nvsmi_text(
     if not gpu_sections and any(
         c.key.casefold() not in _DOCUMENT_KEYS for c in root.children
     ):
-        gpu_sections = [(root, None)]  # a fragment cut out of one GPU's section
+        # A fragment cut out of one GPU's section -- but only if it holds a key that
+        # nvidia-smi -q really prints there; any other "Key : Value" text (a README, a
+        # kernel log) would otherwise become one GPU and fail the GPU-count check.
+        if not any(e.key.casefold() in _GPU_SECTION_KEYS for e in _walk(root)):
+            raise NvsmiParseError(
+                f"{where}: no GPU section and no nvidia-smi -q GPU field; not nvidia-smi -q output"
+            )
+        gpu_sections = [(root, None)]
     for i, (g, bus) in enumerate(gpu_sections):
         snap.gpus.append(_gpu_state(i, g, bus, driver, cuda, where))
     return snap

@@ -31,7 +31,7 @@ import pathlib
 import time
 from typing import Any
 
-from gpuguard.model import GpuState, NodeSnapshot
+from gpuguard.model import GpuState, NodeSnapshot, check_field
 
 FORMAT = "gpuguard-snapshot/1"
 
@@ -100,10 +100,22 @@ class ReplaySource:
         for i, st in enumerate(steps):
             if not isinstance(st, dict) or not isinstance(st.get("after_s"), (int, float)):
                 raise ReplayError(f"{self.path}: steps[{i}] needs a numeric after_s")
-            for gi, changes in (st.get("gpus") or {}).items():
+            gpus = st.get("gpus") or {}
+            if not isinstance(gpus, dict):
+                raise ReplayError(f"{self.path}: steps[{i}].gpus must be an object of GPU index -> fields")
+            for gi, changes in gpus.items():
+                if not str(gi).isascii() or not str(gi).isdigit():
+                    raise ReplayError(f"{self.path}: steps[{i}].gpus: key {gi!r} is not a GPU index")
+                if not isinstance(changes, dict):
+                    raise ReplayError(f"{self.path}: steps[{i}].gpus.{gi} must be an object")
                 bad = set(changes) - fields
                 if bad:
                     raise ReplayError(f"{self.path}: steps[{i}].gpus.{gi}: unknown field(s) {sorted(bad)}")
+                for k, v in changes.items():
+                    try:
+                        check_field(k, v)
+                    except ValueError as e:
+                        raise ReplayError(f"{self.path}: steps[{i}].gpus.{gi}: {e}") from None
         self._steps = sorted(steps, key=lambda s: s["after_s"])
         if isinstance(doc.get("t0"), (int, float)):
             self._t0 = float(doc["t0"])
