@@ -59,7 +59,7 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 # --- check --------------------------------------------------------------------------
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
-@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", type=click.Path(dir_okay=False),
+@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
               help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
 @click.option("--gpu-source", type=click.Choice(["nvml", "replay"]), help="override [gpu] source")
 @click.option("--replay", "replay_path", metavar="FILE", help="replay file (with --gpu-source replay)")
@@ -90,9 +90,13 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
         raise click.UsageError("--gpu-source replay needs --replay FILE")
     if nvsmi:
         import os
+        import stat
 
-        if not os.path.isfile(nvsmi):
-            _fail(f"{nvsmi}: no such file")
+        try:
+            if not stat.S_ISREG(os.stat(nvsmi).st_mode):
+                _fail(f"{nvsmi}: not a regular file")
+        except OSError as e:
+            _fail(f"{nvsmi}: {e.strerror}")
     from gpuguard.health import run_health
     from gpuguard.store import StoreError, open_store
 
@@ -147,7 +151,7 @@ def _snapshot(obj: _Obj, nvsmi: str | None):
 
 @gpu.command("show")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", type=click.Path(exists=True, dir_okay=False))
+@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
 def gpu_show(obj: _Obj, as_json: bool, nvsmi: str | None) -> None:
     """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, throttle reasons."""
@@ -170,7 +174,7 @@ def gpu_show(obj: _Obj, as_json: bool, nvsmi: str | None) -> None:
 @gpu.command("snapshot")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
               help="file to write (gpuguard-snapshot/1 JSON, a replay fixture)")
-@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", type=click.Path(exists=True, dir_okay=False))
+@click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
 def gpu_snapshot(obj: _Obj, output: str, nvsmi: str | None) -> None:
     """Record the GPUs' state as a replay snapshot (for tests, triage and bug reports)."""

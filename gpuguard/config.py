@@ -210,6 +210,10 @@ def load(explicit: str | None = None) -> Config:
             raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
     return from_dict(data, path)
 
 
@@ -245,6 +249,14 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         raise ConfigError(f"{where}: gpu.source must be 'nvml' or 'replay', got {src!r}")
     if src == "replay" and not values["gpu"]["replay_path"]:
         raise ConfigError(f"{where}: gpu.replay_path is required when gpu.source = 'replay'")
+    if values["checks"]["disabled"]:
+        from gpuguard.checks import load_all
+
+        known = load_all()
+        bad = [n for n in values["checks"]["disabled"] if n not in known]
+        if bad:
+            raise ConfigError(f"{where}: checks.disabled: unknown check(s) {', '.join(map(str, bad))}; "
+                              f"known: {', '.join(sorted(known))}")
     if values["xid"]["first_scan_lookback"] not in ("all", "none"):
         raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
     for key in ("time_budget_s",):

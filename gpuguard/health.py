@@ -54,7 +54,7 @@ def parse_job_gpus(value: str | None) -> list[int] | None:
     unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored."""
     if not value:
         return None
-    out = [int(x) for x in value.split(",") if x.strip().isdigit()]
+    out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
     return out or None
 
 

@@ -39,12 +39,19 @@ def run(env: dict[str, str] | None = None) -> int:
     from gpuguard import log as log_mod
 
     job_id = env.get("SLURM_JOB_ID")
+    config_error = None
     try:
         cfg = config_mod.load()
     except config_mod.ConfigError as e:
-        log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "prolog", job_id).error("tool error: config: %s", e)
-        return EXIT_OK
+        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
+        # config must not silently switch off every check either: run them on the
+        # defaults, log what they find, and act on nothing.
+        config_error = str(e)
+        cfg = config_mod.from_dict({})
+        cfg.values["slurm"]["drain"] = False
     log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
+    if config_error:
+        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
     from gpuguard.health import parse_job_gpus, run_health
     from gpuguard.store import StoreError, open_store
 
@@ -61,6 +68,10 @@ def run(env: dict[str, str] | None = None) -> int:
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
     outcome = res.decision.outcome
+    if config_error and outcome != "proceed":
+        log.warning("config broken: would %s: %s", outcome, res.decision.reason)
+        _close(store)
+        return EXIT_OK
     if outcome == "drain":
         node = cfg.node_name
         if cfg.get("slurm", "drain"):
@@ -79,7 +90,7 @@ def run(env: dict[str, str] | None = None) -> int:
         log.warning("failing job %s: %s", job_id, res.decision.reason)
         _close(store)
         return EXIT_FAIL_JOB
-    if job_id:
+    if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job
 

@@ -66,7 +66,7 @@ def test_corpus_dump_decisions(name):
 def test_check_missing_and_wrong_format_files():
     r = invoke("check", "--from-nvidia-smi", "/nonexistent/dump.txt")
     assert r.exit_code == 2
-    assert r.output.strip() == "Error: /nonexistent/dump.txt: no such file"
+    assert r.output.strip() == "Error: /nonexistent/dump.txt: No such file or directory"
     r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-default-v100-inforom-corrupt.txt"))
     assert r.exit_code == 2
     assert r.output.count("\n") == 1 and "default nvidia-smi table" in r.output
@@ -152,3 +152,16 @@ def test_replay_step_keys_checked(write_replay):
     p = write_replay(node_snapshot(1), steps=[{"after_s": 1, "gpus": {"0": {"temp_c": "hot"}}}])
     with pytest.raises(ReplayError, match=r"steps\[0\].gpus.0: temp_c must be int/float, got 'hot'"):
         ReplaySource(p)
+
+
+@pytest.mark.parametrize("args", [["check", "--from-nvidia-smi"], ["gpu", "show", "--from-nvidia-smi"]])
+def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args):
+    import os
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    for path, why in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                      (tmp_path, "not a regular file")):
+        r = invoke(*args, str(path))
+        assert r.exit_code == 2
+        assert r.output.count("\n") == 1 and r.output.rstrip().endswith(f"{path}: {why}")

@@ -142,3 +142,14 @@ def test_shipped_example_and_readme_match_the_schema():
     cfg = config_mod.from_dict(tomllib.loads(uncommented))
     assert cfg.values == config_mod.from_dict({}).values
     assert config_mod.reference_markdown() in (root / "README.md").read_text()
+
+
+def test_invalid_utf8_and_unknown_disabled_check(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_bytes(b'[node]\nname = "\xff"\n')
+    with pytest.raises(config_mod.ConfigError) as e:
+        config_mod.load(str(p))
+    assert str(e.value) == f"{p}: not UTF-8 text (byte 15)"
+    p2 = write(tmp_path, '[checks]\ndisabled = ["nope", "ecc"]\n')
+    with pytest.raises(config_mod.ConfigError, match=r"checks.disabled: unknown check\(s\) nope; known: "):
+        config_mod.load(p2)

@@ -95,11 +95,21 @@ def test_store_locked_never_drains_a_healthy_node(node):
     assert "tool error: store" in (node["tmp"] / "gpuguard.log").read_text()
 
 
-def test_bad_config_is_our_fault_exit_0(tmp_path, monkeypatch):
+def test_bad_config_is_our_fault_exit_0_but_checks_still_run(tmp_path, monkeypatch, capsys):
     p = tmp_path / "bad.toml"
     p.write_text("[gpu]\nsource = 'cuda'\n")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
-    assert hook.run(ENV) == 0
+    import gpuguard.config as config_mod
+    paths = config_mod.SCHEMA["paths"]
+    for key, val in (("log_file", "fallback.log"), ("store", "node.db"), ("state_dir", "state")):
+        monkeypatch.setitem(paths, key, (str(tmp_path / val), *paths[key][1:]))
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # no NVML here
+    assert hook.run(dict(ENV, SLURM_JOB_GPUS="0,1")) == 0
+    log = (tmp_path / "fallback.log").read_text()
+    assert f"tool error: config: {p}: gpu.source must be 'nvml' or 'replay', got 'cuda' " \
+           "(checking with defaults; no drain, job proceeds)" in log
+    assert "tool error: GPU source: pynvml not importable" in log
+    assert "collector" not in log  # nothing is started on a broken config
 
 
 def test_dry_run_does_not_call_scontrol(node):
@@ -247,3 +257,11 @@ def test_broken_store_does_not_redrain_on_an_old_xid(node):
     assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0
     assert hook.run(dict(ENV, SLURM_JOB_ID="44")) == 0
     assert len(node["calls"]()) == 1
+
+
+def test_odd_job_gpu_values_are_ignored_not_fatal():
+    from gpuguard.health import parse_job_gpus
+
+    assert parse_job_gpus("0,1,foo,../../x,²,3") == [0, 1, 3]
+    assert parse_job_gpus("") is None
+    assert parse_job_gpus("GPU-aaaa") is None

@@ -60,4 +60,4 @@ def test_scan_missing_file_exit_2(tmp_path):
     missing = tmp_path / "nope.log"
     result = runner().invoke(xid, ["scan", str(missing)])
     assert result.exit_code == 2
-    assert result.stderr.strip() == f"Error: cannot read {missing}: No such file or directory"
+    assert result.stderr.strip() == f"Error: cannot read {missing}: cannot open: No such file or directory"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import pathlib
 import time
 from typing import Any
 
@@ -62,10 +61,13 @@ class ReplaySource:
 
     def __init__(self, path: str):
         self.path = path
+        from gpuguard.inputs import InputError, read_input
+
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-                mtime = os.fstat(fh.fileno()).st_mtime
+            raw = read_input(path)
+            mtime = os.stat(path).st_mtime
+        except InputError as e:
+            raise ReplayError(f"cannot read replay file {e}") from None
         except OSError as e:
             raise ReplayError(f"{path}: cannot read replay file: {e.strerror or e}") from None
         text = raw.decode("utf-8", errors="replace")
@@ -74,10 +76,10 @@ class ReplaySource:
         if text.lstrip().startswith("{"):
             self._base = self._load_json(text)
         else:
-            from gpuguard.gpu.nvsmi import NvsmiParseError, load_nvidia_smi
+            from gpuguard.gpu.nvsmi import NvsmiParseError, parse_nvidia_smi
 
             try:
-                self._base = load_nvidia_smi(pathlib.Path(path))
+                self._base = parse_nvidia_smi(text, taken_at=mtime, where=path)
             except NvsmiParseError as e:
                 raise ReplayError(str(e)) from None
             self._base.source = "replay:" + self._base.source

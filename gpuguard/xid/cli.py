@@ -24,11 +24,12 @@ class FileError(click.ClickException):
 def _read_lines(path: str) -> list[str]:
     if path == "-":
         return sys.stdin.read().splitlines()
+    from gpuguard.inputs import InputError, read_input
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().splitlines()
-    except OSError as exc:
-        raise FileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return read_input(path).decode("utf-8", errors="replace").splitlines()
+    except InputError as exc:
+        raise FileError(f"cannot read {exc}") from None
 
 
 def _time_text(event: XidEvent) -> str:
