@@ -51,7 +51,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
     cols = [headers] + [[("" if c is None else str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

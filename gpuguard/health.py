@@ -104,7 +104,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     try:
         lines, new_cursor = read_since(src, cursor, timeout_s)
     except KernelLogError as e:
-        return [], None, errors + [f"kernel log: {e}"]
+        return [], None, [*errors, f"kernel log: {e}"]
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
     res = parse_lines(lines)

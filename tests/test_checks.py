@@ -144,3 +144,13 @@ def test_disabled_checks_are_skipped():
     snap = node_snapshot(1, gpu0={"persistence_mode": False})
     findings, _ = run_checks(CheckContext(snapshot=snap), disabled=["persistence"])
     assert findings == []
+
+
+def test_xid_on_an_address_that_is_not_a_visible_gpu_still_counts():
+    from gpuguard.xid.parse import parse_lines
+
+    ev = parse_lines(["NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."]).events
+    [f] = run(node_snapshot(2), xid_events=ev)
+    assert (f.code, f.severity, f.gpu_index) == ("xid.79", "critical", None)
+    assert f.message == "XID 79 GPU has fallen off the bus on 0000:91:00 (not among the 2 visible GPUs)"
+    assert f.evidence["catalog_action"] == "drain"

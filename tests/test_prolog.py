@@ -20,7 +20,7 @@ def node(tmp_path, make_config, write_replay, fake_slurm_bin):
     kl = tmp_path / "kern.log"
     kl.write_text("")
     replay = write_replay(node_snapshot(4))
-    path, cfg = make_config('[prolog]\nstart_collector = false\n', replay=replay, kernel_log=str(kl))
+    _path, cfg = make_config('[prolog]\nstart_collector = false\n', replay=replay, kernel_log=str(kl))
     return {"kl": kl, "cfg": cfg, "calls": fake_slurm_bin, "db": str(tmp_path / "node.db"), "tmp": tmp_path}
 
 

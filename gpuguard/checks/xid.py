@@ -27,7 +27,14 @@ def xid(ctx: CheckContext) -> list[Finding]:
         except ValueError:
             g = None
         prefix = "sxid" if kind == "sxid" else "xid"
-        where = (f"gpu{g.index} ({pci})" if g else pci) or "unknown device"
+        if g:
+            where = f"gpu{g.index} ({pci})"
+        elif kind == "sxid":
+            where = f"NVSwitch {pci}"
+        else:
+            # Not a visible GPU: possibly the very GPU that fell off the bus, so the
+            # catalog's action stands; the message says so.
+            where = f"{pci or 'unknown device'} (not among the {len(ctx.snapshot.gpus)} visible GPUs)"
         first = evs[0]
         out.append(Finding(
             f"{prefix}.{code}", c.severity,

@@ -387,7 +387,7 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
                 pass
         try:
             parsed = _parse_record(text, raw, line_no)
-        except Exception:  # noqa: BLE001 - one odd record must never stop the scan
+        except Exception:  # one odd record must never stop the scan
             parsed = False
         if parsed is None:
             continue
