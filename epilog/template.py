@@ -87,14 +87,14 @@ def _gpus_from_tres(tres: str | None) -> tuple[str | None, int | None]:
 
 def derive(partition: str | None, gpu_type: str | None, gpus_per_node: int | None,
            nodes: int | None, job_name: str | None) -> str:
-    """``PARTITION.GPUTYPE.xGPUS.nNODES.JOBNAME`` with ``-`` for an unknown part,
+    """``PARTITION.GPUTYPE.xGPUS.nNODES.JOBNAME`` with ``_`` for an unknown part,
     sanitised. Always returns a valid name."""
     parts = [
-        partition or "-",
-        gpu_type or "-",
-        f"x{gpus_per_node}" if gpus_per_node is not None else "x-",
-        f"n{nodes}" if nodes is not None else "n-",
-        job_name or "-",
+        partition or "_",
+        gpu_type or "_",
+        f"x{gpus_per_node}" if gpus_per_node is not None else "x_",
+        f"n{nodes}" if nodes is not None else "n_",
+        job_name or "_",
     ]
     return sanitize(".".join(_BAD.sub("-", p) for p in parts)) or "unnamed"
 
@@ -106,7 +106,7 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
     ``job_info``: ``scontrol show job`` fields if the caller already has them; else,
     when a name must be derived, ``slurm.show_job(SLURM_JOB_ID)`` is called (``slurm`` a
     :class:`gpuguard.slurm.SlurmCli`); its :class:`~gpuguard.slurm.SlurmError` is caught
-    and the derived name then has ``-`` for the job name. ``gpu_name``: this node's NVML
+    and the derived name then has ``_`` for the job name. ``gpu_name``: this node's NVML
     product name (from the inventory) when Slurm's gres has no type.
 
     Never raises: a template is always returned.
@@ -121,9 +121,9 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
             info = slurm.show_job(env["SLURM_JOB_ID"])
         except Exception:  # Slurm unreachable: derive from what the environment has
             info = {}
-        named = from_comment(info.get("Comment"))
-        if named:
-            return Template(named, "comment")
+    named = from_comment(info.get("Comment"))
+    if named:
+        return Template(named, "comment")
     partition = env.get("SLURM_JOB_PARTITION") or info.get("Partition")
     gres_type, gres_count = _gpus_from_tres(info.get("TresPerNode"))
     job_gpus = [x for x in (env.get("SLURM_JOB_GPUS") or "").split(",") if x.strip()]

@@ -1,0 +1,230 @@
+"""Templates from comments and Slurm, verdict findings through the policy table with
+escalation, node idle baselines, the template/baseline CLI and the one-call epilog
+integration."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import node_snapshot
+
+import scenarios as S
+from gpuguard import config as config_mod
+from gpuguard.epilog import baseline as B
+from gpuguard.epilog import template as T
+from gpuguard.epilog.verdict import Verdict, act_on_verdict, judge_job, run_verdict, verdict_findings
+from gpuguard.store import open_store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(str(tmp_path / "f.db"))
+    yield s
+    s.close()
+
+
+# -- templates --------------------------------------------------------------------------------
+@pytest.mark.parametrize("comment, name", [
+    ("gpuguard:template=llama-7b", "llama-7b"),
+    ("nightly run gpuguard:template=llama-7b ckpt=3", "llama-7b"),
+    ("gpuguard:template=a,b;c", "a"),
+    ('gpuguard:template="q"', "q"),
+    ("gpuguard:template=räksmörgås/../x", "r-ksm-rg-s-..-x"),
+    ("template=foo", None),  # not our key (SLURM-FACTS §4 example)
+    ("xgpuguard:template=foo", None),
+    ("gpuguard:template=", None),
+    ("gpuguard:template=---", None),
+    ("", None),
+    (None, None),
+])
+def test_template_from_comment(comment, name):
+    assert T.from_comment(comment) == name
+
+
+def test_template_name_limits():
+    long = "x" * 100
+    a, b = T.sanitize(long), T.sanitize(long + "y")
+    assert len(a) == 64 and a != b and T.sanitize(a) == a
+    assert all(c.isalnum() or c in "._-" for c in T.sanitize("a b/c:d\n" * 10))
+
+
+def test_template_derived_from_env_and_scontrol():
+    class Slurm:
+        def __init__(self):
+            self.calls = []
+
+        def show_job(self, job_id):
+            self.calls.append(job_id)
+            return {"JobName": "train llama", "Partition": "gpu", "NumNodes": "2", "TresPerNode": "gres:gpu:h100:8"}
+
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+           "SLURM_JOB_NUM_NODES": "2"}
+    s = Slurm()
+    t = T.job_template(env, slurm=s)
+    assert t == T.Template("gpu.h100.x8.n2.train-llama", "derived") and s.calls == ["42"]
+    t = T.job_template({**env, "SLURM_JOB_COMMENT": "gpuguard:template=mine"}, slurm=s)
+    assert t == T.Template("mine", "comment") and s.calls == ["42"]
+    # the comment through scontrol when the environment lacks it
+    t = T.job_template({"SLURM_JOB_ID": "7"}, job_info={"Comment": "x gpuguard:template=fromsacct"})
+    assert t.name == "fromsacct"
+
+
+def test_template_derived_when_slurm_fails():
+    class Broken:
+        def show_job(self, job_id):
+            from gpuguard.slurm import SlurmError
+
+            raise SlurmError("scontrol: timed out")
+
+    t = T.job_template({"SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_PARTITION": "debug"},
+                       slurm=Broken(), gpu_name="NVIDIA H100 80GB HBM3")
+    assert t == T.Template("debug.h100-80gb-hbm3.x2.n_._", "derived")
+
+
+# -- findings, policy, escalation -----------------------------------------------------------
+def straggler_verdict(job_id, uuid="GPU-n1-02", node="n1"):
+    return Verdict(job_id=job_id, template="t", cause="straggler-gpu", state="judged", summary="s",
+                   evidence={"gpus": [{"node": node, "gpu_index": 2, "gpu_uuid": uuid, "metric": "sm_clock_mhz",
+                                       "value": 1000.0, "peer_median": 1800.0, "rel_change": -0.44, "z": -15.0}]},
+                   nodes=[node])
+
+
+def test_findings_of_a_verdict():
+    assert verdict_findings(Verdict("1", "t", "healthy", "judged", "")) == []
+    assert verdict_findings(Verdict("1", "t", "learning", "learning", "")) == []
+    f = verdict_findings(straggler_verdict("1"))
+    assert len(f) == 1 and f[0].code == "verdict.straggler_gpu" and f[0].severity == "warning"
+    assert f[0].gpu_uuid == "GPU-n1-02" and f[0].evidence["job_id"] == "1"
+
+
+def test_straggler_three_jobs_in_24h_drains(store):
+    cfg = config_mod.from_dict({})
+    now = 1767225600.0
+    d1 = act_on_verdict(store, straggler_verdict("1"), cfg=cfg, node="n1", now=now)
+    assert d1.outcome == "proceed" and d1.actions[0][1] == "alert"
+    # same job judged again: still one job
+    assert act_on_verdict(store, straggler_verdict("1"), cfg=cfg, node="n1", now=now + 10).outcome == "proceed"
+    # another GPU does not count
+    assert act_on_verdict(store, straggler_verdict("2", uuid="GPU-n1-05"), cfg=cfg, node="n1",
+                          now=now + 20).outcome == "proceed"
+    assert act_on_verdict(store, straggler_verdict("3"), cfg=cfg, node="n1", now=now + 3600).outcome == "proceed"
+    d = act_on_verdict(store, straggler_verdict("4"), cfg=cfg, node="n1", now=now + 7200)
+    assert d.outcome == "drain" and d.reason.startswith("gpuguard: verdict.straggler_gpu")
+    assert d.actions[0][0].evidence["escalated"]["jobs"] == ["1", "3", "4"]
+    # the decision for another node does not drain this one's GPU
+    assert act_on_verdict(store, straggler_verdict("5"), cfg=cfg, node="n2", now=now + 7300).outcome == "proceed"
+    # outside the 24 h window: alert again
+    d = act_on_verdict(store, straggler_verdict("6"), cfg=cfg, node="n1", now=now + 3 * 86400)
+    assert d.outcome == "proceed"
+    rows = store.query("select job_id, action from findings where code = 'verdict.straggler_gpu' order by id")
+    assert ("4", "drain") in [(r["job_id"], r["action"]) for r in rows]
+
+
+def test_policy_override_applies_to_verdict_findings(store):
+    cfg = config_mod.from_dict({"policy": {"verdict.straggler_gpu": "record"}})
+    d = act_on_verdict(store, straggler_verdict("1"), cfg=cfg, node="n1", now=1.0)
+    assert d.actions[0][1] == "record"
+
+
+# -- node idle baselines -----------------------------------------------------------------------
+def test_idle_temp_up_after_history(store):
+    cfg = config_mod.from_dict({})
+    for k in range(5):
+        snap = node_snapshot(2, gpu1={"temp_c": 31.0 + (k % 2)})
+        assert B.judge_idle(store, "n1", snap, cfg=cfg, now=100.0 + k) == []
+    hot = node_snapshot(2, gpu1={"temp_c": 43.5})
+    f = B.judge_idle(store, "n1", hot, cfg=cfg, now=200.0)
+    assert [x.code for x in f] == ["baseline.idle_temp_up"] and f[0].gpu_index == 1
+    assert f[0].evidence["median"] == 31.0 and "12.5" in f[0].message
+    # the flagged reading does not move the baseline; a busy GPU is not judged
+    hist = {h["gpu_index"]: h for h in B.idle_history(store, "n1")}
+    assert hist[1]["temp_c"] == 31.0 and hist[1]["readings"] == 6
+    busy = node_snapshot(2, gpu1={"temp_c": 80.0, "gpu_util_pct": 99.0})
+    assert B.judge_idle(store, "n1", busy, cfg=cfg, now=300.0) == []
+
+
+def test_idle_power_up(store):
+    for k in range(6):
+        B.judge_idle(store, "n1", node_snapshot(1), now=float(k))
+    f = B.judge_idle(store, "n1", node_snapshot(1, gpu0={"power_w": 120.0}), now=10.0, record=False)
+    assert [x.code for x in f] == ["baseline.idle_power_up"]
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+@pytest.fixture
+def cli(make_config):
+    from gpuguard.cli import _Obj
+    from gpuguard.epilog.baseline_cli import baseline, template
+
+    path, cfg = make_config("[verdict]\nwarmup_s = 0.0\n")
+
+    @click.group()
+    @click.pass_context
+    def root(ctx):
+        ctx.obj = _Obj(path)
+
+    root.add_command(template)
+    root.add_command(baseline)
+    return root, cfg
+
+
+def test_cli_template_list_and_baseline(cli):
+    root, cfg = cli
+    store = open_store(cfg.store_path)
+    p = S.random_profile(random.Random(1), "clitpl", nodes=1)
+    p.duration_s = 900
+    t = S.T0
+    for k in range(3):
+        rows = S.generate(p, "healthy", seed=k, job_id=f"c{k}", start=t)
+        S.write(store, rows)
+        judge_job(store, rows.job_id, cfg=cfg, template=p.name, exit_code=0, now=rows.end)
+        t = rows.end + 60
+    store.close()
+    r = CliRunner()
+    out = r.invoke(root, ["template", "list"])
+    assert out.exit_code == 0, out.output
+    assert "clitpl" in out.output and "ready" in out.output
+    out = r.invoke(root, ["template", "list", "--format", "json"])
+    assert json.loads(out.output)[0]["baseline_runs"] == 3
+    out = r.invoke(root, ["baseline", "show", "clitpl"])
+    assert out.exit_code == 0 and "step_time_p50_s" in out.output and "3 baseline run(s)" in out.output
+    out = r.invoke(root, ["baseline", "show", "clitpl", "--format", "json"])
+    assert json.loads(out.output)["metrics"]["step_time_p50_s"]["n"] == 3
+    out = r.invoke(root, ["baseline", "show", "nope"])
+    assert out.exit_code != 0 and "unknown template" in out.output
+    out = r.invoke(root, ["baseline", "reset", "clitpl", "--yes"])
+    assert out.exit_code == 0
+    out = r.invoke(root, ["template", "list", "--format", "csv"])
+    assert "clitpl,derived,3,0,0,learning" in out.output
+
+
+# -- the epilog's one call --------------------------------------------------------------------------
+def test_run_verdict_one_call(make_config):
+    _, cfg = make_config("[verdict]\nwarmup_s = 0.0\n")
+    store = open_store(cfg.store_path)
+    p = S.random_profile(random.Random(2), "x", nodes=1)
+    p.gpus_per_node = 4
+    env = {"SLURM_JOB_COMMENT": "gpuguard:template=onecall", "SLURM_JOB_EXIT_CODE": "0"}
+    t = S.T0
+    for k in range(3):
+        rows = S.generate(p, "healthy", seed=k, job_id=f"o{k}", start=t)
+        S.write(store, rows)
+        v, d = run_verdict(store, rows.job_id, cfg=cfg, env=env, node=p.node_names[0], now=rows.end)
+        assert v.template == "onecall" and v.cause == "learning" and d.outcome == "proceed"
+        t = rows.end + 60
+    rows = S.generate(p, "straggler-gpu", seed=9, job_id="o9", start=t)
+    S.write(store, rows)
+    v, d = run_verdict(store, "o9", cfg=cfg, env=env, node=p.node_names[0], now=rows.end)
+    assert v.cause == "straggler-gpu" and d.outcome == "proceed" and d.actions[0][1] == "alert"
+    assert store.query("select count(*) as n from findings where job_id = 'o9'")[0]["n"] == 1
+    # a failed job (exit 1<<8) is judged but kept out of the baseline
+    rows = S.generate(p, "healthy", seed=10, job_id="o10", start=rows.end + 60)
+    S.write(store, rows)
+    v, _ = run_verdict(store, "o10", cfg=cfg, env={**env, "SLURM_JOB_EXIT_CODE": "256"}, node=p.node_names[0],
+                       now=rows.end)
+    assert v.cause == "healthy" and "o10" not in B.compute_baseline(store, "onecall", cfg=cfg).jobs
+    store.close()
