@@ -1,12 +1,328 @@
-"""Slurm hook entry point (stub; filled in by the stage's issue)."""
+"""``gpuguard-epilog``: the Slurm Epilog (runs as root on every node of every job, after
+the job, with an almost empty environment: SLURM-FACTS.md §3-4).
 
+What it does, in order of importance, inside ``[epilog] time_budget_s``:
+
+1. load the config (errors: logged, exit 0);
+2. stop the job's collector (:func:`gpuguard.collector.launch.stop_collector`: SIGTERM,
+   a bounded wait, SIGKILL); a pid file whose process was already gone means the
+   collector died: an ``events`` row of kind ``collector_died`` is recorded and the
+   summary says ``died``;
+3. open the node store (errors: logged as tool errors; the checks still run);
+4. run the post-job health checks (:func:`gpuguard.health.run_health` with
+   ``hook="epilog"``: new XIDs since the prolog's kernel-log cursor, uncorrectable ECC,
+   lost GPUs, ...) and apply the same policy: on ``drain`` call
+   :meth:`gpuguard.slurm.SlurmCli.drain_node` with the ``gpuguard:`` reason. This comes
+   before the bookkeeping so that a slow store cannot cost the drain;
+5. ingest the training records of ``{job_dir_root}/{job_id}``
+   (:func:`gpuguard.collector.ingest.read_job_records`) into ``steps`` and
+   ``checkpoints`` (replacing the job's earlier rows on this node, so a rerun is
+   idempotent);
+6. write the job summary (:func:`gpuguard.epilog.summary.summarize_job`,
+   :func:`~gpuguard.epilog.summary.save_summary`);
+7. delete the job directory.
+
+**Always exit 0.** A non-zero Epilog makes Slurm drain the node with the reason
+``Epilog error`` (SLURM-FACTS.md §5); gpuguard drains by itself, with a reason that
+says what is wrong, and its own failures (config, store, a bug, the budget) never drain.
+A ``fail-job`` decision means nothing after the job: it is logged only.
+
+**The job directory is deleted after ingest**, once its records are committed to the
+store: the store is the record from then on, and the directory (user-writable, on the
+node's disk) must not pile up. It is kept when the ingest or the store write failed,
+or when the ingest rejected a file, so an operator can look at it; the deletion goes
+through :func:`gpuguard.collector.launch.remove_job_dir`, which works relative to a
+``job_dir_root`` file descriptor opened with ``O_NOFOLLOW`` and never follows a
+symlink (a symlinked job dir is unlinked, not its target).
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+import threading
+import time
+from typing import Any
+
+EXIT_OK = 0
+
+#: Share of the budget the collector stop may take (SIGTERM wait; SIGKILL adds 1 s).
+COLLECTOR_STOP_SHARE = 0.2
+COLLECTOR_STOP_MAX_S = 5.0
+
+
+def _env_int(env: dict[str, str], name: str) -> int | None:
+    v = env.get(name)
+    try:
+        return int(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+# -- seams to the collector (tests replace these) -----------------------------------------
+def stop_collector(cfg: Any, job_id: str, timeout_s: float) -> Any:
+    """:func:`gpuguard.collector.launch.stop_collector`."""
+    from gpuguard.collector.launch import stop_collector as stop
+
+    return stop(cfg, job_id, timeout_s)
+
+
+def read_job_records(job_dir: str, expected_uid: int) -> Any:
+    """:func:`gpuguard.collector.ingest.read_job_records`."""
+    from gpuguard.collector.ingest import read_job_records as read
+
+    return read(job_dir, expected_uid)
+
+
+def remove_job_dir(root: str, job_id: str) -> bool:
+    """:func:`gpuguard.collector.launch.remove_job_dir` (never follows symlinks)."""
+    from gpuguard.collector.launch import remove_job_dir as remove
+
+    return remove(root, job_id)
+
+
+def collector_status(stop: Any) -> str:
+    """Map a ``StopResult(pid, was_running, exited, signal_sent)`` to a
+    :data:`gpuguard.epilog.summary.COLLECTOR_STATUSES` value."""
+    if stop is None:
+        return "unknown"
+    if stop.pid is None:
+        return "never_started"
+    if not stop.was_running:
+        return "died"
+    return "ok" if stop.exited else "did_not_exit"
+
+
+# -- storing the training records ------------------------------------------------------------
+def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tuple[int, int]:
+    """Replace the ``steps`` and ``checkpoints`` rows of (``job_id``, ``node``) with the
+    records of ``ingest`` (an ``IngestResult``) in one transaction. Returns the numbers
+    of step and checkpoint rows. Raises :class:`gpuguard.store.StoreError`."""
+    import sqlite3
+
+    from gpuguard.store import StoreError
+
+    steps = []
+    for r in ingest.steps:
+        ph = r.get("phases") or {}
+        steps.append({
+            "job_id": job_id, "node": node, "rank": r.get("rank"), "step": r.get("step"), "t": r.get("t"),
+            "step_time_s": r.get("step_time_s"), "samples": r.get("samples"), "tokens": r.get("tokens"),
+            "loss": r.get("loss"), "loss_nonfinite": 1 if r.get("loss_nonfinite") else 0,
+            "grad_norm": r.get("grad_norm"), "data_wait_s": ph.get("data_wait_s"), "fwd_bwd_s": ph.get("fwd_bwd_s"),
+            "comm_s": ph.get("comm_s"), "optim_s": ph.get("optim_s"),
+        })
+    ckpts = [{"job_id": job_id, "node": node, "rank": r.get("rank"), "step": r.get("step"), "t": r.get("t"),
+              "duration_s": r.get("duration_s")} for r in ingest.checkpoints]
+    try:
+        with store.tx():
+            store.db.conn.execute("delete from steps where job_id = ? and node = ?", [job_id, node])
+            store.db.conn.execute("delete from checkpoints where job_id = ? and node = ?", [job_id, node])
+            if steps:
+                store.db["steps"].insert_all(steps, batch_size=500)
+            if ckpts:
+                store.db["checkpoints"].insert_all(ckpts, batch_size=500)
+    except sqlite3.Error as e:
+        raise StoreError(f"store {store.path}: training records write failed: {e}") from None
+    return len(steps), len(ckpts)
+
+
+def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) -> None:
+    """An ``events`` row ``kind = "collector_died"`` (source ``epilog``). Raises
+    :class:`gpuguard.store.StoreError`."""
+    store.insert("events", {
+        "node": node, "at": time.time(), "kind": "collector_died", "pid": pid, "job_id": job_id,
+        "source": "epilog", "process": "gpuguard-collector",
+        "message": f"collector pid {pid} was gone before the epilog; samples end at its last flush",
+    })
+
+
+# -- the hook ---------------------------------------------------------------------------------
+def run(env: dict[str, str] | None = None) -> int:
+    """The epilog's work (module docstring); returns the exit status, always 0. Used by
+    :func:`main` and the tests."""
+    env = dict(os.environ) if env is None else env
+    from gpuguard import config as config_mod
+    from gpuguard import log as log_mod
+
+    job_id = env.get("SLURM_JOB_ID") or None
+    try:
+        cfg = config_mod.load()
+    except config_mod.ConfigError as e:
+        log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "epilog", job_id).error("tool error: config: %s", e)
+        return EXIT_OK
+    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
+    if job_id is not None and not (job_id.isdigit() and len(job_id) <= 20):
+        log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
+        job_id = None
+    budget = float(cfg.get("epilog", "time_budget_s"))
+    node = cfg.node_name
+
+    # 2. the collector
+    stop = None
+    if job_id:
+        try:
+            stop = stop_collector(cfg, job_id, min(COLLECTOR_STOP_MAX_S, budget * COLLECTOR_STOP_SHARE))
+            if stop.was_running and not stop.exited:
+                log.error("tool error: collector pid %s did not exit after %s", stop.pid, stop.signal_sent)
+        except Exception as e:  # our fault: the summary says "unknown"
+            log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
+    status = collector_status(stop)
+
+    # 3. the store
+    from gpuguard.store import StoreError, open_store
+
+    store = None
+    try:
+        store = open_store(cfg.store_path)
+    except StoreError as e:
+        log.error("tool error: %s", e)
+    if status == "died":
+        log.warning("collector pid %s died before the epilog", stop.pid)
+        if store is not None:
+            try:
+                record_collector_death(store, node, job_id, stop.pid)
+            except StoreError as e:
+                log.error("tool error: %s", e)
+
+    # 4. post-job checks and the drain
+    from gpuguard.health import parse_job_gpus, run_health
+
+    res = run_health(cfg, hook="epilog", store=store, job_id=job_id,
+                     job_gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")), budget_s=budget * 0.4)
+    for err in res.tool_errors:
+        log.error("tool error: %s", err)
+    for f, action in res.decision.actions:
+        log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
+    if res.decision.outcome == "drain":
+        _drain(cfg, node, res.decision.reason, log)
+    elif res.decision.outcome == "fail-job":
+        log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
+                    res.decision.reason)
+
+    if store is None or not job_id:
+        log.info("epilog done without a summary (%s)", "no store" if store is None else "no job id")
+        _close(store)
+        return EXIT_OK
+
+    # 5. training records
+    ingest = None
+    keep_dir = False
+    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
+    uid = _env_int(env, "SLURM_JOB_UID")
+    if uid is None:
+        log.error("tool error: SLURM_JOB_UID unset: training records not read")
+        keep_dir = True
+    else:
+        try:
+            ingest = read_job_records(job_dir, uid)
+            for path, why in ingest.rejected_files:
+                log.warning("training records: %s rejected: %s", path, why)
+            if ingest.malformed:
+                log.warning("training records: %d malformed line(s) skipped", ingest.malformed)
+            n_steps, n_ckpt = save_training_records(store, job_id, node, ingest)
+            keep_dir = bool(ingest.rejected_files)
+            if n_steps or n_ckpt:
+                log.info("ingested %d step and %d checkpoint record(s)", n_steps, n_ckpt)
+        except Exception as e:  # StoreError, a bug in the reader: keep the dir for a look
+            log.error("tool error: training records: %s: %s", type(e).__name__, e)
+            keep_dir = True
+
+    # 6. the summary
+    from gpuguard.epilog.summary import save_summary, summarize_job
+
+    try:
+        summary = summarize_job(store, job_id, node, exit_status_raw=_env_int(env, "SLURM_JOB_EXIT_CODE"),
+                                collector_status=status, ingest=ingest)
+        save_summary(store, summary)
+        log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,
+                 summary.collector_status, summary.sample_count, summary.step_records)
+    except Exception as e:
+        log.error("tool error: job summary: %s: %s", type(e).__name__, e)
+
+    # 7. the job directory
+    if keep_dir:
+        log.info("job directory kept: %s", job_dir)
+    else:
+        try:
+            remove_job_dir(cfg.get("paths", "job_dir_root"), job_id)
+        except FileNotFoundError:
+            pass  # no job_dir_root: the job never had a directory
+        except Exception as e:
+            log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+    _close(store)
+    return EXIT_OK
+
+
+def _drain(cfg: Any, node: str, reason: str, log: Any) -> None:
+    if not cfg.get("slurm", "drain"):
+        log.warning("dry run: would drain %s: %s", node, reason)
+        return
+    from gpuguard.slurm import SlurmCli, SlurmError
+
+    try:
+        SlurmCli(cfg.get("slurm", "bin_dir")).drain_node(node, reason)
+        log.warning("drained %s: %s", node, reason)
+    except (SlurmError, ValueError) as e:
+        log.error("tool error: drain failed: %s", e)
+
+
+def _close(store: Any) -> None:
+    if store is not None:
+        store.close()
+
+
+def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
+    """Run :func:`run` in a daemon thread; give up after ``budget_s`` seconds. Returns 0
+    whatever happens (a crash and an overrun are logged as tool errors)."""
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            run(env)
+        except BaseException as e:  # a bug in gpuguard: log it, never fail the Epilog
+            try:
+                from gpuguard.log import LOG
+
+                LOG.exception("tool error: epilog crashed: %s", e)
+            except BaseException:
+                pass  # nothing left to report with
+        finally:
+            done.set()
+
+    t = threading.Thread(target=target, name="gpuguard-epilog", daemon=True)
+    t.start()
+    if not done.wait(budget_s):
+        from gpuguard.log import LOG
+
+        LOG.error("tool error: epilog exceeded its time budget of %.1f s; exiting 0", budget_s)
+    return EXIT_OK
+
+
+def _budget() -> float:
+    """The configured budget, read cheaply (a broken config falls back to the default)."""
+    from gpuguard import config as config_mod
+
+    try:
+        return float(config_mod.load().get("epilog", "time_budget_s"))
+    except Exception:
+        return float(config_mod.SCHEMA["epilog"]["time_budget_s"][0])
 
 
 def main() -> int:
-    """Run the hook. Exit 0: gpuguard's own errors never fail a Slurm hook."""
-    return 0
+    """Console script entry point. Exits 0 through ``os._exit`` so a hung NVML or store
+    thread cannot keep the node in ``completing``."""
+    os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    rc = EXIT_OK
+    try:
+        rc = run_with_budget(_budget())
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

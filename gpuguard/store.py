@@ -84,8 +84,34 @@ def _m1(db: sqlite_utils.Database) -> None:
     db["findings"].create_index(["node", "code", "at"])
 
 
+def _m2(db: sqlite_utils.Database) -> None:
+    """Epilog tables: training steps and checkpoints ingested from the job directory, and
+    one summary per (job, node). ``summary`` holds :meth:`JobSummary.to_dict` as JSON
+    (``gpuguard.epilog.summary``); the scalar columns beside it are for SQL filters."""
+    db["steps"].create(
+        {"job_id": str, "node": str, "rank": int, "step": int, "t": float, "step_time_s": float,
+         "samples": int, "tokens": int, "loss": float, "loss_nonfinite": int, "grad_norm": float,
+         "data_wait_s": float, "fwd_bwd_s": float, "comm_s": float, "optim_s": float},
+    )
+    db["steps"].create_index(["job_id", "node", "rank", "step"])
+    db["checkpoints"].create(
+        {"job_id": str, "node": str, "rank": int, "step": int, "t": float, "duration_s": float},
+    )
+    db["checkpoints"].create_index(["job_id", "node"])
+    db["job_summaries"].create(
+        {"job_id": str, "node": str, "created_at": float, "started_at": float, "ended_at": float,
+         "exit_status_raw": int, "exit_code": int, "exit_signal": int, "collector_status": str,
+         "sample_count": int, "step_records": int, "summary_version": int, "summary": str},
+        pk=("job_id", "node"),
+    )
+    db["job_summaries"].create_index(["created_at"])
+    db["samples"].create_index(["job_id", "node", "gpu_index", "at"])
+    db["events"].create_index(["job_id"])
+    db["findings"].create_index(["job_id"])
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2]
 
 
 class Store:

@@ -1,0 +1,212 @@
+"""``gpuguard job show JOBID [--json]``: what the store knows about one job.
+
+A thin layer (STYLE.md): :func:`job_report` gathers, :func:`format_text` formats; the
+click command only parses and prints. Registered in :mod:`gpuguard.cli` with
+``from gpuguard.epilog.cli import job; main.add_command(job)``.
+
+Times are epoch seconds in the store and ISO 8601 UTC here (DESIGN.md, "Storage").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
+from gpuguard.store import StoreError, open_store
+
+
+def _iso(t: Any) -> Any:
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return t
+    from gpuguard.xid.parse import utc_iso
+
+    return utc_iso(t)
+
+
+def _isoify(obj: Any) -> Any:
+    """Copy of ``obj`` with every value under a key ``at`` or ``*_at`` made ISO 8601."""
+    if isinstance(obj, dict):
+        return {k: (_iso(v) if k == "at" or k.endswith("_at") else _isoify(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_isoify(v) for v in obj]
+    return obj
+
+
+class JobNotFound(LookupError):
+    """The store holds nothing about the job."""
+
+
+def job_report(store: Any, job_id: str) -> dict[str, Any]:
+    """Everything ``store`` holds about ``job_id``, JSON-ready, times in ISO 8601::
+
+        {"job_id": str, "nodes": [str], "gpus": [{"node", "gpu_index", "gpu_uuid"}],
+         "summaries": [JobSummary.to_dict()...], "health_runs": [{"node", "hook", "decision",
+         "reason", "started_at"}], "findings": [{"node", "hook", "at", "code", "severity",
+         "action", "gpu_index", "message"}], "events": [{"node", "at", "kind", "code",
+         "gpu_index", "pid", "action", "message"}]}
+
+    Events are those tagged with the job and the XID events inside each node's summary
+    window. Raises :class:`JobNotFound` when there is nothing, :class:`StoreError` when
+    the store cannot be read.
+    """
+    job_id = str(job_id)
+    summaries = [s.to_dict() for s in load_summaries(store, job_id)]
+    runs = store.query("select node, hook, decision, reason, started_at from health_runs where job_id = ? "
+                       "order by started_at, id", [job_id])
+    gpus = store.query("select distinct node, gpu_index, gpu_uuid from samples where job_id = ? "
+                       "order by node, gpu_index", [job_id])
+    if not gpus:
+        gpus = [{"node": s["node"], "gpu_index": g["gpu_index"], "gpu_uuid": g["gpu_uuid"]}
+                for s in summaries for g in s["gpus"]]
+    findings = store.query(
+        "select f.node, r.hook, f.at, f.code, f.severity, f.action, f.gpu_index, f.message from findings f "
+        "join health_runs r on r.id = f.run_id where f.job_id = ? order by f.at, f.id", [job_id])
+    ev_cols = "id, node, at, kind, code, gpu_index, pid, action, message"
+    events = {r["id"]: r for r in store.query(f"select {ev_cols} from events where job_id = ?", [job_id])}
+    kinds = ",".join("?" * len(XID_KINDS))
+    for s in summaries:
+        if s.get("started_at") is not None and s.get("ended_at") is not None:
+            for r in store.query(f"select {ev_cols} from events where node = ? and kind in ({kinds}) "
+                                 "and at > ? and at <= ?", [s["node"], *XID_KINDS, s["started_at"], s["ended_at"]]):
+                events[r["id"]] = r
+    ev_list = sorted(events.values(), key=lambda r: (r["at"] or 0, r["id"]))
+    for r in ev_list:
+        del r["id"]
+    steps_nodes = store.query("select distinct node from steps where job_id = ?", [job_id])
+    nodes = sorted({s["node"] for s in summaries} | {r["node"] for r in runs} | {g["node"] for g in gpus}
+                   | {r["node"] for r in steps_nodes} | {e["node"] for e in ev_list})
+    if not nodes:
+        raise JobNotFound(job_id)
+    return _isoify({"job_id": job_id, "nodes": nodes, "gpus": gpus, "summaries": summaries, "health_runs": runs,
+                    "findings": findings, "events": ev_list})
+
+
+# -- text --------------------------------------------------------------------------------
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return format(v, ".6g")
+    return str(v)
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    cols = [headers] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summary_rows(s: dict[str, Any]) -> list[list[Any]]:
+    """``[metric, value, unit]`` rows of one node's summary, in display order."""
+    rows: list[list[Any]] = [
+        ["exit status", s["exit_text"], f"raw {_fmt(s['exit_status_raw'])}"],
+        ["collector", s["collector_status"], ""],
+        ["samples", s["sample_count"], "rows"],
+        ["first sample", s["first_sample_at"], "UTC"],
+        ["last sample", s["last_sample_at"], "UTC"],
+        ["sample interval (median)", s["sample_interval_s"], "s"],
+    ]
+    rows += [[name, s.get(name), unit] for name, (unit, _doc) in METRICS.items()]
+    for reason, secs in sorted(s["clock_event_gpu_s"].items()):
+        rows.append([f"clock event {reason}", secs, "GPU-s"])
+    rows += [
+        ["step records", s["step_records"], "records"],
+        ["steps", s["steps"], "steps"],
+        ["ranks", s["ranks"], "ranks"],
+        ["checkpoints", s["checkpoint_count"], "checkpoints"],
+        ["NaN/inf loss", s["nonfinite_loss_count"], "steps"],
+        ["malformed records", s["malformed_records"], "lines"],
+        ["rejected files", len(s["rejected_files"]), "files"],
+    ]
+    return rows
+
+
+def format_text(rep: dict[str, Any]) -> str:
+    """The readable form of :func:`job_report`: per node a one-line headline (exit,
+    collector, post-job decision), then GPUs, summary tables, findings and events."""
+    out = [f"job {rep['job_id']} on {', '.join(rep['nodes'])}"]
+    for s in rep["summaries"]:
+        pj = s.get("post_job") or {}
+        post = pj.get("outcome") or "not run"
+        if pj.get("reason"):
+            post += f" ({pj['reason']})"
+        out.append(f"  {s['node']}: {s['exit_text']}, collector {s['collector_status']}, "
+                   f"{len(s['gpus'])} GPU(s), post-job check: {post}")
+    out += ["", "GPUs", _table([[g["node"], g["gpu_index"], g["gpu_uuid"]] for g in rep["gpus"]],
+                               ["NODE", "GPU", "UUID"]) if rep["gpus"] else "  none recorded"]
+    for s in rep["summaries"]:
+        out += ["", f"Summary ({s['node']})", _table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
+        if s["gpus"]:
+            grows = [[g["gpu_index"], g["sample_count"], g["gpu_util_mean_pct"], g["sm_clock_mean_mhz"],
+                      g["power_mean_w"], g["temp_max_c"], g["mem_used_peak_mib"],
+                      g["ecc_volatile_uncorrected_increase"],
+                      ", ".join(f"{k} {_fmt(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
+                     for g in s["gpus"]]
+            out += ["", f"Per GPU ({s['node']})",
+                    _table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
+                                   "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"])]
+    out += ["", "Findings"]
+    out.append(_table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
+                       for f in rep["findings"]], ["NODE", "HOOK", "SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])
+               if rep["findings"] else "  none")
+    out += ["", "Events"]
+    out.append(_table([[e["node"], e["at"], e["kind"], e["code"], e["gpu_index"], e["action"], e["message"]]
+                       for e in rep["events"]], ["NODE", "AT", "KIND", "CODE", "GPU", "ACTION", "MESSAGE"])
+               if rep["events"] else "  none")
+    return "\n".join(out)
+
+
+# -- click ---------------------------------------------------------------------------------
+@click.group("job")
+def job() -> None:
+    """Per-job metrics and findings recorded by the prolog, collector and epilog."""
+
+
+@job.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
+@click.pass_obj
+def job_show(obj: Any, job_id: str, as_json: bool, store_path: str | None) -> None:
+    """Print what the store knows about JOB_ID: nodes, GPUs, the summary, findings and
+    events. Exit 2 for an unknown job or an unreadable store."""
+    if store_path is None:
+        if obj is not None and hasattr(obj, "cfg"):
+            cfg = obj.cfg
+        else:
+            from gpuguard import config as config_mod
+
+            try:
+                cfg = config_mod.load()
+            except config_mod.ConfigError as e:
+                _fail(str(e))
+        store_path = cfg.store_path
+    try:
+        store = open_store(store_path, create=False)
+    except StoreError as e:
+        _fail(str(e))
+    try:
+        rep = job_report(store, job_id)
+    except JobNotFound:
+        _fail(f"job {job_id}: not found in store {store_path}")
+    except StoreError as e:
+        _fail(str(e))
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rep, indent=2, default=str))
+    else:
+        click.echo(format_text(rep))
+
+
+def _fail(msg: str) -> NoReturn:
+    click.echo(f"Error: {msg}", err=True)
+    sys.exit(2)
