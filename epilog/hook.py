@@ -239,6 +239,16 @@ def run(env: dict[str, str] | None = None) -> int:
                  summary.collector_status, summary.sample_count, summary.step_records)
     except Exception as e:
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
+        summary = None
+    spool = cfg.get("paths", "spool_dir")
+    if spool and summary is not None:
+        # cluster mode: EpilogSlurmctld merges these into the job's AdminComment
+        from gpuguard.epilog.spool import write_node_summary
+
+        try:
+            write_node_summary(spool, job_id, node, summary.to_dict())
+        except Exception as e:
+            log.error("tool error: spool: %s: %s", type(e).__name__, e)
 
     # 7. the job directory
     if keep_dir:

@@ -214,9 +214,11 @@ def config_example() -> None:
 def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
     from gpuguard.reports.cli import report
+    from gpuguard.epilog.cli import job
     from gpuguard.xid.cli import xid
 
     main.add_command(xid)
+    main.add_command(job)
     main.add_command(report)
 
 
