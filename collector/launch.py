@@ -1,12 +1,490 @@
-"""Per-job preparation called by the prolog (placeholder until the collector lands)."""
+"""Per-job preparation for the prolog, and collector stop for the epilog. Runs as root.
+
+:func:`prepare_job` (called by ``gpuguard-prolog`` after a ``proceed`` decision):
+
+1. creates the job's record directory ``{paths.job_dir_root}/{SLURM_JOB_ID}`` owned by
+   the job's user (``SLURM_JOB_UID``/``SLURM_JOB_GID``), mode 0700 (:func:`ensure_job_dir`);
+2. if ``[prolog] start_collector``, starts ``python -m gpuguard.collector.run`` detached
+   (:func:`start_collector`).
+
+:func:`stop_collector` (called by the epilog) sends SIGTERM, waits, escalates to SIGKILL.
+
+Why the collector launch looks the way it does (SLURM-FACTS.md §6e): slurmd runs every
+hook in its own process group and ``killpg(SIGKILL)``s that group the moment the hook
+exits, and it reads the hook's stdout until EOF. So the child is started with
+``start_new_session=True`` (``setsid()`` before ``exec``), with stdin and stdout on
+``/dev/null`` and stderr on the gpuguard log file, and :func:`start_collector` returns
+only once it has seen the child lead its own session and process group.
+
+Files (``state_dir`` and ``job_dir_root`` come from ``[paths]``, ``{node}`` expanded):
+
+* ``{state_dir}/collector.{job_id}.pid``: the collector's pid, one line, written
+  atomically (temp file + ``rename``), mode 0644. One collector per job per node: a pid
+  file naming a live collector of the same job refuses a second start. A pid is trusted
+  only after ``/proc/PID/cmdline`` shows ``-m gpuguard.collector.run ... --job-id N``
+  and ``/proc/PID/stat`` is not a zombie (pid files survive reboots: SLURM-FACTS §2.11).
+* ``{job_dir_root}/{job_id}/``: see :func:`ensure_job_dir`.
+
+Errors: :class:`JobDirError`, :class:`CollectorRunning`, :class:`LaunchError` (all
+subclasses of :class:`PrepareError`); the prolog logs them as tool errors and lets the job
+run.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import pwd
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
+RUN_MODULE = "gpuguard.collector.run"
+#: How long :func:`start_collector` waits for the child to lead its own session.
+SESSION_WAIT_S = 1.0
+_DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
-def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> None:
-    """Create the job's record directory and start the detached collector. Raises on
-    failure; the prolog logs that as a tool error and lets the job run."""
-    return None
+
+class PrepareError(Exception):
+    """Job preparation failed; ``str()`` is one line."""
+
+
+class JobDirError(PrepareError):
+    """The job directory could not be created safely."""
+
+
+class CollectorRunning(PrepareError):
+    """A live collector for this job already exists (pid in :attr:`pid`)."""
+
+    def __init__(self, msg: str, pid: int):
+        super().__init__(msg)
+        self.pid = pid
+
+
+class LaunchError(PrepareError):
+    """The collector process could not be started or did not detach."""
+
+
+@dataclass
+class PrepareResult:
+    """What :func:`prepare_job` did: the job directory (``None`` when not created) and the
+    collector's pid (``None`` when not started)."""
+
+    job_dir: str | None
+    collector_pid: int | None
+
+
+@dataclass
+class StopResult:
+    """Outcome of :func:`stop_collector`.
+
+    ``pid``: the pid named by the pid file (``None``: no or unreadable pid file).
+    ``was_running``: that pid was a live collector of this job when we looked.
+    ``exited``: no collector of this job is running any more (``True`` when none was).
+    ``signal_sent``: the last signal sent, ``"SIGTERM"`` or ``"SIGKILL"``, else ``None``.
+    """
+
+    pid: int | None
+    was_running: bool
+    exited: bool
+    signal_sent: str | None
+
+
+# -- paths ------------------------------------------------------------------------------
+
+
+def _check_job_id(job_id: str) -> str:
+    job_id = str(job_id)
+    # Slurm job ids are decimal; array/het ids reach the hooks as their own numeric ids.
+    if not job_id.isdigit() or len(job_id) > 20:
+        raise PrepareError(f"not a Slurm job id: {job_id!r}")
+    return job_id
+
+
+def pid_file_path(cfg: Any, job_id: str) -> str:
+    """``{paths.state_dir}/collector.{job_id}.pid``."""
+    return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.pid")
+
+
+def job_dir_path(cfg: Any, job_id: str) -> str:
+    """``{paths.job_dir_root}/{job_id}`` (the value the TaskProlog exports)."""
+    return os.path.join(cfg.get("paths", "job_dir_root"), _check_job_id(job_id))
+
+
+# -- job directory ---------------------------------------------------------------------
+
+
+def _open_root(root: str) -> int:
+    """Create ``root`` (0755) if missing and open it; it must be a real directory owned by
+    us (root) and writable by nobody else, else users could swap entries under us."""
+    try:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise JobDirError(f"job_dir_root {root}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise JobDirError(
+            f"job_dir_root {root}: must be owned by uid {os.geteuid()} and not group/other-writable "
+            f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+    return fd
+
+
+def ensure_job_dir(root: str, job_id: str, uid: int, gid: int,
+                   log: logging.Logger | None = None) -> str:
+    """Create ``{root}/{job_id}`` owned by ``uid:gid``, mode 0700, and return its path.
+
+    Safe against a user who prepared the path in advance (run as root):
+
+    * ``root`` must be a directory (not a symlink) owned by the caller and not writable by
+      group or others; it is created 0755 when missing.
+    * An existing entry at the path is kept only when it is a real directory already owned
+      by ``uid`` (a requeued job keeps its id); its mode is reset to 0700. A symlink or
+      any other non-directory is unlinked (never followed); a directory owned by someone
+      else (a stale id after a state wipe) is removed with :func:`shutil.rmtree`, whose
+      fd-based walk does not follow symlinks (``rmtree.avoids_symlink_attacks``).
+    * The new directory is made with ``mkdir(dir_fd=root)``, opened with ``O_NOFOLLOW``
+      and changed with ``fchown``/``fchmod`` on that descriptor, so nothing is ever
+      followed through a name.
+
+    Raises :class:`JobDirError`.
+    """
+    job_id = _check_job_id(job_id)
+    log = log or logging.getLogger("gpuguard")
+    rfd = _open_root(root)
+    path = os.path.join(root, job_id)
+    try:
+        try:
+            st = os.stat(job_id, dir_fd=rfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+            pass  # the job's own directory (requeue): keep its records
+        elif st is not None and stat.S_ISDIR(st.st_mode):
+            log.warning("job dir %s owned by uid %d, not %d: replacing it", path, st.st_uid, uid)
+            shutil.rmtree(job_id, dir_fd=rfd)
+            st = None
+        elif st is not None:
+            kind = "symlink" if stat.S_ISLNK(st.st_mode) else f"file type {stat.S_IFMT(st.st_mode):o}"
+            log.warning("job dir %s is a %s (uid %d): replacing it, not following it", path, kind, st.st_uid)
+            os.unlink(job_id, dir_fd=rfd)
+            st = None
+        if st is None:
+            os.mkdir(job_id, 0o700, dir_fd=rfd)
+        dfd = os.open(job_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rfd)
+        try:
+            dst = os.fstat(dfd)
+            if dst.st_uid not in (uid, os.geteuid()):
+                raise JobDirError(f"job dir {path}: changed owner under us (uid {dst.st_uid})")
+            os.fchown(dfd, uid, gid)
+            os.fchmod(dfd, 0o700)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise JobDirError(f"job dir {path}: {e.strerror or e}") from None
+    finally:
+        os.close(rfd)
+    return path
+
+
+def remove_job_dir(root: str, job_id: str) -> bool:
+    """Remove ``{root}/{job_id}`` and everything in it without following symlinks (for the
+    epilog, after ingest). Returns ``False`` when it did not exist. Raises ``OSError``."""
+    job_id = _check_job_id(job_id)
+    rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            st = os.stat(job_id, dir_fd=rfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(job_id, dir_fd=rfd)
+        else:
+            os.unlink(job_id, dir_fd=rfd)
+        return True
+    finally:
+        os.close(rfd)
+
+
+# -- process identity --------------------------------------------------------------------
+
+
+def _proc_state(pid: int) -> str | None:
+    """One-letter state from ``/proc/PID/stat`` (``"Z"`` zombie), ``None`` when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: the state follows the *last* ')'.
+    rest = data[data.rfind(b")") + 2:]
+    return rest[:1].decode() or None
+
+
+def is_collector(pid: int, job_id: str) -> bool:
+    """True when ``pid`` is a live (non-zombie) ``gpuguard.collector.run`` of ``job_id``
+    according to ``/proc/PID/cmdline``."""
+    if pid <= 1:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    if RUN_MODULE.encode() not in argv:
+        return False
+    try:
+        i = argv.index(b"--job-id")
+    except ValueError:
+        return False
+    if i + 1 >= len(argv) or argv[i + 1] != str(job_id).encode():
+        return False
+    return _proc_state(pid) not in (None, "Z", "X")
+
+
+def read_pid_file(path: str) -> int | None:
+    """The pid in ``path``; ``None`` when missing, unreadable or not a positive integer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _write_pid_file(path: str, pid: int) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{pid}\n".encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# -- start -------------------------------------------------------------------------------
+
+
+def collector_argv(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
+                   extra: list[str] | None = None) -> list[str]:
+    """The collector's command line (an argument list; no shell)."""
+    argv = [sys.executable, "-m", RUN_MODULE, "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
+    if cfg.path:
+        argv += ["--config", os.path.abspath(cfg.path)]
+    if gpus:
+        argv += ["--gpus", gpus]
+    if uid is not None:
+        argv += ["--uid", str(uid)]
+    return argv + list(extra or [])
+
+
+def start_collector(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
+                    env: dict[str, str] | None = None, extra_args: list[str] | None = None,
+                    log: logging.Logger | None = None) -> int:
+    """Start the job's collector detached and return its pid.
+
+    ``gpus``: the job's GPUs as the prolog sees them (``SLURM_JOB_GPUS``, else
+    ``CUDA_VISIBLE_DEVICES``: indices or ``GPU-`` UUIDs, comma-separated; ``None``: the
+    job has none). ``uid``: the job's user (for the /proc fallback). ``env``: the child's
+    environment (default: this process's, with ``PATH`` set when missing).
+    ``extra_args``: more ``gpuguard.collector.run`` options (tests).
+
+    Raises :class:`CollectorRunning` when the pid file names a live collector of this job,
+    :class:`LaunchError` when the process cannot be started, or within :data:`SESSION_WAIT_S`
+    does not lead its own session or show the collector's command line (it is then killed).
+    """
+    log = log or logging.getLogger("gpuguard")
+    pid_path = pid_file_path(cfg, job_id)
+    old = read_pid_file(pid_path)
+    if old is not None and is_collector(old, job_id):
+        raise CollectorRunning(f"collector for job {job_id} already running (pid {old})", old)
+    argv = collector_argv(cfg, job_id, gpus=gpus, uid=uid, extra=extra_args)
+    child_env = dict(os.environ if env is None else env)
+    child_env.setdefault("PATH", _DEFAULT_PATH)
+    if cfg.path:
+        child_env["GPUGUARD_CONFIG"] = os.path.abspath(cfg.path)
+    err_fd = _open_log_for_child(cfg)
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=err_fd if err_fd is not None else subprocess.DEVNULL,
+            start_new_session=True, close_fds=True, env=child_env, cwd="/",
+        )
+    except OSError as e:
+        raise LaunchError(f"cannot start collector: {e.strerror or e}") from None
+    finally:
+        if err_fd is not None:
+            os.close(err_fd)
+    pid = proc.pid
+    if not _wait_detached(pid, job_id, SESSION_WAIT_S):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        raise LaunchError(f"collector pid {pid} did not detach within {SESSION_WAIT_S} s")
+    # Popen's destructor would leave a zombie on the list of this process; the prolog
+    # exits right away and the collector is reparented, so dropping the handle is fine.
+    proc.returncode = 0  # silence "subprocess still running" ResourceWarning
+    try:
+        _write_pid_file(pid_path, pid)
+    except OSError as e:
+        log.warning("collector pid %d started, but pid file %s not written: %s", pid, pid_path, e)
+    log.info("collector started: pid %d, gpus=%s", pid, gpus or "-")
+    return pid
+
+
+def _open_log_for_child(cfg: Any) -> int | None:
+    path = cfg.get("paths", "log_file")
+    if not path:
+        return None
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return None
+
+
+def _wait_detached(pid: int, job_id: str, timeout_s: float) -> bool:
+    """Poll until ``pid`` is its own session and process-group leader (it no longer shares
+    the hook's group that slurmd will ``killpg``) and ``/proc/PID/cmdline`` already shows
+    the collector: ``Popen`` returns once the close-on-exec pipe closes, which is a moment
+    before the kernel sets the new argument area, and a pid file must never name a process
+    that :func:`is_collector` does not recognise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.getsid(pid) == pid and os.getpgid(pid) == pid and is_collector(pid, job_id):
+                return True
+        except ProcessLookupError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
+def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareResult:
+    """Create the job's record directory and start the detached collector.
+
+    ``env``: the prolog's environment (``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
+    ``SLURM_JOB_GID``, ``SLURM_JOB_GPUS`` / ``CUDA_VISIBLE_DEVICES``: SLURM-FACTS §4).
+    Both parts are attempted; a live collector of the same job is logged and kept. Raises
+    :class:`PrepareError` naming every part that failed (the prolog logs it as a tool
+    error and lets the job run).
+    """
+    job_id = _check_job_id(env.get("SLURM_JOB_ID", ""))
+    errors: list[str] = []
+    uid: int | None = None
+    gid: int | None = None
+    try:
+        uid = int(env["SLURM_JOB_UID"])
+        gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else pwd.getpwuid(uid).pw_gid
+    except (KeyError, ValueError) as e:
+        errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
+    job_dir = None
+    if uid is not None and gid is not None:
+        try:
+            job_dir = ensure_job_dir(cfg.get("paths", "job_dir_root"), job_id, uid, gid, log)
+        except JobDirError as e:
+            errors.append(str(e))
+    pid = None
+    if cfg.get("prolog", "start_collector"):
+        gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or None
+        try:
+            pid = start_collector(cfg, job_id, gpus=gpus, uid=uid, env=env, log=log)
+        except CollectorRunning as e:
+            log.warning("%s: not starting another", e)
+            pid = e.pid
+        except PrepareError as e:
+            errors.append(str(e))
+    if errors:
+        raise PrepareError("; ".join(errors))
+    return PrepareResult(job_dir, pid)
+
+
+# -- stop --------------------------------------------------------------------------------
+
+
+def _wait_gone(pid: int, job_id: str, pidfd: int | None, timeout_s: float) -> bool:
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    while True:
+        # an exited child of ours stays a zombie until its parent reaps it: is_collector
+        # counts a zombie as gone, and this process does not reap what it did not start
+        if not is_collector(pid, job_id):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if pidfd is not None:
+            # a pidfd polls readable once the process has exited (Linux >= 5.3)
+            select.select([pidfd], [], [], min(left, 0.2))
+        else:
+            time.sleep(min(left, 0.02))
+
+
+def stop_collector(cfg: Any, job_id: str, timeout_s: float = 5.0) -> StopResult:
+    """Stop the collector of ``job_id`` on this node and remove its pid file.
+
+    SIGTERM (the collector flushes and exits 0), wait up to ``timeout_s`` seconds, then
+    SIGKILL and wait up to one more second. The pid is signalled only after
+    ``/proc/PID/cmdline`` shows our collector for this job; signals go through a pidfd
+    (``pidfd_open``/``pidfd_send_signal``) so a reused pid cannot be hit. Never raises
+    for a missing, stale or garbage pid file (``StopResult(pid, False, True, None)``).
+    """
+    pid_path = pid_file_path(cfg, job_id)
+    pid = read_pid_file(pid_path)
+    if pid is None:
+        _remove(pid_path)
+        return StopResult(None, False, True, None)
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(pid)
+    try:
+        if not is_collector(pid, job_id):  # checked after pidfd_open: the fd pins this process
+            _remove(pid_path)
+            return StopResult(pid, False, True, None)
+        sent = _signal(pid, pidfd, signal.SIGTERM)
+        exited = _wait_gone(pid, job_id, pidfd, timeout_s)
+        if not exited:
+            sent = _signal(pid, pidfd, signal.SIGKILL) or sent
+            exited = _wait_gone(pid, job_id, pidfd, 1.0)
+        _remove(pid_path)
+        return StopResult(pid, True, exited, sent)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> str | None:
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            return None
+        raise
+    return sig.name

@@ -1,0 +1,534 @@
+"""The per-job collector: ``python -m gpuguard.collector.run --job-id N [--gpus 0,1] [--uid U]``.
+
+Started detached by the prolog (:mod:`gpuguard.collector.launch`), runs as root, one per
+job per node. Every ``[collector] interval_s`` it writes
+
+* one ``samples`` row per *job* GPU (``--gpus``: the prolog's ``SLURM_JOB_GPUS`` /
+  ``CUDA_VISIBLE_DEVICES``; numbers are GPU indices, ``GPU-...`` entries are UUIDs; no
+  ``--gpus``: the job has no GPUs and only host rows are written). Indices are matched
+  to the source's GPU index, which assumes gres.conf lists the GPUs in NVML index order
+  (true for ``AutoDetect=nvml`` and for ``File=/dev/nvidia[0-N]`` on usual systems);
+  UUIDs match exactly;
+* one ``host_samples`` row (:mod:`gpuguard.collector.host`);
+
+and, when the GPU source can watch NVML events (``watch_xid_events``), one ``events`` row
+(``kind="xid"``, ``source="nvml"``) per XID on a job GPU, from a second source on its own
+thread (a source is not thread-safe).
+
+Rows are buffered and written in one transaction per table at least every
+``min([collector] flush_s, 10)`` seconds, and on SIGTERM/SIGINT (then exit 0). A store
+error keeps the rows in memory (at most :data:`MAX_BUFFERED_ROWS`; the oldest samples go
+first) and the next flush retries; the collector never exits because of the store.
+
+It never outlives its job (:class:`JobLiveness`, checked every ``--liveness-s``):
+
+1. the job's cgroup directory, once seen, vanished (slurmstepd removes it at job end) —
+   one ``stat``, authoritative;
+2. no cgroup: no process of the job's uid in ``/proc`` for two checks in a row, once one
+   was seen or ``--startup-grace-s`` has passed (the batch script starts after the prolog);
+3. no cgroup: ``scontrol show job -o N`` (``[slurm] bin_dir``) reports a finished state or
+   an unknown job, asked at most every ``--scontrol-every-s`` (it costs a slurmctld RPC),
+   which covers a user with other processes on the node;
+4. no probe has shown the job alive (cgroup present, a process of the uid, scontrol
+   saying it runs) for ``--no-evidence-s`` (default 600 s): a collector that cannot tell
+   gives up rather than linger;
+5. ``--max-runtime-s`` (default 30 days) has passed: a hard cap whatever the probes say.
+
+With the defaults (15 s checks) the collector is gone within 45 s of its job. Exit
+status: 0 (stopped, job gone, cap reached), 2 (bad arguments or config). Its log lines go
+to ``[paths] log_file`` (``collector[PID] job=N``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from gpuguard.collector.host import HostSampler
+from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, encode_clock_event_reasons
+
+MAX_BUFFERED_ROWS = 200_000
+MAX_FLUSH_S = 10.0
+DEFAULT_MAX_RUNTIME_S = 30 * 86400.0
+
+#: ``scontrol show job`` states in which the job still holds the node (slurm/slurm.h
+#: ``job_states`` and state flags as scontrol prints them).
+ALIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "REQUEUED",
+                "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+# -- GPUs --------------------------------------------------------------------------------
+
+
+def parse_gpu_list(value: str | None) -> tuple[list[int], list[str]]:
+    """``"0,1"`` -> ``([0, 1], [])``; ``"GPU-ab,GPU-cd"`` -> ``([], ["GPU-ab", "GPU-cd"])``.
+
+    Entries that are neither (``MIG-...``, ``NoDevFiles``) are ignored; ``None``/empty ->
+    ``([], [])``."""
+    idx: list[int] = []
+    uuids: list[str] = []
+    for item in (value or "").split(","):
+        item = item.strip()
+        if item.isdigit():
+            idx.append(int(item))
+        elif item.upper().startswith("GPU-"):
+            uuids.append(item)
+    return idx, uuids
+
+
+def select_gpus(snap: NodeSnapshot, indices: list[int], uuids: list[str]) -> list[GpuState]:
+    """The snapshot's GPUs named by index or UUID (case-insensitive), in index order."""
+    want_u = {u.lower() for u in uuids}
+    want_i = set(indices)
+    return sorted((g for g in snap.gpus if g.index in want_i or (g.uuid and g.uuid.lower() in want_u)),
+                  key=lambda g: g.index)
+
+
+def clock_mask(reasons: list[str] | None) -> int | None:
+    """:func:`~gpuguard.model.encode_clock_event_reasons` ignoring unknown names."""
+    if reasons is None:
+        return None
+    return encode_clock_event_reasons([r for r in reasons if r in CLOCK_EVENT_REASONS])
+
+
+def gpu_row(g: GpuState, job_id: str, node: str, at: float) -> dict[str, Any]:
+    """One ``samples`` row for GPU ``g``."""
+    return {
+        "job_id": job_id, "node": node, "at": at, "gpu_index": g.index, "gpu_uuid": g.uuid,
+        "gpu_util_pct": g.gpu_util_pct, "mem_util_pct": g.mem_util_pct, "mem_used_mib": g.mem_used_mib,
+        "power_w": g.power_w, "temp_c": g.temp_c, "sm_clock_mhz": g.sm_clock_mhz,
+        "mem_clock_mhz": g.mem_clock_mhz, "clock_event_mask": clock_mask(g.clock_event_reasons),
+        "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected, "pcie_replay_count": g.pcie_replay_count,
+    }
+
+
+# -- liveness ----------------------------------------------------------------------------
+
+
+def scontrol_job_state(scontrol: str, job_id: str, timeout_s: float = 5.0) -> str | None:
+    """The job's ``JobState`` from ``scontrol show job -o N``; ``"UNKNOWN_JOB"`` when
+    slurmctld no longer knows it (``Invalid job id``); ``None`` when scontrol cannot answer
+    (missing, slurmctld down, timeout)."""
+    try:
+        p = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = p.stdout + p.stderr
+    if "Invalid job id" in out:
+        return "UNKNOWN_JOB"
+    m = re.search(r"\bJobState=(\S+)", p.stdout)
+    return m.group(1) if m and p.returncode == 0 else None
+
+
+class JobLiveness:
+    """Decides whether the job still runs on this node (see the module docstring).
+
+    ``check()`` -> ``(alive, why)``. ``scontrol``: path to scontrol or ``None`` (skip).
+    ``clock``: monotonic seconds (tests inject one).
+    """
+
+    def __init__(self, host: HostSampler, *, job_id: str, scontrol: str | None,
+                 startup_grace_s: float = 120.0, scontrol_every_s: float = 30.0,
+                 no_evidence_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
+                 state_fn: Callable[[str, str], str | None] = scontrol_job_state):
+        self.host = host
+        self.job_id = job_id
+        self.scontrol = scontrol
+        self.startup_grace_s = startup_grace_s
+        self.scontrol_every_s = scontrol_every_s
+        self.clock = clock
+        self.state_fn = state_fn
+        self.no_evidence_s = max(no_evidence_s, startup_grace_s)
+        self.started = clock()
+        self.last_evidence = self.started
+        self.seen_procs = False
+        self.empty_checks = 0
+        self._next_scontrol = self.started
+
+    def check(self) -> tuple[bool, str]:
+        now = self.clock()
+        cg = self.host.cgroup_exists() if self.host.discover() else None
+        if cg is True:
+            self.last_evidence = now
+            return True, "job cgroup present"
+        if cg is False:
+            return False, "job cgroup removed"
+        in_grace = now - self.started < self.startup_grace_s
+        if self.host.procs is not None:
+            n = len(self.host.procs.pids())
+            if n:
+                self.seen_procs = True
+                self.empty_checks = 0
+                self.last_evidence = now
+            else:
+                self.empty_checks += 1
+                if (self.seen_procs or not in_grace) and self.empty_checks >= 2:
+                    return False, f"no process of uid {self.host.uid} left"
+        if self.scontrol and now >= self._next_scontrol and not in_grace:
+            self._next_scontrol = now + self.scontrol_every_s
+            state = self.state_fn(self.scontrol, self.job_id)
+            if state is not None and state.split("+")[0] not in ALIVE_STATES:
+                return False, f"scontrol: JobState={state}"
+            if state is not None:
+                self.last_evidence = now
+        if now - self.last_evidence > self.no_evidence_s:
+            # no cgroup, no uid to look for, scontrol silent: a collector that cannot tell
+            # must not linger for weeks
+            return False, f"no sign of the job for {now - self.last_evidence:.0f} s"
+        return True, "no evidence the job ended"
+
+
+# -- buffered writes ---------------------------------------------------------------------
+
+
+class RowBuffer:
+    """Rows waiting for the store, per table; bounded to ``max_rows`` (the oldest
+    ``samples``, then ``host_samples`` rows are dropped first; events last)."""
+
+    TABLES = ("events", "samples", "host_samples")
+
+    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS):
+        self.max_rows = max_rows
+        self.rows: dict[str, deque[dict[str, Any]]] = {t: deque() for t in self.TABLES}
+        self.dropped = 0
+        self.written = dict.fromkeys(self.TABLES, 0)
+
+    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        self.rows[table].extend(rows)
+        over = len(self) - self.max_rows
+        for t in ("samples", "host_samples", "events"):
+            while over > 0 and self.rows[t]:
+                self.rows[t].popleft()
+                self.dropped += 1
+                over -= 1
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.rows.values())
+
+    def flush(self, store: Any) -> None:
+        """Write each table's rows in one transaction; rows of a failed table stay.
+        Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
+        for t in self.TABLES:
+            q = self.rows[t]
+            if not q:
+                continue
+            batch = list(q)
+            store.insert_many(t, batch)
+            for _ in range(len(batch)):
+                q.popleft()
+            self.written[t] += len(batch)
+
+
+# -- the collector -----------------------------------------------------------------------
+
+
+class Collector:
+    """The sampling loop. Everything it touches is injected, so tests can run it in
+    process: ``source`` (``snapshot()``), ``host`` (:class:`HostSampler`), ``liveness``
+    (``check() -> (alive, why)``), ``open_store`` (``() -> Store``; may raise
+    ``StoreError``), ``xid_source_factory`` (``() -> source with watch_xid_events`` or
+    ``None``). Times in seconds."""
+
+    def __init__(self, *, job_id: str, node: str, source: Any, gpus: str | None, host: HostSampler,
+                 liveness: Any, open_store: Callable[[], Any], interval_s: float, flush_s: float,
+                 liveness_s: float = 15.0, max_runtime_s: float = DEFAULT_MAX_RUNTIME_S,
+                 xid_source_factory: Callable[[], Any] | None = None,
+                 log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS):
+        if interval_s <= 0 or flush_s <= 0 or liveness_s <= 0:
+            raise ValueError("interval_s, flush_s and liveness_s must be > 0")
+        self.job_id = job_id
+        self.node = node
+        self.source = source
+        self.indices, self.uuids = parse_gpu_list(gpus)
+        self.host = host
+        self.liveness = liveness
+        self._open_store = open_store
+        self.interval_s = interval_s
+        self.flush_s = min(flush_s, MAX_FLUSH_S)
+        self.liveness_s = liveness_s
+        self.max_runtime_s = max_runtime_s
+        self.xid_source_factory = xid_source_factory
+        self.log = log or logging.getLogger("gpuguard")
+        self.buffer = RowBuffer(max_rows)
+        self.stop_event = threading.Event()
+        self.exit_reason = ""
+        #: why the stop event was set (the signal handler's note), read at exit
+        self.exit_reason_fn: Callable[[], str] = lambda: ""
+        self._store: Any = None
+        self._xid_q: queue.SimpleQueue[tuple[float, int, int]] = queue.SimpleQueue()
+        self._gpu_by_index: dict[int, GpuState] = {}
+        self._warned: set[str] = set()
+        self._store_failures = 0
+
+    # -- pieces --
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.log.warning(msg, *args)
+
+    def sample_once(self) -> None:
+        """Take one GPU snapshot and one host sample into the buffer."""
+        if self.indices or self.uuids:
+            try:
+                snap = self.source.snapshot()
+            except Exception as e:  # a source bug must not end the job's monitoring
+                self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
+                snap = None
+            if snap is not None and snap.error:
+                self._warn_once(f"snaperr:{snap.error}", "GPU source: %s", snap.error)
+            elif snap is not None:
+                gpus = select_gpus(snap, self.indices, self.uuids)
+                if len(gpus) < len(self.indices) + len(self.uuids):
+                    have = {g.index for g in gpus} | {(g.uuid or "").lower() for g in gpus}
+                    missing = [str(i) for i in self.indices if i not in have]
+                    missing += [u for u in self.uuids if u.lower() not in have]
+                    self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
+                self._gpu_by_index = {g.index: g for g in gpus}
+                self.buffer.add("samples", [gpu_row(g, self.job_id, self.node, snap.taken_at) for g in gpus])
+        try:
+            self.buffer.add("host_samples", [self.host.sample()])
+        except Exception as e:  # unreadable /proc or cgroup files: keep sampling GPUs
+            self._warn_once(f"host:{type(e).__name__}", "host sample failed: %s: %s", type(e).__name__, e)
+
+    def drain_xids(self) -> None:
+        rows = []
+        while True:
+            try:
+                at, index, xid = self._xid_q.get_nowait()
+            except queue.Empty:
+                break
+            g = self._gpu_by_index.get(index)
+            rows.append({
+                "node": self.node, "at": at, "kind": "xid", "code": xid, "gpu_index": index,
+                "gpu_uuid": g.uuid if g else None, "pci_bus_id": g.pci_bus_id if g else None,
+                "message": f"XID {xid} on GPU {index} (NVML event)", "action": _xid_action(xid),
+                "job_id": self.job_id, "source": "nvml",
+            })
+        if rows:
+            for r in rows:
+                self.log.warning("XID %d on GPU %d", r["code"], r["gpu_index"])
+            self.buffer.add("events", rows)
+
+    def flush(self) -> bool:
+        """Write buffered rows; True when nothing is left. Never raises."""
+        from gpuguard.store import StoreError
+
+        if not len(self.buffer):
+            return True
+        try:
+            if self._store is None:
+                self._store = self._open_store()
+            self.buffer.flush(self._store)
+            if self._store_failures:
+                self.log.info("store writable again after %d failed flush(es)", self._store_failures)
+            self._store_failures = 0
+        except (StoreError, OSError) as e:
+            self._store_failures += 1
+            if self._store_failures in (1, 10) or self._store_failures % 100 == 0:
+                self.log.error("tool error: flush failed (%d time(s)), %d row(s) kept: %s",
+                               self._store_failures, len(self.buffer), e)
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+        if self.buffer.dropped:
+            self._warn_once("dropped", "buffer full: dropping oldest rows (store unwritable)")
+        return not len(self.buffer)
+
+    def _xid_thread(self) -> None:
+        job_idx = set(self.indices)
+        src = None
+        failures = 0
+        try:
+            src = self.xid_source_factory() if self.xid_source_factory else None
+            if src is None or not hasattr(src, "watch_xid_events"):
+                return
+            while not self.stop_event.is_set():
+                try:
+                    events = src.watch_xid_events(1000)
+                    failures = 0
+                except Exception as e:
+                    failures += 1
+                    if failures in (1, 10):
+                        self.log.warning("NVML XID watch failed (%d): %s", failures, e)
+                    self.stop_event.wait(min(300.0, 5.0 * failures))
+                    continue
+                now = time.time()
+                for index, xid in events:
+                    uuid_match = self._gpu_by_index.get(index) is not None
+                    if index in job_idx or uuid_match:
+                        self._xid_q.put((now, index, xid))
+        finally:
+            if src is not None:
+                try:
+                    src.close()
+                except Exception as e:
+                    self.log.warning("closing the XID source: %s", e)
+
+    # -- the loop --
+    def run(self) -> int:
+        """Sample until stopped, the job is gone or the cap is reached; flush; return 0."""
+        self.log.info("collector running: gpus idx=%s uuid=%s interval=%.3gs flush=%.3gs",
+                      self.indices, self.uuids, self.interval_s, self.flush_s)
+        xt = None
+        if self.xid_source_factory is not None and (self.indices or self.uuids):
+            xt = threading.Thread(target=self._xid_thread, name="xid-watch", daemon=True)
+            xt.start()
+        start = time.monotonic()
+        next_sample = start
+        next_flush = start + self.flush_s
+        next_live = start + self.liveness_s
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if now >= next_sample:
+                self.sample_once()
+                next_sample += self.interval_s
+                if next_sample <= time.monotonic():  # we fell behind: skip missed ticks
+                    next_sample = time.monotonic() + self.interval_s
+            self.drain_xids()
+            if now >= next_flush:
+                self.flush()
+                next_flush = time.monotonic() + self.flush_s
+            if now >= next_live:
+                alive, why = self.liveness.check()
+                if not alive:
+                    self.exit_reason = f"job gone: {why}"
+                    break
+                next_live = time.monotonic() + self.liveness_s
+            if now - start >= self.max_runtime_s:
+                self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"
+                break
+            self.stop_event.wait(max(0.0, min(next_sample, next_flush, next_live) - time.monotonic()))
+        else:
+            self.exit_reason = self.exit_reason or self.exit_reason_fn() or "stopped"
+        self.stop_event.set()
+        self.drain_xids()
+        ok = self.flush() or self.flush()
+        w = self.buffer.written
+        self.log.info("collector exiting (%s): wrote %d sample(s), %d host sample(s), %d event(s)%s",
+                      self.exit_reason, w["samples"], w["host_samples"], w["events"],
+                      "" if ok else f"; {len(self.buffer)} row(s) lost")
+        if self._store is not None:
+            self._store.close()
+        if xt is not None:
+            xt.join(timeout=2.0)
+        return 0
+
+
+def _xid_action(xid: int) -> str | None:
+    try:
+        from gpuguard.xid.catalog import classify
+
+        return classify(types.SimpleNamespace(kind="xid", xid=xid, message="")).action
+    except Exception:  # the catalog is advisory here; the epilog applies the policy
+        return None
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpuguard.collector.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--job-id", required=True, help="Slurm job id")
+    p.add_argument("--gpus", default="", help="job GPUs: indices or GPU- UUIDs, comma-separated")
+    p.add_argument("--uid", type=int, default=None, help="job user's uid (for the /proc fallback)")
+    p.add_argument("--node", default=None, help="node name (default: from the config)")
+    p.add_argument("--config", default=None, help="gpuguard.toml (default: the usual search)")
+    p.add_argument("--interval-s", type=float, default=None, help="override [collector] interval_s")
+    p.add_argument("--flush-s", type=float, default=None, help="override [collector] flush_s")
+    p.add_argument("--liveness-s", type=float, default=15.0, help="seconds between job-liveness checks")
+    p.add_argument("--startup-grace-s", type=float, default=120.0,
+                   help="how long no job process/cgroup is tolerated at the start")
+    p.add_argument("--scontrol-every-s", type=float, default=30.0, help="at most one scontrol call per this")
+    p.add_argument("--no-scontrol", action="store_true", help="never ask scontrol")
+    p.add_argument("--no-evidence-s", type=float, default=600.0,
+                   help="exit when no probe has shown the job alive for this long")
+    p.add_argument("--max-runtime-s", type=float, default=DEFAULT_MAX_RUNTIME_S, help="hard cap on the lifetime")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount root")
+    p.add_argument("--job-cgroup", action="append", default=None,
+                   help="the job's cgroup directory (repeatable; skips discovery)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Handlers first: a SIGTERM from a quick epilog during start-up still ends in a clean
+    # exit 0 (before this line nothing has been sampled, so the default action loses nothing).
+    stop = threading.Event()
+    why: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        why.append(f"stopped by {signal.Signals(signum).name}")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    args = build_parser().parse_args(argv)
+    from gpuguard import config as config_mod
+    from gpuguard import log as log_mod
+
+    if not args.job_id.isdigit():
+        print(f"gpuguard collector: bad --job-id {args.job_id!r}", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_mod.load(args.config)
+    except config_mod.ConfigError as e:
+        print(f"gpuguard collector: {e}", file=sys.stderr)
+        return 2
+    log = log_mod.setup(cfg.get("paths", "log_file"), "collector", args.job_id)
+    node = args.node or cfg.node_name
+    from gpuguard.gpu import open_source
+    from gpuguard.store import open_store
+
+    kind = cfg.get("gpu", "source")
+
+    def make_source() -> Any:
+        return open_source(kind, replay_path=cfg.get("gpu", "replay_path"),
+                           call_timeout_s=cfg.get("gpu", "call_timeout_s"),
+                           total_budget_s=max(1.0, cfg.get("collector", "interval_s")))
+
+    try:
+        source = make_source()
+    except Exception as e:  # bad replay file: keep host sampling
+        log.error("tool error: GPU source: %s", e)
+        source = None
+    host = HostSampler(args.job_id, node, uid=args.uid, cgroup_root=args.cgroup_root, dirs=args.job_cgroup)
+    scontrol = None
+    if not args.no_scontrol:
+        cand = os.path.join(cfg.get("slurm", "bin_dir"), "scontrol")
+        scontrol = cand if os.access(cand, os.X_OK) else None
+    liveness = JobLiveness(host, job_id=args.job_id, scontrol=scontrol, startup_grace_s=args.startup_grace_s,
+                           scontrol_every_s=args.scontrol_every_s, no_evidence_s=args.no_evidence_s)
+    gpus = args.gpus if source is not None else ""
+    coll = Collector(
+        job_id=args.job_id, node=node, source=source, gpus=gpus, host=host, liveness=liveness,
+        open_store=lambda: open_store(cfg.store_path),
+        interval_s=args.interval_s or cfg.get("collector", "interval_s"),
+        flush_s=args.flush_s or cfg.get("collector", "flush_s"),
+        liveness_s=args.liveness_s, max_runtime_s=args.max_runtime_s,
+        xid_source_factory=make_source if kind == "nvml" else None, log=log,
+    )
+
+    coll.stop_event = stop
+    coll.exit_reason_fn = lambda: why[0] if why else ""
+    try:
+        return coll.run()
+    finally:
+        if source is not None:
+            source.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
