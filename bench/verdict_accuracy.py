@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-runs", type=int, default=4)
     ap.add_argument("--healthy-share", type=float, default=0.4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--strength", type=float, default=1.0,
+                    help="scale of the injected deviations (1 = the ranges of tests/scenarios.py; 0.5 = half)")
     ap.add_argument("--show-misses", action="store_true", help="print every wrong verdict")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             fams = [f for f in S.FAMILIES if f != "healthy" and (f != "straggler-node" or p.nodes > 1)]
             fam = rng.choice(fams)
-        rows = S.generate(p, fam, seed=rng.randrange(1 << 30), job_id=f"s{i:04d}", start=t)
+        rows = S.generate(p, fam, seed=rng.randrange(1 << 30), job_id=f"s{i:04d}", start=t, strength=args.strength)
         t = rows.end + 60
         S.write(store, rows)
         v = judge_job(store, rows.job_id, cfg=None, template=p.name, exit_code=0, now=rows.end + 30)
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     cols = [f for f in S.FAMILIES] + sorted({c for row in confusion.values() for c in row} - set(S.FAMILIES))
     short = {c: c[:9] for c in cols}
     print(f"verdict accuracy: {judged} scenarios over {len(profiles)} templates "
-          f"({args.baseline_runs} healthy baseline runs each), seed {args.seed}, {elapsed:.1f} s")
+          f"({args.baseline_runs} healthy baseline runs each), seed {args.seed}, "
+          f"strength {args.strength:g}, {elapsed:.1f} s")
     print()
     print("injected \\ verdict".ljust(18) + "".join(short[c].rjust(10) for c in cols) + "     total")
     for fam in S.FAMILIES:

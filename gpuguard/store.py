@@ -110,8 +110,42 @@ def _m2(db: sqlite_utils.Database) -> None:
     db["findings"].create_index(["job_id"])
 
 
+def _m3(db: sqlite_utils.Database) -> None:
+    """Template baselines and verdicts (``gpuguard.epilog.baseline``/``verdict``): one row
+    per template, the cached baseline per (template, metric), one verdict per job, one
+    comparison per (job, metric), and the prolog's idle readings per GPU (node idle
+    baselines). Raw MAD (unscaled); z and relative change as computed at judging time."""
+    db["templates"].create(
+        {"name": str, "source": str, "first_seen": float, "last_seen": float, "jobs": int, "reset_at": float},
+        pk="name",
+    )
+    db["baselines"].create(
+        {"template": str, "metric": str, "median": float, "mad": float, "n": int, "updated_at": float},
+        pk=("template", "metric"),
+    )
+    db["verdicts"].create(
+        {"job_id": str, "template": str, "at": float, "state": str, "cause": str, "summary": str,
+         "evidence": str, "also": str, "context": str, "exit_code": int, "critical": int,
+         "baseline_ok": int, "nodes": str, "start_at": float, "end_at": float},
+        pk="job_id",
+    )
+    db["verdicts"].create_index(["template", "at"])
+    db["comparisons"].create(
+        {"job_id": str, "template": str, "metric": str, "value": float, "median": float, "mad": float,
+         "n": int, "z": float, "rel_change": float, "flagged": int, "sustained_s": float, "at": float},
+        pk=("job_id", "metric"),
+    )
+    db["comparisons"].create_index(["template", "metric"])
+    db["node_idle"].create(
+        {"id": int, "node": str, "uuid": str, "gpu_index": int, "at": float, "job_id": str,
+         "temp_c": float, "power_w": float, "sm_clock_mhz": float, "flagged": int},
+        pk="id",
+    )
+    db["node_idle"].create_index(["node", "uuid", "at"])
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3]
 
 
 class Store:

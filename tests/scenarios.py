@@ -122,9 +122,10 @@ def _gpu_uuid(node: str, i: int) -> str:
     return f"GPU-{node}-{i:02d}"
 
 
-def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float) -> JobRows:
+def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float, strength: float = 1.0) -> JobRows:
     """One run of profile ``p`` as ``family`` (see the module docstring). Deterministic
-    in ``seed``. ``start``: epoch seconds of the job start."""
+    in ``seed``. ``start``: epoch seconds of the job start. ``strength`` scales the
+    injected deviation (1 = the ranges above, 0.5 = half as far from normal)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}")
     if family == "straggler-node" and p.nodes < 2:
@@ -157,11 +158,11 @@ def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float) -
     leak: dict[str, Any] | None = None
     mem_f = 1.0
     if family == "data-pipeline":
-        extra_dw = rng.uniform(0.3, 1.2) * p.step_time_s
+        extra_dw = rng.uniform(0.3, 1.2) * p.step_time_s * strength
     elif family == "communication":
-        extra_comm = rng.uniform(0.3, 1.2) * p.step_time_s
+        extra_comm = rng.uniform(0.3, 1.2) * p.step_time_s * strength
     elif family == "gpu-throttling":
-        cut = rng.uniform(0.45, 0.75)
+        cut = 1.0 - (1.0 - rng.uniform(0.45, 0.75)) * strength
         reason = rng.choice([["sw_thermal_slowdown"], ["hw_thermal_slowdown", "sw_thermal_slowdown"],
                              ["hw_slowdown"], ["hw_power_brake_slowdown", "hw_slowdown"], ["sw_power_cap"]])
         truth["reasons"] = reason
@@ -172,7 +173,7 @@ def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float) -
             compute_f[g] = 1.0 / cut
     elif family == "straggler-gpu":
         slow_gpu = rng.randrange(n_gpus)
-        cut = rng.uniform(0.5, 0.75)
+        cut = 1.0 - (1.0 - rng.uniform(0.5, 0.75)) * strength
         gpu_clock_f[slow_gpu] = cut
         gpu_power_f[slow_gpu] = 0.55 + 0.35 * cut
         if rng.random() < 0.5:
@@ -181,7 +182,7 @@ def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float) -
         truth["gpu"] = (nodes[slow_gpu // p.gpus_per_node], slow_gpu % p.gpus_per_node)
     elif family == "straggler-node":
         slow_node = rng.randrange(p.nodes)
-        slower = rng.uniform(1.3, 1.8)
+        slower = 1.0 + (rng.uniform(1.3, 1.8) - 1.0) * strength
         clocks_down = rng.random() < 0.5
         for g in range(slow_node * p.gpus_per_node, (slow_node + 1) * p.gpus_per_node):
             compute_f[g] = slower
@@ -190,14 +191,14 @@ def generate(p: Profile, family: str, *, seed: int, job_id: str, start: float) -
                 gpu_power_f[g] = 0.8
         truth["node"] = nodes[slow_node]
     elif family == "job-changed":
-        job_compute = rng.choice([rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.7)])
+        job_compute = 1.0 + (rng.choice([rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.7)]) - 1.0) * strength
         if rng.random() < 0.3:
             mem_f = rng.uniform(1.2, 1.35)
         truth["compute"] = job_compute
     elif family == "memory-leak":
         kind = rng.choice(["one_gpu", "all_gpus", "host"])
         room = (p.mem_total_mib - p.mem_plateau_mib * 1.03) / p.mem_total_mib  # stays below capacity
-        frac = min(rng.uniform(0.08, 0.3), 0.9 * room)
+        frac = min(rng.uniform(0.08, 0.3) * strength, 0.9 * room)
         leak = {"kind": kind, "gpu": rng.randrange(n_gpus), "frac": frac}
         truth["leak"] = leak
     fault: dict[str, Any] | None = None
