@@ -90,6 +90,12 @@ class StopResult:
     ``was_running``: that pid was a live collector of this job when we looked.
     ``exited``: no collector of this job is running any more (``True`` when none was).
     ``signal_sent``: the last signal sent, ``"SIGTERM"`` or ``"SIGKILL"``, else ``None``.
+
+    For the epilog: ``pid is None`` -> no collector was started (or its pid file is gone);
+    ``pid`` set and ``was_running`` false -> the collector died before the epilog (crash,
+    OOM kill, SIGKILL): what it flushed is in the store, the rest is lost;
+    ``signal_sent == "SIGKILL"`` -> it ignored SIGTERM for ``timeout_s`` and its unflushed
+    rows (at most ``flush_s`` worth) are lost.
     """
 
     pid: int | None
@@ -343,9 +349,10 @@ def start_collector(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
             os.kill(pid, signal.SIGKILL)
         proc.wait()
         raise LaunchError(f"collector pid {pid} did not detach within {SESSION_WAIT_S} s")
-    # Popen's destructor would leave a zombie on the list of this process; the prolog
-    # exits right away and the collector is reparented, so dropping the handle is fine.
-    proc.returncode = 0  # silence "subprocess still running" ResourceWarning
+    # The prolog exits right after this and the collector is reparented (init reaps it).
+    # Mark the handle finished so Popen neither warns "still running" nor keeps it on its
+    # list of children to poll.
+    proc.returncode = 0
     try:
         _write_pid_file(pid_path, pid)
     except OSError as e:
