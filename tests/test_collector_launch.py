@@ -264,3 +264,24 @@ def test_collector_survives_slurms_killpg_and_does_not_hold_the_hook_stdout(node
         if not res.exited:
             os.kill(pid, 9)  # not our child; stop_collector just verified it is this collector
         assert res == StopResult(pid, True, True, "SIGTERM")
+
+
+def test_prolog_hook_prepares_the_job(node, monkeypatch):
+    """The prolog's proceed path calls prepare_job: job dir for the user, collector running."""
+    from gpuguard.prolog import hook
+
+    cfg, tmp = node["cfg"], node["tmp"]
+    real = launch.collector_argv
+    monkeypatch.setattr(launch, "collector_argv",
+                        lambda *a, **k: [*real(*a, **k), "--job-cgroup", node["cg"], "--no-scontrol"])
+    env = {"SLURM_JOB_ID": "61", "SLURM_JOB_UID": str(UID), "SLURM_JOB_GID": str(GID), "SLURM_JOB_GPUS": "1",
+           "SLURMD_NODENAME": "n1"}
+    assert hook.run(env) == 0
+    pid = launch.read_pid_file(launch.pid_file_path(cfg, "61"))
+    try:
+        assert pid is not None and launch.is_collector(pid, "61")
+        assert os.lstat(tmp / "jobs" / "61").st_uid == UID
+        assert "tool error" not in (tmp / "gpuguard.log").read_text()
+    finally:
+        assert stop_collector(cfg, "61", timeout_s=10).exited
+        wait_exit(pid, 5)
