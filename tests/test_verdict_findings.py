@@ -228,3 +228,52 @@ def test_run_verdict_one_call(make_config):
                        now=rows.end)
     assert v.cause == "healthy" and "o10" not in B.compute_baseline(store, "onecall", cfg=cfg).jobs
     store.close()
+
+
+def test_format_verdict_for_job_show(store):
+    from gpuguard.epilog.verdict import format_verdict, load_verdict
+
+    p = S.random_profile(random.Random(4), "show", nodes=1)
+    p.gpus_per_node = 4
+    t = S.T0
+    S.write_inventory(store, p, t)
+    for k in range(3):
+        rows = S.generate(p, "healthy", seed=k, job_id=f"w{k}", start=t)
+        S.write(store, rows)
+        judge_job(store, rows.job_id, cfg=None, template="show", exit_code=0, now=rows.end)
+        t = rows.end + 60
+    store.insert("inventory_changes", {"at": t, "node": p.node_names[0], "uuid": "GPU-x", "gpu_index": 0,
+                                       "field": "driver_version", "old": "535.183.01", "new": "550.54.15"})
+    rows = S.generate(p, "gpu-throttling", seed=3, job_id="w9", start=t + 10)
+    S.write(store, rows)
+    judge_job(store, "w9", cfg=None, template="show", exit_code=0, now=rows.end)
+    d = load_verdict(store, "w9")
+    assert d["cause"] == "gpu-throttling" and d["baseline_runs"] == 3
+    assert d["context"][0]["new"] == "550.54.15"
+    text = format_verdict(d)
+    assert text.startswith("verdict: gpu-throttling — SM clock down")
+    assert "sm_clock_mhz" in text and "FLAG" in text and "active reasons:" in text
+    assert "driver_version: 535.183.01 -> 550.54.15" in text
+    json.dumps(d)  # --json gives the same, JSON-ready
+    assert load_verdict(store, "nope") is None
+
+
+def test_reads_steps_as_the_epilog_stores_them(store):
+    """Step records through the epilog's own writer (gpuguard.epilog.hook) and the
+    training API's record shape are what the verdict reads."""
+    from gpuguard.collector.ingest import IngestResult
+    from gpuguard.epilog.hook import save_training_records
+    from gpuguard.epilog.jobdata import load_job
+
+    recs = [{"v": 1, "kind": "step", "rank": 0, "t": 1000.0 + i, "step": i, "step_time_s": 1.0, "samples": 8,
+             "tokens": None, "loss": 1.0, "loss_nonfinite": False, "grad_norm": 1.0,
+             "phases": {"data_wait_s": 0.1, "fwd_bwd_s": 0.7, "comm_s": 0.15, "optim_s": 0.05}} for i in range(1, 11)]
+    ck = [{"v": 1, "kind": "checkpoint", "rank": 0, "t": 1011.0, "step": 10, "duration_s": 3.5}]
+    save_training_records(store, "77", "n1", IngestResult(steps=recs, checkpoints=ck))
+    data = load_job(store, "77")
+    assert len(data.steps) == 10 and data.steps[0].data_wait_s == 0.1 and data.steps[0].comm_s == 0.15
+    assert data.checkpoint_s == [3.5] and data.start == 1000.0 and data.end == 1010.0
+    v = judge_job(store, "77", cfg=None, template="t", record=False)
+    assert v.comparison("step_time_p50_s").value == 1.0
+    assert v.comparison("data_wait_share").value == pytest.approx(0.1)
+    assert v.comparison("throughput_per_s").value == pytest.approx(8.0)
