@@ -265,6 +265,11 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640) -> Store:
     for n in range(version, len(MIGRATIONS)):
         try:
             conn.execute("BEGIN IMMEDIATE")
+            # Another process (prolog and collector start together) may have migrated
+            # while we waited for the write lock: re-read inside the transaction.
+            if conn.execute("PRAGMA user_version").fetchone()[0] > n:
+                conn.execute("COMMIT")
+                continue
             MIGRATIONS[n](db)
             conn.execute(f"PRAGMA user_version = {n + 1}")
             conn.execute("COMMIT")

@@ -58,3 +58,23 @@ def test_failed_transaction_keeps_old_rows(tmp_path):
         s.insert_many("cursors", [{"name": "b", "value": "2", "updated_at": 1.0},
                                   {"name": "a", "value": "dup", "updated_at": 1.0}])
     assert s.query("select name, value from cursors order by name") == [{"name": "a", "value": "1"}]
+
+
+def test_concurrent_first_open_migrates_once(tmp_path):
+    """Prolog and collector may create the store at the same moment."""
+    import multiprocessing
+
+    p = str(tmp_path / "race.db")
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(6) as pool:
+        results = pool.map(_open_and_report, [p] * 12)
+    assert results == ["ok"] * 12
+    assert open_store(p).db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def _open_and_report(path):
+    try:
+        open_store(path).close()
+        return "ok"
+    except StoreError as e:
+        return str(e)
