@@ -144,8 +144,15 @@ def _m3(db: sqlite_utils.Database) -> None:
     db["node_idle"].create_index(["node", "uuid", "at"])
 
 
+def _m4(db: sqlite_utils.Database) -> None:
+    """Reports: the ``sacct_jobs`` cache of Slurm accounting (``gpuguard.reports.schema``)."""
+    from gpuguard.reports.schema import create_sacct_cache
+
+    create_sacct_cache(db)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4]
 
 
 class Store:

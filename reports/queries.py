@@ -39,22 +39,51 @@ REPORTS = ("cost", "wait", "failures", "efficiency")
 FAILURE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 PERCENTILES = (50, 90, 99)
 
+# NULL (sacct printed nothing) is labelled "(none)" after aggregation, so grouping is on the
+# bare column: no per-row function call.
 _GROUP_SQL = {
-    "account": "COALESCE(NULLIF(account, ''), '(none)')",
-    "user": "COALESCE(NULLIF(user, ''), '(none)')",
-    "partition": "COALESCE(NULLIF(partition, ''), '(none)')",
-    "qos": "COALESCE(NULLIF(qos, ''), '(none)')",
-    "template": "COALESCE(NULLIF(template, ''), '(none)')",
+    "account": "account", "user": "user", "partition": "partition", "qos": "qos", "template": "template",
     "gpus": ("CASE WHEN gpus <= 0 THEN '0' WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' "
              "WHEN gpus <= 8 THEN '5-8' WHEN gpus <= 16 THEN '9-16' ELSE '17+' END"),
 }
 _GPU_BUCKET_ORDER = {"0": 0, "1": 1, "2-4": 2, "5-8": 3, "9-16": 4, "17+": 5}
+NONE_LABEL = "(none)"
 
-# seconds of a job's usage inside [:since, :until)
-_SECS = ("MIN(COALESCE(elapsed_s, usage_end_at - start_at), "
-         "MAX(0, MIN(usage_end_at, :until) - MAX(start_at, :since)))")
-_IN_WINDOW = ("start_at IS NOT NULL AND start_at < :until AND (usage_end_at > :since OR start_at >= :since) "
-              "AND (:cluster IS NULL OR cluster = :cluster)")
+# seconds of a job's usage inside [:since, :until): the whole charge when the job lies inside
+# (nearly every job), else the overlap (capped by the charge, which excludes suspended time)
+_SECS = ("(CASE WHEN start_at >= :since AND usage_end_at <= :until THEN charge_s "
+         "ELSE MIN(charge_s, MAX(0, MIN(usage_end_at, :until) - MAX(start_at, :since))) END)")
+#: Above this share of the table inside the window, a report scans the table instead of
+#: walking an index (an index walk fetches each row by a random lookup: slower past ~1/4).
+FULL_SCAN_SHARE = 0.25
+
+
+def _label(v: Any) -> str:
+    return NONE_LABEL if v is None or v == "" else str(v)
+
+
+def _usage_where(store: Store, since: float, until: float, cluster: str | None) -> str:
+    """WHERE clause for jobs with usage in the window (cost, efficiency)."""
+    col = "" if _narrow(store, "usage_end_at", since, until) else "+"
+    w = f"{col}start_at < :until AND ({col}usage_end_at > :since OR {col}start_at >= :since)"
+    return w + (" AND cluster = :cluster" if cluster is not None else "")
+
+
+def _narrow(store: Store, column: str, since: float, until: float) -> bool:
+    """Whether few enough rows have ``column`` in the window for an index walk to pay
+    (two index-only counts)."""
+    n = store.query(f"SELECT (SELECT COUNT(*) FROM sacct_jobs WHERE {column} >= ? AND {column} < ?) AS hit, "
+                    "(SELECT MAX(rowid) FROM sacct_jobs) AS n", [since, until])[0]
+    return bool(n["n"]) and (n["hit"] or 0) <= FULL_SCAN_SHARE * n["n"]
+
+
+def _fast(store: Store) -> None:
+    """Per-connection settings for big aggregations: a multi-threaded sorter and temp
+    structures in memory (sorts of a million rows would otherwise spill to temp files)."""
+    import os
+
+    store.db.conn.execute(f"PRAGMA threads = {min(4, os.cpu_count() or 1)}")
+    store.db.conn.execute("PRAGMA temp_store = MEMORY")
 
 
 class ReportError(ValueError):
@@ -148,6 +177,33 @@ def _sort(rows: list[dict], by: str, key: str) -> list[dict]:
 
 
 # --- cost -------------------------------------------------------------------------------
+def _rate_sql(rates: Rates) -> tuple[str, dict[str, Any]]:
+    """The per-GPU-hour price of a row as a parameterised CASE (most specific key first)."""
+    whens, params = [], {}
+    keys = sorted(rates.gpu_hour_rates, key=lambda k: (0 if "@" in k and not k.startswith("@") else
+                                                       1 if "@" not in k else 2, k))
+    for i, k in enumerate(keys):
+        params[f"r{i}"] = float(rates.gpu_hour_rates[k])
+        gtype, _, part = k.partition("@")
+        if gtype and part:
+            params[f"t{i}"], params[f"p{i}"] = gtype, part
+            whens.append(f"WHEN gpu_type = :t{i} AND partition = :p{i} THEN :r{i}")
+        elif gtype:
+            params[f"t{i}"] = gtype
+            whens.append(f"WHEN gpu_type = :t{i} THEN :r{i}")
+        else:
+            params[f"p{i}"] = part
+            whens.append(f"WHEN partition = :p{i} THEN :r{i}")
+    params["rate_default"] = float(rates.gpu_hour_rate)
+    if not whens:
+        return ":rate_default", params
+    return f"(CASE {' '.join(whens)} ELSE :rate_default END)", params
+
+
+_OUTCOMES = {"failed": ("FAILED", "OUT_OF_MEMORY", "BOOT_FAIL"), "timeout": ("TIMEOUT", "DEADLINE"),
+             "node_fail": ("NODE_FAIL",)}
+
+
 def cost_report(store: Store, *, since: float, until: float, by: str = "account", rates: Rates | None = None,
                 cluster: str | None = None) -> Report:
     """GPU-hours, CPU-hours, cost and job count per group; the cost of jobs that failed
@@ -156,40 +212,29 @@ def cost_report(store: Store, *, since: float, until: float, by: str = "account"
     Raises :class:`ReportError`, :class:`gpuguard.store.StoreError`."""
     rates = rates or Rates()
     g = _group_sql(by)
-    sql = f"""
-        WITH j AS (
-            SELECT {g} AS grp, gpu_type, partition, state, gpus, COALESCE(cpus, 0) AS cpus, {_SECS} AS secs
-            FROM sacct_jobs WHERE {_IN_WINDOW}
-        )
-        SELECT grp, gpu_type, partition,
-               CASE WHEN state IN ('FAILED', 'OUT_OF_MEMORY', 'BOOT_FAIL') THEN 'failed'
-                    WHEN state IN ('TIMEOUT', 'DEADLINE') THEN 'timeout'
-                    WHEN state = 'NODE_FAIL' THEN 'node_fail' ELSE 'other' END AS outcome,
-               COUNT(*) AS jobs, SUM(secs * gpus) AS gpu_s, SUM(secs * cpus) AS cpu_s
-        FROM j GROUP BY 1, 2, 3, 4
-    """
-    agg = store.query(sql, _params(since, until, cluster))
-    groups: dict[str, dict[str, Any]] = {}
+    params = _params(since, until, cluster)
+    rate, rparams = _rate_sql(rates)
+    params.update(rparams, cpu_rate=float(rates.cpu_hour_rate))
+    _fast(store)
+    outcome_sums = ", ".join(
+        f"SUM(CASE WHEN state IN ({', '.join(repr(s) for s in states)}) THEN gc + cs * :cpu_rate END) / 3600.0 "
+        f"AS {name}_cost" for name, states in _OUTCOMES.items())
+    agg = store.query(f"""
+        SELECT grp, COUNT(*) AS jobs, SUM(gs) / 3600.0 AS gpu_hours, SUM(cs) / 3600.0 AS cpu_hours,
+               SUM(gc) / 3600.0 AS gpu_cost, SUM(cs) * :cpu_rate / 3600.0 AS cpu_cost, {outcome_sums}
+        FROM (SELECT {g} AS grp, state, gpus * s AS gs, COALESCE(cpus, 0) * s AS cs, gpus * s * {rate} AS gc
+              FROM (SELECT *, {_SECS} AS s FROM sacct_jobs WHERE {_usage_where(store, since, until, cluster)}))
+        GROUP BY grp
+    """, params)
     keys = ("jobs", "gpu_hours", "cpu_hours", "gpu_cost", "cpu_cost", "cost", "failed_cost",
             "timeout_cost", "node_fail_cost")
-    total = dict.fromkeys(keys, 0.0)
-    total["group"] = "TOTAL"
+    rows = []
     for a in agg:
-        gh, ch = (a["gpu_s"] or 0) / 3600.0, (a["cpu_s"] or 0) / 3600.0
-        gc = gh * rates.gpu_rate(a["gpu_type"], a["partition"])
-        cc = ch * rates.cpu_hour_rate
-        row = groups.setdefault(a["grp"], {"group": a["grp"], **dict.fromkeys(keys, 0.0)})
-        for tgt in (row, total):
-            tgt["jobs"] += a["jobs"]
-            tgt["gpu_hours"] += gh
-            tgt["cpu_hours"] += ch
-            tgt["gpu_cost"] += gc
-            tgt["cpu_cost"] += cc
-            tgt["cost"] += gc + cc
-            if a["outcome"] != "other":
-                tgt[f"{a['outcome']}_cost"] += gc + cc
-    for tgt in [*groups.values(), total]:
-        tgt["jobs"] = int(tgt["jobs"])
+        r = {"group": _label(a.pop("grp")), **{k: (a.get(k) or 0.0) for k in keys if k != "cost"}}
+        r["jobs"] = int(r["jobs"])
+        r["cost"] = r["gpu_cost"] + r["cpu_cost"]
+        rows.append(r)
+    total: dict[str, Any] = {"group": "TOTAL", **{k: sum(r[k] for r in rows) for k in keys}}
     cur = f" ({rates.currency})" if rates.currency else ""
     cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
             Column("cpu_hours", "CPU-h", "hours"), Column("gpu_cost", f"GPU cost{cur}", "money"),
@@ -202,66 +247,77 @@ def cost_report(store: Store, *, since: float, until: float, by: str = "account"
     if not rates.gpu_hour_rate and not rates.gpu_hour_rates and not rates.cpu_hour_rate:
         notes.append("no rates configured ([reports] gpu_hour_rate, gpu_hour_rates, cpu_hour_rate): costs are 0")
     return Report("cost", "Cost", since, until, by,
-                  [Table("cost", f"Cost per {by}", cols, _sort(list(groups.values()), by, "gpu_hours"), total)],
+                  [Table("cost", f"Cost per {by}", cols, _sort(rows, by, "gpu_hours"), total)],
                   notes, {"currency": rates.currency})
 
 
 # --- wait -------------------------------------------------------------------------------
-def _wait_sql(g: str) -> str:
-    pct = ", ".join(
-        f"MAX(CASE WHEN rn = ({p} * n + 99) / 100 THEN wait_s END) AS p{p}_s" for p in PERCENTILES
-    )
+def _wait_sql(g: str, where: str) -> str:
+    """Per group and for everything (``lvl`` 1): n, mean, nearest-rank percentiles and max
+    of ``wait_s``; mean and max of ``submit_wait_s``.
+
+    Waits are whole seconds (sacct times are), so the jobs are first counted per (group,
+    wait) -- an index-ordered GROUP BY for ``--by account``, and far fewer rows than jobs
+    -- and the percentiles read off the running count: the p-th is the smallest wait whose
+    cumulative count reaches ``ceil(p/100 x n)``."""
+    pct = ", ".join(f"MIN(CASE WHEN cum >= ({p} * n + 99) / 100 THEN wait_s END) AS p{p}_s" for p in PERCENTILES)
     return f"""
-        WITH w AS (
-            SELECT {g} AS grp,
-                   MAX(0, start_at - COALESCE(eligible_at, submit_at)) AS wait_s,
-                   MAX(0, start_at - COALESCE(submit_at, eligible_at)) AS submit_wait_s
-            FROM sacct_jobs
-            WHERE start_at IS NOT NULL AND start_at >= :since AND start_at < :until
-              AND COALESCE(eligible_at, submit_at) IS NOT NULL AND (:cluster IS NULL OR cluster = :cluster)
+        WITH d AS MATERIALIZED (
+            SELECT {g} AS grp, wait_s, COUNT(*) AS c, SUM(submit_wait_s) AS ss, MAX(submit_wait_s) AS sm
+            FROM sacct_jobs WHERE {where} GROUP BY 1, 2
+        ), dd AS (
+            SELECT 0 AS lvl, grp, wait_s, c, ss, sm FROM d
+            UNION ALL
+            SELECT 1, 'TOTAL', wait_s, SUM(c), SUM(ss), MAX(sm) FROM d GROUP BY wait_s
         ), r AS (
-            SELECT grp, wait_s, submit_wait_s,
-                   ROW_NUMBER() OVER (PARTITION BY grp ORDER BY wait_s) AS rn,
-                   ROW_NUMBER() OVER (PARTITION BY grp ORDER BY submit_wait_s) AS rn_sub,
-                   COUNT(*) OVER (PARTITION BY grp) AS n
-            FROM w
+            SELECT lvl, grp, wait_s, c, ss, sm,
+                   SUM(c) OVER (PARTITION BY lvl, grp ORDER BY wait_s ROWS UNBOUNDED PRECEDING) AS cum,
+                   SUM(c) OVER (PARTITION BY lvl, grp) AS n
+            FROM dd
         )
-        SELECT grp, MAX(n) AS jobs, AVG(wait_s) AS mean_s, {pct}, MAX(wait_s) AS max_s,
-               AVG(submit_wait_s) AS submit_mean_s,
-               MAX(CASE WHEN rn_sub = (50 * n + 99) / 100 THEN submit_wait_s END) AS submit_p50_s,
-               MAX(submit_wait_s) AS submit_max_s
-        FROM r GROUP BY grp
+        SELECT lvl, grp, MAX(n) AS jobs, SUM(wait_s * c) / MAX(n) AS mean_s, {pct}, MAX(wait_s) AS max_s,
+               SUM(ss) / MAX(n) AS submit_mean_s, MAX(sm) AS submit_max_s
+        FROM r GROUP BY lvl, grp
     """
 
 
 def wait_report(store: Store, *, since: float, until: float, by: str = "account", cluster: str | None = None,
                 pending_limit: int = 20) -> Report:
-    """Queue wait per group (job-weighted mean, p50/p90/p99 nearest-rank, max; start -
-    submit beside it) for jobs that started in the window; jobs pending at the last sync
-    per group and the ``pending_limit`` longest-waiting ones. Raises :class:`ReportError`."""
+    """Queue wait per group (job-weighted mean, p50/p90/p99 nearest-rank, max; mean and
+    max of start - submit beside it) for jobs that started in the window; jobs pending at
+    the last sync per group and the ``pending_limit`` longest-waiting ones.
+    Raises :class:`ReportError`."""
     g = _group_sql(by)
     p = _params(since, until, cluster)
-    rows = [dict(r, group=r.pop("grp")) for r in store.query(_wait_sql(g), p)]
-    tot = store.query(_wait_sql("'TOTAL'"), p)
-    total = dict(tot[0], group=tot[0].pop("grp")) if tot else None
-    pend_where = "state = 'PENDING' AND (:cluster IS NULL OR cluster = :cluster)"
+    _fast(store)
+    col = "" if _narrow(store, "start_at", since, until) else "+"
+    where = (f"{col}start_at >= :since AND {col}start_at < :until AND wait_s IS NOT NULL"
+             + (" AND cluster = :cluster" if cluster is not None else ""))
+    rows, total = [], None
+    for r in store.query(_wait_sql(g, where), p):
+        lvl = r.pop("lvl")
+        r["group"] = _label(r.pop("grp"))
+        r["jobs"] = int(r["jobs"])
+        if lvl:
+            total = r
+        else:
+            rows.append(r)
+    pend_where = "state = 'PENDING'" + (" AND cluster = :cluster" if cluster is not None else "")
+    cur = "MAX(0, synced_at - COALESCE(eligible_at, submit_at))"
     pend = store.query(f"""
         SELECT {g} AS grp, COUNT(*) AS jobs, SUM(eligible_at IS NULL) AS not_eligible,
-               AVG(MAX(0, synced_at - COALESCE(eligible_at, submit_at))) AS mean_current_s,
-               MAX(MAX(0, synced_at - COALESCE(eligible_at, submit_at))) AS max_current_s
+               AVG({cur}) AS mean_current_s, MAX({cur}) AS max_current_s
         FROM sacct_jobs WHERE {pend_where} GROUP BY 1
     """, {"cluster": cluster})
-    pend_rows = [dict(r, group=r.pop("grp")) for r in pend]
+    pend_rows = [dict(r, group=_label(r.pop("grp"))) for r in pend]
     longest = store.query(f"""
-        SELECT job_id, account, user, partition, gpus, submit_at, eligible_at,
-               MAX(0, synced_at - COALESCE(eligible_at, submit_at)) AS current_wait_s, synced_at
+        SELECT job_id, account, user, partition, gpus, submit_at, eligible_at, {cur} AS current_wait_s
         FROM sacct_jobs WHERE {pend_where}
         ORDER BY current_wait_s DESC, job_id_raw LIMIT :limit
     """, {"cluster": cluster, "limit": int(pending_limit)})
     cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("mean_s", "mean", "seconds")]
     cols += [Column(f"p{q}_s", f"p{q}", "seconds") for q in PERCENTILES]
     cols += [Column("max_s", "max", "seconds"), Column("submit_mean_s", "mean (from submit)", "seconds"),
-             Column("submit_p50_s", "p50 (from submit)", "seconds"),
              Column("submit_max_s", "max (from submit)", "seconds")]
     pcols = [Column("group", by), Column("jobs", "pending", "count"),
              Column("not_eligible", "not yet eligible", "count"),
@@ -291,34 +347,40 @@ def failures_report(store: Store, *, since: float, until: float, by: str = "acco
     ended in the window, and the GPU-hours of each (lost, for every state but COMPLETED).
     Raises :class:`ReportError`."""
     g = _group_sql(by)
-    states_sql = ", ".join(f"'{s}'" for s in FAILURE_STATES)
+    params = _params(since, until, cluster)
+    _fast(store)
+    col = "" if _narrow(store, "end_at", since, until) else "+"
+    listed = ", ".join(f"'{s}'" for s in FAILURE_STATES)
+    sums = []
+    for st in (*FAILURE_STATES, "OTHER"):
+        cond = f"state NOT IN ({listed})" if st == "OTHER" else f"state = '{st}'"
+        sums.append(f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{st}")
+        sums.append(f"SUM(CASE WHEN {cond} THEN gh ELSE 0 END) / 3600.0 AS {st}_gpu_hours")
     agg = store.query(f"""
-        SELECT {g} AS grp, CASE WHEN state IN ({states_sql}) THEN state ELSE 'OTHER' END AS st,
-               COUNT(*) AS jobs, SUM(COALESCE(elapsed_s, 0) * gpus) AS gpu_s
-        FROM sacct_jobs
-        WHERE end_at IS NOT NULL AND end_at >= :since AND end_at < :until
-          AND state NOT IN ('PENDING', 'RUNNING', 'REQUEUED', 'SUSPENDED', 'RESIZING')
-          AND (:cluster IS NULL OR cluster = :cluster)
-        GROUP BY 1, 2
-    """, _params(since, until, cluster))
+        SELECT grp, COUNT(*) AS jobs, SUM(gh) / 3600.0 AS gpu_hours, {', '.join(sums)}
+        FROM (SELECT {g} AS grp, state, COALESCE(charge_s, 0) * gpus AS gh FROM sacct_jobs
+              WHERE {col}end_at >= :since AND {col}end_at < :until
+                AND state NOT IN ('PENDING', 'RUNNING', 'REQUEUED', 'SUSPENDED', 'RESIZING')
+                {"AND cluster = :cluster" if cluster is not None else ""})
+        GROUP BY grp
+    """, params)
     states = (*FAILURE_STATES, "OTHER")
-    groups: dict[str, dict[str, Any]] = {}
-    total: dict[str, Any] = {"group": "TOTAL", "jobs": 0, "gpu_hours": 0.0, "lost_gpu_hours": 0.0}
+    rows = []
     for a in agg:
-        row = groups.setdefault(a["grp"], {"group": a["grp"], "jobs": 0, "gpu_hours": 0.0, "lost_gpu_hours": 0.0})
-        gh = (a["gpu_s"] or 0) / 3600.0
-        for tgt in (row, total):
-            tgt["jobs"] += a["jobs"]
-            tgt[f"n_{a['st']}"] = tgt.get(f"n_{a['st']}", 0) + a["jobs"]
-            tgt[f"{a['st']}_gpu_hours"] = tgt.get(f"{a['st']}_gpu_hours", 0.0) + gh
-            tgt["gpu_hours"] += gh
-            if a["st"] != "COMPLETED":
-                tgt["lost_gpu_hours"] += gh
-    for tgt in [*groups.values(), total]:
-        for s in states:
-            n = tgt.pop(f"n_{s}", 0)
-            tgt[f"{s}_share"] = n / tgt["jobs"] if tgt["jobs"] else 0.0
-            tgt.setdefault(f"{s}_gpu_hours", 0.0)
+        r: dict[str, Any] = {"group": _label(a.pop("grp")), "jobs": a["jobs"], "gpu_hours": a["gpu_hours"] or 0.0}
+        r["lost_gpu_hours"] = r["gpu_hours"] - (a["COMPLETED_gpu_hours"] or 0.0)
+        for st in states:
+            r[f"{st}_share"] = a[f"n_{st}"] / a["jobs"]
+            r[f"{st}_gpu_hours"] = a[f"{st}_gpu_hours"] or 0.0
+            r[f"_n_{st}"] = a[f"n_{st}"]
+        rows.append(r)
+    total: dict[str, Any] = {"group": "TOTAL", "jobs": sum(r["jobs"] for r in rows)}
+    total["gpu_hours"] = sum(r["gpu_hours"] for r in rows)
+    total["lost_gpu_hours"] = sum(r["lost_gpu_hours"] for r in rows)
+    for st in states:
+        n = sum(r.pop(f"_n_{st}") for r in rows)
+        total[f"{st}_share"] = n / total["jobs"] if total["jobs"] else 0.0
+        total[f"{st}_gpu_hours"] = sum(r[f"{st}_gpu_hours"] for r in rows)
     cols = [Column("group", by), Column("jobs", "jobs", "count")]
     cols += [Column(f"{s}_share", s, "share") for s in states]
     cols += [Column("gpu_hours", "GPU-h", "hours"), Column("lost_gpu_hours", "GPU-h lost", "hours")]
@@ -328,7 +390,7 @@ def failures_report(store: Store, *, since: float, until: float, by: str = "acco
              "OTHER: BOOT_FAIL, DEADLINE, REVOKED"]
     return Report("failures", "Failures", since, until, by,
                   [Table("failures", f"Job outcomes per {by} (jobs ended in the window)", cols,
-                         _sort(list(groups.values()), by, "jobs"), total)], notes)
+                         _sort(rows, by, "jobs"), total)], notes)
 
 
 # --- efficiency -------------------------------------------------------------------------
@@ -370,12 +432,13 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
     GPU-hours only. Raises :class:`ReportError`."""
     g = _group_sql(by)
     src, note = _summary_source(store)
+    _fast(store)
     agg = store.query(f"""
-        WITH s AS ({src}),
+        WITH s AS MATERIALIZED ({src}),
         j AS (
             SELECT {g} AS grp, gpus * {_SECS} AS gs, s.util AS util, s.idle_frac AS idle_frac
             FROM sacct_jobs LEFT JOIN s ON s.jid = sacct_jobs.job_id_raw
-            WHERE {_IN_WINDOW} AND gpus > 0
+            WHERE {_usage_where(store, since, until, cluster)} AND gpus > 0
         )
         SELECT grp, COUNT(*) AS jobs, SUM(gs) / 3600.0 AS gpu_hours,
                SUM(util IS NOT NULL) AS jobs_with_summary, SUM(util IS NULL) AS jobs_no_summary,
@@ -386,7 +449,7 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
                SUM(CASE WHEN idle_frac > 0 THEN 1 ELSE 0 END) AS jobs_with_idle_gpus
         FROM j GROUP BY grp
     """, _params(since, until, cluster, idle=float(idle_util_pct)))
-    rows = [dict(r, group=r.pop("grp")) for r in agg]
+    rows = [dict(r, group=_label(r.pop("grp"))) for r in agg]
     keys = ("jobs", "gpu_hours", "jobs_with_summary", "jobs_no_summary", "measured_gpu_hours",
             "no_summary_gpu_hours", "util_weighted_gpu_hours", "idle_gpu_hours", "jobs_with_idle_gpus")
     total: dict[str, Any] = {"group": "TOTAL", **{k: sum(r[k] or 0 for r in rows) for k in keys}}

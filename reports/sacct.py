@@ -47,7 +47,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 COLUMNS = (
     "cluster", "job_id_raw", "job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset",
     "job_name", "user", "account", "partition", "qos",
-    "submit_at", "eligible_at", "start_at", "end_at", "elapsed_s", "usage_end_at",
+    "submit_at", "eligible_at", "start_at", "end_at", "elapsed_s", "usage_end_at", "charge_s", "wait_s",
+    "submit_wait_s",
     "state", "state_raw", "exit_code", "exit_signal",
     "gpus", "gpu_type", "cpus", "alloc_tres", "nnodes", "node_list",
     "comment", "admin_comment", "template", "synced_at", "source",
@@ -268,14 +269,27 @@ def _int_or_none(s: str | None, what: str) -> int | None:
 
 
 def _finish(job: dict) -> dict:
-    """Fill derived columns: usage_end_at, template, defaults."""
+    """Fill the derived columns the reports aggregate (computed once here, not per query):
+
+    * ``usage_end_at``: ``end_at``, or ``start_at + elapsed_s`` for a job still running;
+    * ``charge_s``: seconds to charge, ``elapsed_s`` (sacct excludes suspended time),
+      else ``end - start``; None before the start;
+    * ``wait_s``: ``start - eligible`` (``submit`` when Eligible is unknown), at least 0;
+      ``submit_wait_s``: ``start - submit``, at least 0; None before the start;
+    * ``template`` from the comment; defaults for ``gpus`` and ``cluster``.
+    """
     start, end, el = job.get("start_at"), job.get("end_at"), job.get("elapsed_s")
+    if el is None and start is not None and end is not None:
+        job["elapsed_s"] = el = int(max(0.0, end - start))
     if start is not None:
         job["usage_end_at"] = end if end is not None else (start + el if el is not None else start)
+        job["charge_s"] = el if el is not None else max(0.0, job["usage_end_at"] - start)
+        elig = job.get("eligible_at") if job.get("eligible_at") is not None else job.get("submit_at")
+        sub = job.get("submit_at") if job.get("submit_at") is not None else job.get("eligible_at")
+        job["wait_s"] = max(0.0, start - elig) if elig is not None else None
+        job["submit_wait_s"] = max(0.0, start - sub) if sub is not None else None
     else:
-        job["usage_end_at"] = None
-    if job.get("elapsed_s") is None and start is not None and end is not None:
-        job["elapsed_s"] = int(max(0.0, end - start))
+        job["usage_end_at"] = job["charge_s"] = job["wait_s"] = job["submit_wait_s"] = None
     job["template"] = template_of(job.get("comment"))
     for c in COLUMNS:
         job.setdefault(c, None)

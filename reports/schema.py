@@ -4,7 +4,11 @@ Created by the store migration that calls :func:`create_sacct_cache`; the key is
 ``(cluster, job_id_raw)`` (JobIDRaw is unique per cluster, array tasks and het
 components included). Times are UTC epoch seconds (REAL), durations seconds.
 ``usage_end_at`` is ``end_at``, or for a job still running ``start_at + elapsed_s`` as of
-its last sync: the end of the usage the reports may charge.
+its last sync: the end of the usage the reports may charge. ``charge_s``, ``wait_s`` and
+``submit_wait_s`` are derived once at sync (:func:`gpuguard.reports.sacct._finish`) so the
+reports do not recompute them per row.
+
+This is a store migration: once released it is never edited; a change is a new migration.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ CREATE TABLE sacct_jobs (
     end_at REAL,
     elapsed_s INTEGER,
     usage_end_at REAL,
+    charge_s REAL,
+    wait_s REAL,
+    submit_wait_s REAL,
     state TEXT NOT NULL,
     state_raw TEXT,
     exit_code INTEGER,
@@ -55,12 +62,18 @@ CREATE TABLE sacct_jobs (
 INDEXES = (
     "CREATE INDEX sacct_jobs_start ON sacct_jobs(start_at)",
     "CREATE INDEX sacct_jobs_end ON sacct_jobs(end_at)",
+    "CREATE INDEX sacct_jobs_usage_end ON sacct_jobs(usage_end_at)",
     "CREATE INDEX sacct_jobs_state ON sacct_jobs(state)",
+    # Covering index for the default grouping (--by account): every report's GROUP BY
+    # account walks it in order, without a sort and without reading the wide table rows;
+    # wait_s second gives the queue-wait report its per-account order for percentiles.
+    "CREATE INDEX sacct_jobs_by_account ON sacct_jobs(account, wait_s, start_at, usage_end_at, end_at, charge_s, "
+    "gpus, cpus, state, gpu_type, partition, submit_wait_s, job_id_raw)",
 )
 
 
 def create_sacct_cache(db: sqlite_utils.Database) -> None:
-    """Migration body: create ``sacct_jobs`` and its indexes (start, end, state)."""
+    """Migration body: create ``sacct_jobs`` and its indexes (start, end, usage end, state)."""
     db.execute(DDL)
     for sql in INDEXES:
         db.execute(sql)

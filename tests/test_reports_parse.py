@@ -132,6 +132,7 @@ def test_handmade_file_every_field():
         "partition": "gpu", "qos": "normal", "submit_at": utc("2025-03-01T23:00:00"),
         "eligible_at": utc("2025-03-01T23:30:00"), "start_at": utc("2025-03-02T00:00:00"),
         "end_at": utc("2025-03-02T10:00:00"), "elapsed_s": 36000, "usage_end_at": utc("2025-03-02T10:00:00"),
+        "charge_s": 36000, "wait_s": 1800.0, "submit_wait_s": 3600.0,
         "state": "COMPLETED", "state_raw": "COMPLETED", "exit_code": 0, "exit_signal": 0, "gpus": 4,
         "gpu_type": "a100", "cpus": 16, "alloc_tres": "billing=16,cpu=16,gres/gpu=4,gres/gpu:a100=4,mem=64G,node=1",
         "nnodes": 1, "node_list": "g01", "comment": "gpuguard:template=llm-70b run 3", "admin_comment": None,
@@ -144,8 +145,10 @@ def test_handmade_file_every_field():
     pend = jobs[110]
     assert (pend["state"], pend["eligible_at"], pend["start_at"], pend["end_at"], pend["gpus"], pend["alloc_tres"]) == (
         "PENDING", None, None, None, 0, None)
+    assert (pend["charge_s"], pend["wait_s"], pend["usage_end_at"]) == (None, None, None)
     run = jobs[111]
-    assert (run["end_at"], run["usage_end_at"]) == (None, utc("2025-03-31T12:00:00"))
+    assert (run["end_at"], run["usage_end_at"], run["charge_s"], run["wait_s"]) == (
+        None, utc("2025-03-31T12:00:00"), 7200, 3600.0)
     assert (jobs[113]["exit_code"], jobs[113]["exit_signal"]) == (0, 125)
 
 
