@@ -97,17 +97,17 @@ def wait_for_nodes(spool_dir: str, job_id: str, nodes: list[str], timeout_s: flo
 
 
 def encode_admin_comment(job_id: str, nodes: dict[str, dict[str, Any]], missing: list[str]) -> str:
-    """The AdminComment text: ``gpuguard:v1:`` + compact JSON, readable with plain
-    ``sacct -o AdminComment -P``; if that exceeds :data:`ADMIN_COMMENT_MAX` bytes, the
-    JSON is zlib-compressed and base64-encoded behind ``gpuguard:v1z:`` (the jobstats
-    ``JS1:`` approach); if even that is too long, per-GPU details are dropped."""
+    """The AdminComment text: ``gpuguard:v1z:`` + unpadded lower-case base32 of the
+    zlib-compressed JSON (the jobstats ``JS1:`` idea). What survives ``sacctmgr modify job``
+    in Slurm 22.05 decides the encoding (seen on the testbed): plain JSON cannot be stored,
+    every ``"`` becomes a backtick; base64 cannot either, the value is lower-cased. Base32
+    is case-insensitive and needs no ``=`` padding. If the result exceeds
+    :data:`ADMIN_COMMENT_MAX` bytes, per-GPU details are dropped; decode with
+    :func:`decode_admin_comment` or ``gpuguard job show``."""
     doc = {"job": str(job_id), "nodes": nodes, "missing_nodes": missing}
-    text = PREFIX + json.dumps(doc, separators=(",", ":"), sort_keys=True, default=str)
-    if len(text.encode()) <= ADMIN_COMMENT_MAX:
-        return text
     for trimmed in (doc, _trim(doc)):
         raw = json.dumps(trimmed, separators=(",", ":"), sort_keys=True, default=str).encode()
-        z = PREFIX_Z + base64.b64encode(zlib.compress(raw, 9)).decode()
+        z = PREFIX_Z + base64.b32encode(zlib.compress(raw, 9)).decode().rstrip("=").lower()
         if len(z) <= ADMIN_COMMENT_MAX:
             return z
     return PREFIX + json.dumps({"job": str(job_id), "error": "summary too large", "nodes": sorted(nodes)})
@@ -117,10 +117,12 @@ def decode_admin_comment(text: str) -> dict[str, Any] | None:
     """Inverse of :func:`encode_admin_comment`; None when ``text`` is not ours."""
     try:
         if text.startswith(PREFIX_Z):
-            return json.loads(zlib.decompress(base64.b64decode(text[len(PREFIX_Z):])))
+            body = text[len(PREFIX_Z):].strip().upper()
+            body += "=" * (-len(body) % 8)
+            return json.loads(zlib.decompress(base64.b32decode(body)))
         if text.startswith(PREFIX):
             return json.loads(text[len(PREFIX):])
-    except (ValueError, zlib.error):
+    except (ValueError, zlib.error, base64.binascii.Error):
         return None
     return None
 

@@ -28,7 +28,7 @@ def test_merges_all_nodes_into_admin_comment(ctld):
     assert call[:6] == ["sacctmgr", "-i", "modify", "job", "where", "jobid=77"]
     assert call[6] == "set"
     text = call[7][len("AdminComment="):]
-    assert text.startswith("gpuguard:v1:")
+    assert text.startswith("gpuguard:v1z:") and '"' not in text
     assert spool.decode_admin_comment(text) == {
         "job": "77", "missing_nodes": [],
         "nodes": {"n1": {"gpu_util_mean_pct": 91.5}, "n2": {"gpu_util_mean_pct": 88.0}}}
