@@ -63,8 +63,9 @@ def job_report(store: Any, job_id: str) -> dict[str, Any]:
         gpus = [{"node": s["node"], "gpu_index": g["gpu_index"], "gpu_uuid": g["gpu_uuid"]}
                 for s in summaries for g in s["gpus"]]
     findings = store.query(
-        "select f.node, r.hook, f.at, f.code, f.severity, f.action, f.gpu_index, f.message from findings f "
-        "join health_runs r on r.id = f.run_id where f.job_id = ? order by f.at, f.id", [job_id])
+        "select f.node, coalesce(r.hook, 'verdict') as hook, f.at, f.code, f.severity, f.action, f.gpu_index, "
+        "f.message from findings f left join health_runs r on r.id = f.run_id where f.job_id = ? "
+        "order by f.at, f.id", [job_id])
     ev_cols = "id, node, at, kind, code, gpu_index, pid, action, message"
     events = {r["id"]: r for r in store.query(f"select {ev_cols} from events where job_id = ?", [job_id])}
     kinds = ",".join("?" * len(XID_KINDS))
@@ -81,8 +82,14 @@ def job_report(store: Any, job_id: str) -> dict[str, Any]:
                    | {r["node"] for r in steps_nodes} | {e["node"] for e in ev_list})
     if not nodes:
         raise JobNotFound(job_id)
-    return _isoify({"job_id": job_id, "nodes": nodes, "gpus": gpus, "summaries": summaries, "health_runs": runs,
-                    "findings": findings, "events": ev_list})
+    from gpuguard.epilog.verdict import load_verdict
+
+    try:
+        verdict = load_verdict(store, job_id)
+    except Exception:  # a store from before migration 3, or a half-written verdict
+        verdict = None
+    return _isoify({"job_id": job_id, "nodes": nodes, "verdict": verdict, "gpus": gpus, "summaries": summaries,
+                    "health_runs": runs, "findings": findings, "events": ev_list})
 
 
 # -- text --------------------------------------------------------------------------------
@@ -133,6 +140,10 @@ def format_text(rep: dict[str, Any]) -> str:
     """The readable form of :func:`job_report`: per node a one-line headline (exit,
     collector, post-job decision), then GPUs, summary tables, findings and events."""
     out = [f"job {rep['job_id']} on {', '.join(rep['nodes'])}"]
+    if rep.get("verdict"):
+        from gpuguard.epilog.verdict import format_verdict
+
+        out += [format_verdict(rep["verdict"]), ""]
     for s in rep["summaries"]:
         pj = s.get("post_job") or {}
         post = pj.get("outcome") or "not run"

@@ -240,6 +240,8 @@ def run(env: dict[str, str] | None = None) -> int:
     except Exception as e:
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
         summary = None
+    if summary is not None:
+        _judge(store, job_id, cfg, env, node, log)
     spool = cfg.get("paths", "spool_dir")
     if spool and summary is not None:
         # cluster mode: EpilogSlurmctld merges these into the job's AdminComment
@@ -262,6 +264,24 @@ def run(env: dict[str, str] | None = None) -> int:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
     _close(store)
     return EXIT_OK
+
+
+def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any) -> None:
+    """Compare the job with its template's baseline and act on the verdict (issue 4):
+    template, verdict, comparisons, baseline update, policy with escalation. Our errors
+    here are tool errors; they never drain."""
+    try:
+        from gpuguard.epilog.verdict import run_verdict
+        from gpuguard.slurm import SlurmCli
+
+        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node,
+                                        slurm=SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0))
+    except Exception as e:
+        log.error("tool error: verdict: %s: %s", type(e).__name__, e)
+        return
+    log.info("verdict %s (template %s): %s", verdict.cause, verdict.template, verdict.summary)
+    if decision.outcome == "drain":
+        _drain(cfg, node, decision.reason, log)
 
 
 def _drain(cfg: Any, node: str, reason: str, log: Any) -> None:

@@ -213,13 +213,13 @@ def config_example() -> None:
 
 def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
-    from gpuguard.reports.cli import report
+    from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
+    from gpuguard.reports.cli import report
     from gpuguard.xid.cli import xid
 
-    main.add_command(xid)
-    main.add_command(job)
-    main.add_command(report)
+    for group in (xid, job, template, baseline, report):
+        main.add_command(group)
 
 
 _register_subcommands()

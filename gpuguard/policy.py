@@ -46,6 +46,16 @@ DEFAULT_ACTIONS: dict[str, tuple[str, str]] = {
     "config.persistence_off": ("alert", "NVIDIA driver persistence docs: enable on compute nodes"),
     "inventory.changed": ("record", "change log context for verdicts"),
     "inventory.new_gpu": ("record", "change log context for verdicts"),
+    "baseline.idle_temp_up": ("alert", "GPU idles >=10 C above its own idle median (robust z >= 3.5): cooling fault before it throttles in jobs"),
+    "baseline.idle_power_up": ("alert", "idle power >=30 % above the GPU's own median: clocks not dropping at idle or a board fault"),
+    "verdict.straggler_gpu": ("alert", "one GPU far below its peers in a job; 3 jobs on the same GPU in 24 h escalate to drain (DESIGN.md)"),
+    "verdict.straggler_node": ("alert", "one node far behind the others in a job; escalates like straggler_gpu"),
+    "verdict.gpu_throttling": ("alert", "SM clock down with slowdown reasons active for a sustained window"),
+    "verdict.communication": ("alert", "communication share up with a slowdown: fabric or NCCL problem to look at"),
+    "verdict.hardware_fault": ("record", "explains the job; the XID/ECC finding itself carries the drain"),
+    "verdict.memory_leak": ("record", "a leak in the user's code is not a node fault"),
+    "verdict.data_pipeline": ("record", "the user's data loader or storage; shown in job show"),
+    "verdict.job_changed": ("record", "the job itself differs; no operator action"),
 }
 
 

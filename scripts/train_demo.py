@@ -38,19 +38,19 @@ def main() -> None:
                 if a.data_sleep_s:
                     time.sleep(a.data_sleep_s)
                 xs = [[rng.gauss(0, 1) for _ in range(a.dim)] for _ in range(a.batch)]
-                ys = [sum(x * t for x, t in zip(row, true_w)) + rng.gauss(0, 0.01) for row in xs]
+                ys = [sum(x * t for x, t in zip(row, true_w, strict=True)) + rng.gauss(0, 0.01) for row in xs]
             with s.phase("fwd_bwd"):
                 grad = [0.0] * a.dim
                 loss = 0.0
-                for row, y in zip(xs, ys):
-                    err = sum(x * wi for x, wi in zip(row, w)) - y
+                for row, y in zip(xs, ys, strict=True):
+                    err = sum(x * wi for x, wi in zip(row, w, strict=True)) - y
                     loss += err * err
                     for i, x in enumerate(row):
                         grad[i] += 2 * err * x / a.batch
                 loss /= a.batch
                 time.sleep(a.compute_s)
             with s.phase("optim"):
-                w = [wi - lr * g for wi, g in zip(w, grad)]
+                w = [wi - lr * g for wi, g in zip(w, grad, strict=True)]
             s.loss = loss
             s.grad_norm = math.sqrt(sum(g * g for g in grad))
         if a.checkpoint_every and step and step % a.checkpoint_every == 0:

@@ -88,8 +88,8 @@ bin_dir = "{tmp_path}/bin"
 
 @pytest.fixture
 def fake_slurm_bin(tmp_path):
-    """A bin dir whose scontrol/sinfo/sacctmgr log their argv (JSON, one line per call)
-    to ``calls.jsonl`` and exit 0."""
+    """A bin dir whose scontrol/sinfo/sacctmgr/sacct log their argv (JSON, one line per
+    call) to ``calls.jsonl``, print nothing and exit 0; returns ``calls()``."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     log = tmp_path / "calls.jsonl"
@@ -101,10 +101,13 @@ def fake_slurm_bin(tmp_path):
         )
         f.chmod(0o755)
 
-    def calls() -> list[list[str]]:
+    def calls(include_reads: bool = False) -> list[list[str]]:
+        """The recorded calls; read-only ``scontrol show ...`` queries are left out unless
+        ``include_reads`` (tests assert what gpuguard *changed* in Slurm)."""
         if not log.exists():
             return []
-        return [[os.path.basename(a[0]), *a[1:]] for a in map(json.loads, log.read_text().splitlines())]
+        out = [[os.path.basename(a[0]), *a[1:]] for a in map(json.loads, log.read_text().splitlines())]
+        return out if include_reads else [c for c in out if c[:2] != ["scontrol", "show"]]
     calls.bindir = str(bindir)
     return calls
 
