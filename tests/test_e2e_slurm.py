@@ -229,3 +229,40 @@ def test_two_node_job_each_node_samples_and_summarises_its_part(gg):
     doc = decode_admin_comment(ac)
     assert doc is not None, (ac, gg.log())
     assert sorted(doc["nodes"]) == ["n1", "n2"] and doc["missing_nodes"] == []
+
+
+def test_template_runs_judged_healthy_data_pipeline_throttling_healthy(gg):
+    """Issue 4 on real Slurm: one template run 4 times with a real training loop, then a
+    slow data loader, then a GPU that throttles (thermal slowdown, SM clock halved, the
+    step slower), then healthy again."""
+    tb = gg.tb
+    gg.toml("[verdict]\nwarmup_s = 0.0\nlong_window_s = 2.0\nshort_window_s = 1.0\n")
+    busy = {"gpu_util_pct": 97.0, "power_w": 610.0, "sm_clock_mhz": 1980.0, "temp_c": 62.0,
+            "clock_event_reasons": [], "mem_used_mib": 40000.0}
+    hot = dict(busy, sm_clock_mhz=990.0, power_w=380.0, temp_c=88.0, clock_event_reasons=["hw_thermal_slowdown"])
+
+    def run(extra: str = "", gpu_state: dict | None = None) -> dict:
+        gg.write_gpus("n1", node_snapshot(4), steps=[{"after_s": 1.0, "gpus": {"0": gpu_state or busy,
+                                                                                "1": gpu_state or busy}}])
+        jid = tb.submit(train_script(40, extra), gres="gpu:2", nodelist="n1",
+                        comment="gpuguard:template=e2e-demo retry=no")
+        rec = tb.wait_job(jid, timeout=120)
+        assert rec["State"] == "COMPLETED", tb.job_output(jid)
+        rows = gg.store("n1").query("select template, state, cause from verdicts where job_id = ?", [str(jid)])
+        assert rows, gg.log()[-3000:]
+        return rows[0]
+
+    # below [baseline] min_runs = 3 the template is learning and nothing is judged
+    for _ in range(3):
+        assert run() == {"template": "e2e-demo", "state": "learning", "cause": "learning"}
+    assert run()["cause"] == "healthy"
+    assert run("--data-sleep-s 0.1")["cause"] == "data-pipeline"
+    assert run("--compute-s 0.2", hot)["cause"] == "gpu-throttling"
+    assert run()["cause"] == "healthy"
+    assert tb.drains() == []
+    import subprocess
+
+    out = subprocess.run([str(REPO / ".venv/bin/gpuguard"), "--config", str(tb.gpuguard_toml), "template", "list"],
+                         env={"SLURMD_NODENAME": "n1", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         check=True).stdout
+    assert "e2e-demo" in out
