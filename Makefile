@@ -23,4 +23,4 @@ lint: install
 	$(BIN)/ruff check .
 
 bench: install
-	$(BIN)/python bench/prolog_healthy.py
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
