@@ -2,8 +2,8 @@
 from decision").
 
 Actions, mildest first: ``record`` (store only), ``alert`` (store and report to the
-operator), ``fail-job`` (the prolog exits non-zero without draining: the job is requeued
-elsewhere, the node stays), ``drain`` (``scontrol update state=drain`` with a ``gpuguard:``
+operator), ``fail-job`` (the prolog notes the reason in the job's AdminComment and
+cancels the job; the node stays up), ``drain`` (``scontrol update state=drain`` with a ``gpuguard:``
 reason, then the prolog exits non-zero so Slurm requeues the job).
 
 :data:`DEFAULT_ACTIONS` holds the shipped default for every finding code, each with its
@@ -74,8 +74,9 @@ class Decision:
 
     @property
     def exit_code(self) -> int:
-        """Prolog exit status: 0 proceed, 1 drain or fail-job (Slurm requeues the job)."""
-        return 0 if self.outcome == "proceed" else 1
+        """Prolog exit status: 1 for drain (Slurm requeues the job elsewhere), else 0
+        (``fail-job`` cancels the job through Slurm: a non-zero exit would drain)."""
+        return 1 if self.outcome == "drain" else 0
 
 
 #: ``sinfo -R -o %E`` shows the whole reason; keep it one readable line.

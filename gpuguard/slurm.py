@@ -105,6 +105,16 @@ class SlurmCli:
         out = self.run("scontrol", "show", "job", "-o", str(job_id))
         return dict(_scontrol_fields(out))
 
+    def fail_job(self, job_id: str, reason: str) -> None:
+        """Fail a job from the Prolog *without* draining the node: note ``reason`` in the
+        job's AdminComment (``scontrol`` may still update a job that has not finished:
+        SLURM-FACTS §6c) and cancel it. A non-zero Prolog exit cannot do this in Slurm
+        22.05: any Prolog failure drains the node with "Prolog error" (SLURM-FACTS §5)."""
+        try:
+            self.run("scontrol", "update", f"job={job_id}", f"AdminComment={reason}")
+        finally:
+            self.run("scancel", str(job_id))
+
     def set_admin_comment(self, job_id: str, text: str) -> None:
         """Store ``text`` in the job's AdminComment through slurmdbd: ``scontrol`` refuses
         finished jobs (SLURM-FACTS §6c), ``sacctmgr modify job`` works from

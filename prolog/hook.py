@@ -8,7 +8,9 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 3. run the health checks (:func:`gpuguard.health.run_health`) on the job's node;
 4. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
-   drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> exit 1;
+   drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> note the
+   reason in the job's AdminComment, ``scancel`` the job and exit 0 (any non-zero Prolog
+   exit would drain the node in Slurm 22.05);
    ``proceed`` -> create the job's record directory and start the collector
    (:func:`gpuguard.collector.launch.prepare_job`) and exit 0.
 
@@ -24,7 +26,7 @@ import sys
 import threading
 
 EXIT_OK = 0
-EXIT_FAIL_JOB = 1
+EXIT_DRAIN = 1
 
 
 def _env(name: str) -> str | None:
@@ -85,11 +87,22 @@ def run(env: dict[str, str] | None = None) -> int:
         else:
             log.warning("dry run: would drain %s: %s", node, res.decision.reason)
         _close(store)
-        return EXIT_FAIL_JOB
+        return EXIT_DRAIN
     if outcome == "fail-job":
-        log.warning("failing job %s: %s", job_id, res.decision.reason)
+        # Slurm 22.05 drains the node on any non-zero Prolog exit, so the job is failed
+        # through Slurm instead and the Prolog exits 0: the node keeps serving.
+        if cfg.get("slurm", "drain") and job_id:
+            from gpuguard.slurm import SlurmCli, SlurmError
+
+            try:
+                SlurmCli(cfg.get("slurm", "bin_dir")).fail_job(job_id, res.decision.reason)
+                log.warning("failed job %s (node not drained): %s", job_id, res.decision.reason)
+            except SlurmError as e:
+                log.error("tool error: failing job %s: %s", job_id, e)
+        else:
+            log.warning("dry run: would fail job %s: %s", job_id, res.decision.reason)
         _close(store)
-        return EXIT_FAIL_JOB
+        return EXIT_OK
     if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job

@@ -88,12 +88,12 @@ bin_dir = "{tmp_path}/bin"
 
 @pytest.fixture
 def fake_slurm_bin(tmp_path):
-    """A bin dir whose scontrol/sinfo/sacctmgr/sacct log their argv (JSON, one line per
+    """A bin dir whose scontrol/sinfo/sacctmgr/sacct/scancel log their argv (JSON, one line per
     call) to ``calls.jsonl``, print nothing and exit 0; returns ``calls()``."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     log = tmp_path / "calls.jsonl"
-    for tool in ("scontrol", "sinfo", "sacctmgr", "sacct"):
+    for tool in ("scontrol", "sinfo", "sacctmgr", "sacct", "scancel"):
         f = bindir / tool
         f.write_text(
             "#!/usr/bin/env python3\nimport json, sys\n"

