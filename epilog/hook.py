@@ -39,8 +39,6 @@ symlink (a symlinked job dir is unlinked, not its target).
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
 from typing import Any
 
@@ -303,55 +301,24 @@ def _close(store: Any) -> None:
 
 
 def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
-    """Run :func:`run` in a daemon thread; give up after ``budget_s`` seconds. Returns 0
-    whatever happens (a crash and an overrun are logged as tool errors)."""
-    done = threading.Event()
+    """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
+    or an overrun)."""
+    from gpuguard.hookrun import run_with_budget as guarded
 
-    def target() -> None:
-        try:
-            run(env)
-        except BaseException as e:  # a bug in gpuguard: log it, never fail the Epilog
-            try:
-                from gpuguard.log import LOG
-
-                LOG.exception("tool error: epilog crashed: %s", e)
-            except BaseException:
-                pass  # nothing left to report with
-        finally:
-            done.set()
-
-    t = threading.Thread(target=target, name="gpuguard-epilog", daemon=True)
-    t.start()
-    if not done.wait(budget_s):
-        from gpuguard.log import LOG
-
-        LOG.error("tool error: epilog exceeded its time budget of %.1f s; exiting 0", budget_s)
-    return EXIT_OK
-
-
-def _budget() -> float:
-    """The configured budget, read cheaply (a broken config falls back to the default)."""
-    from gpuguard import config as config_mod
-
-    try:
-        return float(config_mod.load().get("epilog", "time_budget_s"))
-    except Exception:
-        return float(config_mod.SCHEMA["epilog"]["time_budget_s"][0])
+    return guarded(lambda: run(env), budget_s, "epilog")
 
 
 def main() -> int:
-    """Console script entry point. Exits 0 through ``os._exit`` so a hung NVML or store
-    thread cannot keep the node in ``completing``."""
+    """Console script entry point; leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
+    from gpuguard.hookrun import budget_s, exit_hook
+
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     rc = EXIT_OK
     try:
-        rc = run_with_budget(_budget())
+        rc = run_with_budget(budget_s("epilog"))
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc)
+        exit_hook(rc)
+    return rc
 
 
 if __name__ == "__main__":

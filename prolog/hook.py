@@ -22,8 +22,6 @@ interrupted otherwise). Running out of budget is our fault: exit 0, no drain.
 from __future__ import annotations
 
 import os
-import sys
-import threading
 
 EXIT_OK = 0
 EXIT_DRAIN = 1
@@ -121,49 +119,24 @@ def _close(store) -> None:
 
 
 def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
-    """Run :func:`run` in a daemon thread; give up after ``budget_s`` seconds (exit 0)."""
-    result: list[int] = []
+    """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
+    or an overrun)."""
+    from gpuguard.hookrun import run_with_budget as guarded
 
-    def target() -> None:
-        try:
-            result.append(run(env))
-        except BaseException as e:  # a bug in gpuguard: log it, let the job run
-            try:
-                from gpuguard.log import LOG
-
-                LOG.exception("tool error: prolog crashed: %s", e)
-            finally:
-                result.append(EXIT_OK)
-
-    t = threading.Thread(target=target, name="gpuguard-prolog", daemon=True)
-    t.start()
-    t.join(budget_s)
-    if not result:
-        from gpuguard.log import LOG
-
-        LOG.error("tool error: prolog exceeded its time budget of %.1f s; proceeding", budget_s)
-        return EXIT_OK
-    return result[0]
-
-
-def _budget() -> float:
-    """The configured budget, read cheaply (a broken config falls back to the default)."""
-    from gpuguard import config as config_mod
-
-    try:
-        return float(config_mod.load().get("prolog", "time_budget_s"))
-    except Exception:
-        return float(config_mod.SCHEMA["prolog"]["time_budget_s"][0])
+    return guarded(lambda: run(env), budget_s, "prolog")
 
 
 def main() -> int:
-    """Console script entry point. Exits through ``os._exit`` so a hung NVML thread
-    cannot keep the process (and the job) waiting."""
+    """Console script entry point; leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
+    from gpuguard.hookrun import budget_s, exit_hook
+
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    rc = run_with_budget(_budget())
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    rc = EXIT_OK
+    try:
+        rc = run_with_budget(budget_s("prolog"))
+    finally:
+        exit_hook(rc)
+    return rc
 
 
 if __name__ == "__main__":

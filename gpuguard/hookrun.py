@@ -1,0 +1,61 @@
+"""What every Slurm hook of gpuguard shares: a hard time budget and a clean exit.
+
+A hook's work runs in a daemon thread; the main thread waits at most the budget and the
+process leaves through ``os._exit``, because a hung NVML or filesystem call cannot be
+interrupted and must not keep the job (Prolog) or the node (Epilog) waiting. A crash or an
+overrun is gpuguard's own fault: it is logged as a tool error and the hook returns
+``fallback_rc`` (0), never a failure that would drain the node.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+
+def budget_s(section: str) -> float:
+    """``[section] time_budget_s`` from the config; its default when the config is broken."""
+    from gpuguard import config as config_mod
+
+    try:
+        return float(config_mod.load().get(section, "time_budget_s"))
+    except Exception:  # the hook itself reports the config error
+        return float(config_mod.SCHEMA[section]["time_budget_s"][0])
+
+
+def run_with_budget(work: Callable[[], int], budget: float, hook: str, fallback_rc: int = 0) -> int:
+    """Run ``work()`` in a daemon thread; return its exit status, or ``fallback_rc`` when
+    it raises or is still running after ``budget`` seconds (both logged)."""
+    result: list[int] = []
+
+    def target() -> None:
+        try:
+            result.append(work())
+        except BaseException as e:  # a bug in gpuguard: log it, never fail the hook
+            try:
+                from gpuguard.log import LOG
+
+                LOG.exception("tool error: %s crashed: %s", hook, e)
+            finally:
+                result.append(fallback_rc)
+
+    t = threading.Thread(target=target, name=f"gpuguard-{hook}", daemon=True)
+    t.start()
+    t.join(budget)
+    if not result:
+        from gpuguard.log import LOG
+
+        LOG.error("tool error: %s exceeded its time budget of %.1f s; exiting %d", hook, budget, fallback_rc)
+        return fallback_rc
+    return result[0]
+
+
+def exit_hook(rc: int) -> None:
+    """Flush and leave with ``os._exit(rc)`` (daemon threads stuck in C calls stay behind)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(rc)
