@@ -187,6 +187,16 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         disabled += ["gpu_count", "driver"]
     findings, errs = run_checks(ctx, disabled)
     tool_errors += errs
+    if hook in ("prolog", "check") and store is not None and snap is not None and snap.gpus:
+        # Node health baseline (issue 4): each idle GPU against its own idle history on
+        # this node ("this GPU idles 12 C hotter than it used to"); the prolog records
+        # the reading, `gpuguard check` only compares.
+        try:
+            from gpuguard.epilog.baseline import judge_idle
+
+            findings += judge_idle(store, node, snap, cfg=cfg, job_id=job_id, record=record)
+        except Exception as e:  # our fault: a missing table, a store error
+            tool_errors.append(f"idle baseline: {type(e).__name__}: {e}")
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
     result = HealthResult(snap, findings, decision, tool_errors, events)
     if store is not None and record:

@@ -274,3 +274,16 @@ def test_odd_job_gpu_values_are_ignored_not_fatal():
     assert parse_job_gpus("0,1,foo,../../x,²,3") == [0, 1, 3]
     assert parse_job_gpus("") is None
     assert parse_job_gpus("GPU-aaaa") is None
+
+
+def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_config, write_replay):
+    """Issue 4's node baseline through the real prolog: five normal idle readings, then
+    GPU 1 idles 14 C hotter than its own median."""
+    for i in range(5):
+        assert hook.run(dict(ENV, SLURM_JOB_ID=str(100 + i))) == 0
+    make_config('[prolog]\nstart_collector = false\n',
+                replay=write_replay(node_snapshot(4, gpu1={"temp_c": 45.0})), kernel_log=str(node["kl"]))
+    assert hook.run(dict(ENV, SLURM_JOB_ID="200")) == 0  # an alert, not a drain
+    rows = open_store(node["db"]).query(
+        "select code, severity, action, gpu_index from findings where job_id = '200'")
+    assert rows == [{"code": "baseline.idle_temp_up", "severity": "warning", "action": "alert", "gpu_index": 1}]
