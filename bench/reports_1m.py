@@ -220,10 +220,14 @@ def main() -> None:
     print(f"sync --from-file:  {time.perf_counter() - t:6.2f} s  ({res.jobs:,} jobs, {len(res.malformed)} malformed)")
     if "job_summaries" in store.db.table_names():
         cols = {r["name"] for r in store.query("SELECT name FROM pragma_table_info('job_summaries')")}
+        t = time.perf_counter()
         with store.tx():
             store.db.conn.executemany("INSERT INTO job_summaries (job_id, node, summary) VALUES (?, 'n001', ?)",
                                       [(str(j), s) for j, s in summaries])
-        print(f"gpuguard summaries stored: {len(summaries):,} (job_summaries columns: {len(cols)})")
+        util = (store.query("SELECT COUNT(*) AS n FROM job_gpu_util")[0]["n"]
+                if "job_gpu_util" in store.db.table_names() else None)
+        print(f"gpuguard summaries stored: {len(summaries):,} in {time.perf_counter() - t:.2f} s "
+              f"(job_summaries columns: {len(cols)}; per-GPU readings derived by trigger: {util})")
     else:
         print("no job_summaries table in this store: efficiency counts every job as 'no summary'")
     since, until = T0, SYNC_AT + 1

@@ -170,8 +170,17 @@ def _m4(db: sqlite_utils.Database) -> None:
     create_sacct_cache(db)
 
 
+def _m5(db: sqlite_utils.Database) -> None:
+    """Reports: ``job_gpu_util``, the per-GPU utilisation readings of ``job_summaries``
+    kept in step by triggers, so the efficiency report parses no JSON
+    (``gpuguard.reports.util_schema``)."""
+    from gpuguard.reports.util_schema import create_job_gpu_util
+
+    create_job_gpu_util(db)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
 
 
 class Store:

@@ -395,8 +395,8 @@ def failures_report(store: Store, *, since: float, until: float, by: str = "acco
 
 # --- efficiency -------------------------------------------------------------------------
 def _summary_source(store: Store) -> tuple[str, str | None]:
-    """SQL for ``(jid, util, idle_frac)`` per job from gpuguard's ``job_summaries``, or an
-    empty relation and a note when the table or its ``summary`` column is absent.
+    """SQL for ``(jid, util, idle_frac)`` per job from gpuguard's summaries, or an empty
+    relation and a note when there are none to read.
 
     ``job_summaries`` holds one row per (job, node) with the epilog's JobSummary as JSON
     in ``summary`` (``gpuguard.epilog.summary``): ``gpus[].gpu_util_mean_pct`` per GPU,
@@ -405,22 +405,25 @@ def _summary_source(store: Store) -> tuple[str, str | None]:
     A node summary without per-GPU entries counts as one reading of its node mean. GPUs
     without samples (utilisation null) and unparsable JSON are left out; a job left with
     no reading at all is "no summary".
+
+    The readings come from ``job_gpu_util`` (store migration 5: parsed once, when each
+    summary is written, and aggregated per job along its ``(jid, util)`` index); a store
+    without that table (older schema) parses the JSON here, with the same rule.
     """
-    cols = {r["name"] for r in store.query("SELECT name FROM pragma_table_info('job_summaries')")}
+    names = {r["name"] for r in store.query(
+        "SELECT name FROM sqlite_master WHERE name IN ('job_summaries', 'job_gpu_util')")}
     empty = "SELECT NULL AS jid, NULL AS util, NULL AS idle_frac WHERE 0"
+    agg = "AVG(u) AS util, AVG(CASE WHEN u < :idle THEN 1.0 ELSE 0.0 END) AS idle_frac"
+    if "job_gpu_util" in names and "job_summaries" in names:
+        return f"SELECT jid, {agg} FROM (SELECT jid, util AS u FROM job_gpu_util) GROUP BY jid", None
+    cols = {r["name"] for r in store.query("SELECT name FROM pragma_table_info('job_summaries')")}
     if not cols:
         return empty, "no gpuguard job summaries in this store (table job_summaries absent): every job is 'no summary'"
     if not {"job_id", "summary"} <= cols:
         return empty, "job_summaries has no job_id/summary columns: every job is 'no summary'"
-    doc = "CASE WHEN json_valid(summary) THEN summary ELSE '{}' END"
-    return f"""
-        SELECT jid, AVG(u) AS util, AVG(CASE WHEN u < :idle THEN 1.0 ELSE 0.0 END) AS idle_frac FROM (
-            SELECT CAST(js.job_id AS INTEGER) AS jid, CAST(json_extract(g.value, '$.gpu_util_mean_pct') AS REAL) AS u
-            FROM job_summaries AS js, json_each({doc}, '$.gpus') AS g
-            UNION ALL
-            SELECT CAST(job_id AS INTEGER), CAST(json_extract({doc}, '$.gpu_util_mean_pct') AS REAL)
-            FROM job_summaries WHERE COALESCE(json_array_length({doc}, '$.gpus'), 0) = 0
-        ) WHERE u IS NOT NULL GROUP BY jid""", None
+    from gpuguard.reports.util_schema import all_readings_sql
+
+    return f"SELECT CAST(job_id AS INTEGER) AS jid, {agg} FROM ({all_readings_sql()}) GROUP BY 1", None
 
 
 def efficiency_report(store: Store, *, since: float, until: float, by: str = "account", idle_util_pct: float = 5.0,
