@@ -121,11 +121,18 @@ def analysis_span(data: JobData, warmup_s: float) -> tuple[float | None, float |
     return t0, data.end + 1e-6
 
 
+#: At most this many long windows per job: the slide grows for long jobs, so a month-long
+#: job (or a bogus timestamp in a user's training records) cannot make the Epilog build
+#: millions of windows (review: a record with t=1e12 drove the Epilog to the OOM killer).
+MAX_WINDOWS = 2000
+
+
 def long_windows(t0: float, t1: float, long_s: float, short_s: float) -> list[tuple[float, float]]:
-    """Long windows sliding by ``short_s`` inside ``[t0, t1)``; ``[(t0, t1)]`` when the
-    span is shorter than one long window."""
+    """Long windows sliding by ``short_s`` (or more, to stay within :data:`MAX_WINDOWS`)
+    inside ``[t0, t1)``; ``[(t0, t1)]`` when the span is shorter than one long window."""
     if t1 - t0 <= long_s or short_s <= 0:
         return [(t0, t1)]
+    short_s = max(short_s, (t1 - t0 - long_s) / (MAX_WINDOWS - 1))
     out = []
     a = t0
     while a + long_s <= t1 + 1e-9:

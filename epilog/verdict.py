@@ -364,11 +364,23 @@ def _stragglers_pair(gpus: list[GpuSeries], wins: _Windows, s: Settings,
     return []
 
 
+#: A GPU whose median utilisation over the job stays under this (percent) is *unused* by
+#: the job, not a straggler: a job that allocates 4 GPUs and computes on 3 must not look
+#: like a slow GPU, let alone escalate to a drain (found in review: 3 such jobs drained a
+#: healthy node). Same threshold as an idle GPU in the prolog's checks.
+UNUSED_UTIL_PCT = 5.0
+
+
+def _used(g: GpuSeries, t0: float, t1: float) -> bool:
+    u = _gpu_value(g, "util", t0, t1)
+    return u is None or u >= UNUSED_UTIL_PCT
+
+
 def _stragglers_gpu(data: JobData, wins: _Windows, s: Settings,
                     stats: Mapping[str, baseline_mod.Stat] | None = None) -> list[dict[str, Any]]:
-    gpus = [g for g in data.gpus if g.t]
     if wins.span[0] is None:
         return []
+    gpus = [g for g in data.gpus if g.t and _used(g, *wins.span)]
     if len(gpus) == 2 and stats:
         return _stragglers_pair(gpus, wins, s, stats)
     if len(gpus) < 3:

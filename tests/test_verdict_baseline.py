@@ -186,3 +186,12 @@ def test_bad_config_values_raise():
         judge_job(None, "x", cfg=config_mod.from_dict({"baseline": {"runs": 2, "min_runs": 3}}), template="t")
     with pytest.raises(config_mod.ConfigError):
         judge_job(None, "x", cfg=config_mod.from_dict({"verdict": {"z_threshold": 0}}), template="t")
+
+
+def test_long_windows_are_capped_for_huge_spans():
+    from gpuguard.epilog.metrics import MAX_WINDOWS, long_windows
+
+    w = long_windows(0.0, 1e12, 600.0, 60.0)
+    assert len(w) <= MAX_WINDOWS + 1
+    assert w[0] == (0.0, 600.0) and w[-1][1] == pytest.approx(1e12)
+    assert len(long_windows(0.0, 3600.0, 600.0, 60.0)) == 51  # normal jobs keep the 60 s slide

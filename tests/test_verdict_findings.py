@@ -277,3 +277,31 @@ def test_reads_steps_as_the_epilog_stores_them(store):
     assert v.comparison("step_time_p50_s").value == 1.0
     assert v.comparison("data_wait_share").value == pytest.approx(0.1)
     assert v.comparison("throughput_per_s").value == pytest.approx(8.0)
+
+
+def test_an_unused_gpu_is_not_a_straggler_and_never_drains(tmp_path):
+    """Review finding: a job that allocates 4 GPUs and computes on 3 looked like a
+    straggling GPU 3; three such jobs drained a healthy node."""
+    import scenarios as S
+
+    from gpuguard import config as config_mod
+    from gpuguard.epilog.verdict import run_verdict
+    from gpuguard.store import open_store
+
+    store = open_store(str(tmp_path / "n.db"))
+    cfg = config_mod.from_dict({})
+    p = S.Profile(name="lopsided", gpus_per_node=4, duration_s=1800)
+    t = S.T0
+    outcomes = []
+    for k in range(3):
+        rows = S.generate(p, "healthy", seed=100 + k, job_id=f"j{k}", start=t)
+        for r in rows.tables["samples"]:
+            if r["gpu_index"] == 3:
+                r.update(gpu_util_pct=0.0, power_w=70.0, sm_clock_mhz=345, mem_used_mib=500.0)
+        S.write(store, rows)
+        env = {"SLURM_JOB_ID": f"j{k}", "SLURM_JOB_COMMENT": f"gpuguard:template=u{k}"}
+        v, dec = run_verdict(store, f"j{k}", cfg=cfg, env=env, node=p.node_names[0], now=rows.end)
+        outcomes.append((v.cause, dec.outcome))
+        t = rows.end + 60
+    assert outcomes == [("learning", "proceed")] * 3
+    assert store.query("select count(*) n from findings where code = 'verdict.straggler_gpu'") == [{"n": 0}]
