@@ -45,6 +45,9 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     spool = cfg.get("paths", "spool_dir")
     if not spool or not job_id:
         return 0
+    if not (job_id.isascii() and job_id.isdigit()):
+        log.error("tool error: SLURM_JOB_ID %r is not a job id", job_id)
+        return 0
     from gpuguard.epilog.spool import encode_admin_comment, wait_for_nodes
     from gpuguard.slurm import SlurmCli, SlurmError
 
@@ -75,10 +78,21 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
 
 
 def main() -> int:
-    """Console script entry point."""
+    """Console script entry point: :func:`run` under a time budget of
+    ``slurmctld_wait_s`` + 30 s (:mod:`gpuguard.hookrun`), always exit 0."""
+    from gpuguard import config as config_mod
+    from gpuguard.hookrun import exit_hook, run_with_budget
+
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    rc = run()
-    sys.stdout.flush()
+    try:
+        wait = float(config_mod.load().get("epilog", "slurmctld_wait_s"))
+    except Exception:  # run() reports the config error
+        wait = float(config_mod.SCHEMA["epilog"]["slurmctld_wait_s"][0])
+    rc = 0
+    try:
+        rc = run_with_budget(run, wait + 30.0, "epilog-slurmctld")
+    finally:
+        exit_hook(rc)
     return rc
 
 

@@ -16,12 +16,16 @@ import base64
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 import zlib
 from typing import Any
 
 _SAFE = re.compile(r"^[A-Za-z0-9._+-]{1,128}$")
+
+#: A node summary is a few KiB; anything far larger in the spool is not one of ours.
+MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 
 #: slurmdbd stores AdminComment in a TEXT column: 65,535 bytes (SLURM-FACTS §6c).
 ADMIN_COMMENT_MAX = 65535
@@ -73,11 +77,21 @@ def read_job(spool_dir: str, job_id: str) -> dict[str, dict[str, Any]]:
         if not n.endswith(".json") or n.startswith("."):
             continue
         try:
-            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SUMMARY_BYTES:
+                continue  # a FIFO would block the controller's hook; a huge file is not ours
             with os.fdopen(fd) as fh:
+                fd = -1
                 doc = json.load(fh)
         except (OSError, ValueError):
             continue
+        finally:
+            if fd >= 0:
+                os.close(fd)
         if isinstance(doc, dict):
             out[n[:-5]] = doc
     return out

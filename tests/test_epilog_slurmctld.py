@@ -80,3 +80,15 @@ def test_symlinked_summary_is_not_followed(tmp_path):
     (d / "n1.json").symlink_to(secret)
     spool.write_node_summary(str(tmp_path), "5", "n2", {"ok": 1})
     assert spool.read_job(str(tmp_path), "5") == {"n2": {"ok": 1}}
+
+
+def test_hostile_job_id_and_fifo_in_the_spool(ctld):
+    import os
+
+    assert slurmctld.run({"SLURM_JOB_ID": "../x", "SLURM_JOB_NODELIST": "n[1-2]"}, retry_sleep_s=0) == 0
+    assert "SLURM_JOB_ID '../x' is not a job id" in (ctld["tmp"] / "gpuguard.log").read_text()
+    d = os.path.join(ctld["spool"], "81")
+    os.makedirs(d)
+    os.mkfifo(os.path.join(d, "n1.json"))
+    spool.write_node_summary(ctld["spool"], "81", "n2", {"x": 2})
+    assert spool.read_job(ctld["spool"], "81") == {"n2": {"x": 2}}  # returns at once, FIFO skipped
