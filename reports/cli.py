@@ -81,8 +81,10 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
 
     Live: `sacct -a -X -P -n` since the last sync; jobs still pending or running are
     updated by later syncs. --from-file replays saved output (a site's history, a bug
-    report's paste). Malformed rows are reported with their line and skipped (exit 1);
-    rows already stored are never lost.
+    report's paste). Malformed rows (impossible values: a negative or oversized count, a
+    Start after the End...) are reported with their line and skipped (exit 1); rows already
+    stored are never lost. A `|` inside JobName or Comment is put back where it belongs;
+    when either field could hold it, the job is stored with both unknown.
     """
     from gpuguard.reports.sacct import SacctParseError
     from gpuguard.reports.sync import import_file, sync_from_slurm
@@ -123,6 +125,8 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
         sys.exit(1)
     finally:
         store.close()
+    for line, msg in res.notes[:20]:
+        click.echo(f"{res.source}:{line}: note: {msg}", err=True)
     for line, msg in res.malformed[:20]:
         click.echo(f"{res.source}:{line}: skipped malformed row: {msg}", err=True)
     if len(res.malformed) > 20:
@@ -179,11 +183,12 @@ def _run(obj, names: list[str], since: str | None, until: str | None, by: str, t
         store.close()
     text = render(reps, fmt, tz, generated_at=now)
     if output:
+        from gpuguard.inputs import InputError, write_output
+
         try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except OSError as e:
-            raise click.ClickException(f"{output}: cannot write: {e.strerror or e}") from None
+            write_output(output, text)  # never through a symlink, only to a regular file
+        except InputError as e:
+            raise click.ClickException(str(e)) from None
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)

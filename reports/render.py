@@ -9,7 +9,10 @@ Shapes:
   Numbers are raw: hours, seconds, money, shares as fractions 0..1, times as UTC epoch.
 * **csv**: one header line of column keys, one line per row, then the ``TOTAL`` row.
   When the output holds more than one table (``wait``, ``all``), each table is preceded
-  by a line ``# REPORT.TABLE`` and followed by an empty line.
+  by a line ``# REPORT.TABLE`` and followed by an empty line. A text cell a spreadsheet
+  would run as a formula (it starts with ``=``, ``+``, ``-``, ``@``, tab or CR: account
+  and user names come from sacct, job comments from users) is written with a ``'``
+  before it (OWASP "CSV Injection"); numbers, ``-2.5`` as text included, are not.
 * **text**: aligned tables with human units (hours with 2 decimals, durations, %).
 * **html**: jinja2 templates ``templates/*.j2`` with autoescaping on, each report's
   chart as inline SVG (:mod:`gpuguard.reports.charts`); no external resources.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import datetime, tzinfo, UTC
 from typing import Any
 
@@ -94,6 +98,20 @@ def to_json(reports: list[Report], tz: tzinfo, generated_at: float) -> str:
 
 
 # --- csv --------------------------------------------------------------------------------
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER_RE = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$", re.ASCII)
+
+
+def csv_cell(v: Any) -> Any:
+    """A value as a CSV cell: ``None`` empty; a string a spreadsheet would run as a formula
+    prefixed with ``'``; numbers, and strings that are plain decimal numbers, as they are."""
+    if v is None:
+        return ""
+    if isinstance(v, str) and v.startswith(_FORMULA_START) and not _NUMBER_RE.match(v):
+        return "'" + v
+    return v
+
+
 def to_csv(reports: list[Report]) -> str:
     tables = [(r, t) for r in reports for t in r.tables]
     buf = io.StringIO()
@@ -105,9 +123,9 @@ def to_csv(reports: list[Report]) -> str:
             buf.write(f"# {r.name}.{t.name}\n")
         w.writerow(keys)
         for row in t.rows:
-            w.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
+            w.writerow([csv_cell(row.get(k)) for k in keys])
         if t.total is not None:
-            w.writerow(["" if t.total.get(k) is None else t.total.get(k) for k in keys])
+            w.writerow([csv_cell(t.total.get(k)) for k in keys])
         if many:
             buf.write("\n")
     return buf.getvalue()

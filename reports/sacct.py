@@ -29,18 +29,37 @@ Rules (each with its reason):
 * ``sacct --json`` of 22.05 (dbv0.0.38) reports every non-zero exit as
   ``{"status": "SUCCESS", "return_code": 0}`` (SLURM-FACTS §6d), so its exit codes are
   ``None`` (unknown) unless the job was signalled; exit codes come from ``-P`` output.
+* Impossible values make the row malformed (reported with its line, not stored), never
+  the whole import: an integer outside SQLite's signed 64 bits, a GPU, CPU or node count
+  below 0 or above :data:`MAX_COUNT`, an elapsed time below 0 or above
+  :data:`MAX_ELAPSED_S`, a time after 9999-12-31T23:59:59 UTC, a Start after the End.
+* A ``|`` inside JobName or Comment (set by the job's owner: ``--job-name``,
+  ``--comment``; sacct does not escape its delimiter) gives a ``-P`` row more fields than
+  the header. Such a row is rebuilt, not dropped (:func:`rebuild_row`): the fields left of
+  the first free-text column and right of the last one are where they should be; the
+  extra delimiters belong to the free-text columns (:data:`FREE_TEXT_FIELDS`) in the
+  header. With one free-text column, the fields between are that column's text, joined
+  back with the delimiter. With two (JobName and Comment), each way of sharing the extra
+  delimiters between them is parsed; the readings that give a valid row are kept. The
+  true reading is always among them, so one valid reading is the row. Several valid
+  readings: the row is ambiguous; when they agree on every other field (account, times,
+  TRES...) it is stored with JobName and Comment unknown (``None``) and its usage
+  counted, with a note for the caller; when they disagree on the usage itself, nothing
+  tells the true one from a forged one, so the row is malformed (reported, not guessed).
 """
 
 from __future__ import annotations
 
 import calendar
 import csv
+import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 #: Columns of the ``sacct_jobs`` cache table, in order (see :mod:`gpuguard.reports.schema`).
@@ -71,9 +90,27 @@ ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPEN
                            "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT",
                            "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "RESIZE"})
 
+#: SQLite's INTEGER range (signed 64-bit): a larger value cannot be stored.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: Most GPUs, CPUs or nodes one job can hold (far above the largest cluster; beyond it a
+#: count is garbage that would swamp every total).
+MAX_COUNT = 1_000_000
+#: Longest elapsed time taken (100 years).
+MAX_ELAPSED_S = 100 * 366 * 86400
+#: Times stored lie in 0001-01-01T00:00:00 .. 9999-12-31T23:59:59 UTC (what datetime, and
+#: so every report, can print).
+MIN_TIME, MAX_TIME = -62135596800.0, 253402300799.0
+#: sacct fields a job's owner writes free text into (lower-cased): a ``|`` in them is not
+#: escaped by ``sacct -P`` (see :func:`rebuild_row`).
+FREE_TEXT_FIELDS = ("jobname", "comment")
+#: A row with more extra fields than this is malformed instead of rebuilt.
+MAX_EXTRA_FIELDS = 1000
+
 _TEMPLATE_RE = re.compile(r"gpuguard:template=([A-Za-z0-9][A-Za-z0-9._+-]*)")
-_JOBID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?(?:\+(\d+))?(\.\S+)?$")
-_ELAPSED_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
+_JOBID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?(?:\+(\d+))?(\.\S+)?$", re.ASCII)
+_ELAPSED_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$", re.ASCII)
+_INT_RE = re.compile(r"^[+-]?[0-9]+$", re.ASCII)
+_DIGITS_RE = re.compile(r"^[0-9]+$", re.ASCII)
 _UNSET_TIMES = {"", "Unknown", "None", "N/A", "0"}
 
 
@@ -96,6 +133,40 @@ class ParsedRow:
     job: dict | None = None
     step: bool = False
     error: str | None = None
+    #: Set on a stored row the caller should hear about (JobName/Comment unknown).
+    note: str | None = None
+
+
+# --- integers ---------------------------------------------------------------------------
+def _short(s: str, n: int = 32) -> str:
+    """``s`` for a one-line message: at most ``n`` characters."""
+    s = s.strip()
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def parse_int(s: str, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
+    """ASCII decimal ``s`` -> int in ``lo..hi``. Raises :class:`RowError` naming ``what``
+    otherwise (not an integer, negative, too large); never converts a 5000-digit string."""
+    t = s.strip()
+    if len(t) <= 18 and t.isdigit() and t.isascii():  # the common case, fast
+        n = int(t)
+        if lo <= n <= hi:
+            return n
+    elif not _INT_RE.match(t):
+        raise RowError(f"{what} {_short(s)!r} is not an integer")
+    n = int(t) if len(t) <= 40 else (INT64_MAX + 1 if t[0] != "-" else INT64_MIN - 1)
+    return check_int(n, what, lo, hi, shown=t)
+
+
+def check_int(n: int, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX, shown: str | None = None) -> int:
+    """``n`` when ``lo <= n <= hi``, else :class:`RowError` (``what`` names the field,
+    ``shown`` is the text ``n`` came from)."""
+    if lo <= n <= hi:
+        return n
+    text = _short(shown if shown is not None else str(n))
+    if n < lo:
+        raise RowError(f"{what} {text} is negative" if lo == 0 else f"{what} {text} is out of range (at least {lo})")
+    raise RowError(f"{what} {text} is out of range (at most {hi})")
 
 
 # --- time -------------------------------------------------------------------------------
@@ -149,7 +220,9 @@ class TimeConverter:
         s = s.strip()
         if s in _UNSET_TIMES:
             return None
-        if s.isdigit():
+        if _DIGITS_RE.match(s):
+            if len(s) > 12 or int(s) > MAX_TIME:
+                raise RowError(f"time {_short(s)!r} is out of range (after 9999-12-31)")
             return float(s)
         if len(s) < 19 or s[4] != "-" or s[10] != "T":
             raise RowError(f"time {s!r} is not YYYY-MM-DDTHH:MM:SS")
@@ -164,7 +237,10 @@ class TimeConverter:
             delta = hour.utcoffset()
             off = delta.total_seconds() if delta is not None else 0.0
             self._offsets[key] = off
-        return calendar.timegm(naive.timetuple()) - off
+        t = calendar.timegm(naive.timetuple()) - off
+        if not MIN_TIME <= t <= MAX_TIME:
+            raise RowError(f"time {_short(s)!r} is out of range (after 9999-12-31T23:59:59 UTC)")
+        return t
 
 
 def parse_elapsed(s: str | None) -> int | None:
@@ -174,20 +250,21 @@ def parse_elapsed(s: str | None) -> int | None:
     s = s.strip()
     if not s or s in ("Unknown", "INVALID"):
         return None
-    if s.isdigit():
-        return int(s)
+    if _DIGITS_RE.match(s):
+        return parse_int(s, "elapsed", 0, MAX_ELAPSED_S)
     m = _ELAPSED_RE.match(s)
-    if not m:
-        raise RowError(f"elapsed {s!r} is not [DD-]HH:MM:SS")
+    if not m or any(x and len(x) > 12 for x in m.groups()):
+        raise RowError(f"elapsed {_short(s)!r} is not [DD-]HH:MM:SS")
     d, h, mi, sec = (int(x) if x else 0 for x in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + sec
+    return check_int(((d * 24 + h) * 60 + mi) * 60 + sec, "elapsed", 0, MAX_ELAPSED_S)
 
 
 # --- TRES, state, ids, comment ----------------------------------------------------------
 def parse_tres(s: str | None) -> tuple[int, str | None, int | None]:
     """AllocTRES ``billing=4,cpu=4,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1`` ->
     ``(gpus, gpu_type, cpus)``. See the module docstring for the GPU rules.
-    Raises :class:`RowError` on a GPU or CPU count that is not an integer."""
+    Raises :class:`RowError` on a GPU or CPU count that is not an integer in
+    ``0..MAX_COUNT``."""
     untyped: int | None = None
     typed: dict[str, int] = {}
     cpus: int | None = None
@@ -197,23 +274,32 @@ def parse_tres(s: str | None) -> tuple[int, str | None, int | None]:
             if not sep:
                 continue
             if name == "gres/gpu" or name.startswith("gres/gpu:"):
-                try:
-                    n = int(val)
-                except ValueError:
-                    raise RowError(f"AllocTRES {name}={val!r}: GPU count is not an integer") from None
+                if not _INT_RE.match(val.strip()):
+                    raise RowError(f"AllocTRES {name}={_short(val)!r}: GPU count is not an integer")
+                n = _tres_count(name, val, "GPU count")
                 if name == "gres/gpu":
                     untyped = n
                 else:
                     gtype = name[len("gres/gpu:"):]
                     typed[gtype] = typed.get(gtype, 0) + n
             elif name == "cpu":
-                try:
-                    cpus = int(val)
-                except ValueError:
-                    raise RowError(f"AllocTRES cpu={val!r}: not an integer") from None
+                if not _INT_RE.match(val.strip()):
+                    raise RowError(f"AllocTRES cpu={_short(val)!r}: not an integer")
+                cpus = _tres_count(name, val, "CPU count")
     gpus = untyped if untyped is not None else sum(typed.values())
     types = sorted(t for t, n in typed.items() if n > 0)
     return gpus, (",".join(types) or None), cpus
+
+
+def _tres_count(name: str, val: str, what: str) -> int:
+    """An AllocTRES count (an integer already): 0..MAX_COUNT or :class:`RowError`."""
+    v = val.strip()
+    n = int(v) if len(v) <= 40 else (MAX_COUNT + 1 if v[0] != "-" else -1)
+    if n < 0:
+        raise RowError(f"AllocTRES {name}={_short(v)}: {what} is negative")
+    if n > MAX_COUNT:
+        raise RowError(f"AllocTRES {name}={_short(v)}: {what} is more than {MAX_COUNT}")
+    return n
 
 
 def normalize_state(s: str | None) -> str | None:
@@ -232,11 +318,11 @@ def parse_job_id(s: str) -> tuple[dict, bool]:
     base, task, het, step = m.groups()
     out: dict = {"array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None}
     if task is not None:
-        out["array_job_id"] = int(base)
-        out["array_task_id"] = int(task) if task.isdigit() else None
+        out["array_job_id"] = parse_int(base, "JobID", 0)
+        out["array_task_id"] = parse_int(task, "JobID array task", 0) if task.isdigit() else None
     if het is not None:
-        out["het_job_id"] = int(base)
-        out["het_job_offset"] = int(het)
+        out["het_job_id"] = parse_int(base, "JobID", 0)
+        out["het_job_offset"] = parse_int(het, "JobID het offset", 0)
     return out, step is not None
 
 
@@ -245,10 +331,9 @@ def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
     if not s:
         return None, None
     a, sep, b = s.strip().partition(":")
-    try:
-        return int(a), (int(b) if sep else 0)
-    except ValueError:
-        raise RowError(f"ExitCode {s!r} is not N:S") from None
+    if not _INT_RE.match(a.strip()) or (sep and not _INT_RE.match(b.strip())):
+        raise RowError(f"ExitCode {_short(s)!r} is not N:S")
+    return parse_int(a, "ExitCode status"), (parse_int(b, "ExitCode signal") if sep else 0)
 
 
 def template_of(comment: str | None) -> str | None:
@@ -259,13 +344,47 @@ def template_of(comment: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def _int_or_none(s: str | None, what: str) -> int | None:
+def _int_or_none(s: str | None, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:
     if s is None or s.strip() in ("", "Unknown"):
         return None
-    try:
-        return int(s)
-    except ValueError:
-        raise RowError(f"{what} {s!r} is not an integer") from None
+    return parse_int(s, what, lo, hi)
+
+
+#: Integer columns and the range each must lie in (what an import may store).
+_INT_RANGES = {
+    "job_id_raw": (0, INT64_MAX), "array_job_id": (0, INT64_MAX), "array_task_id": (0, INT64_MAX),
+    "het_job_id": (0, INT64_MAX), "het_job_offset": (0, INT64_MAX), "elapsed_s": (0, MAX_ELAPSED_S),
+    "exit_code": (INT64_MIN, INT64_MAX), "exit_signal": (INT64_MIN, INT64_MAX),
+    "gpus": (0, MAX_COUNT), "cpus": (0, MAX_COUNT), "nnodes": (0, MAX_COUNT),
+}
+_TIME_COLUMNS = ("submit_at", "eligible_at", "start_at", "end_at")
+
+
+def _iso_utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _validate(job: dict) -> None:
+    """Every integer column an int in its range, every time finite and printable, Start
+    not after End: else :class:`RowError` (both parsers' last line of defence; SQLite
+    cannot store an integer beyond 64 bits and the reports cannot print year 10000)."""
+    for c, (lo, hi) in _INT_RANGES.items():
+        v = job.get(c)
+        if v is None or (type(v) is int and lo <= v <= hi):
+            continue
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = job[c] = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise RowError(f"{c} {_short(repr(v))} is not an integer")
+        check_int(v, c, lo, hi)
+    for c in _TIME_COLUMNS:
+        v = job.get(c)
+        # NaN fails every comparison and infinities are out of range: no isfinite() needed
+        if v is not None and not (type(v) in (float, int) and MIN_TIME <= v <= MAX_TIME):
+            raise RowError(f"{c} {_short(repr(v))} is out of range")
+    start, end = job.get("start_at"), job.get("end_at")
+    if start is not None and end is not None and start > end:
+        raise RowError(f"Start {_iso_utc(start)} is after End {_iso_utc(end)}")
 
 
 def _finish(job: dict) -> dict:
@@ -277,7 +396,10 @@ def _finish(job: dict) -> dict:
     * ``wait_s``: ``start - eligible`` (``submit`` when Eligible is unknown), at least 0;
       ``submit_wait_s``: ``start - submit``, at least 0; None before the start;
     * ``template`` from the comment; defaults for ``gpus`` and ``cluster``.
+
+    Raises :class:`RowError` on an impossible value (:func:`_validate`).
     """
+    _validate(job)
     start, end, el = job.get("start_at"), job.get("end_at"), job.get("elapsed_s")
     if el is None and start is not None and end is not None:
         job["elapsed_s"] = el = int(max(0.0, end - start))
@@ -314,11 +436,10 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
     raw_text = rec.get("jobidraw") or jid_text
     if is_step or "." in raw_text:
         return None, True
-    raw_m = re.match(r"^(\d+)$", raw_text.strip())
-    if raw_m:
-        raw = int(raw_m.group(1))
+    if _DIGITS_RE.match(raw_text.strip()):
+        raw = parse_int(raw_text, "JobIDRaw", 0)
     elif "jobidraw" not in rec and ids["array_job_id"] is None and ids["het_job_id"] is None:
-        raw = int(re.match(r"^\d+", jid_text).group(0))  # no JobIDRaw column: a plain id is the raw id
+        raw = parse_int(re.match(r"^\d+", jid_text.strip(), re.ASCII).group(0), "JobID", 0)  # a plain id is the raw id
     elif "jobidraw" not in rec:
         raise RowError(f"JobID {jid_text!r} is an array task or het component: its raw id needs the JobIDRaw field")
     else:
@@ -347,16 +468,99 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
         "exit_signal": sig,
         "gpus": gpus,
         "gpu_type": gtype,
-        "cpus": _int_or_none(rec.get("alloccpus"), "AllocCPUS") if rec.get("alloccpus") else tres_cpus,
+        "cpus": _int_or_none(rec.get("alloccpus"), "AllocCPUS", 0, MAX_COUNT) if rec.get("alloccpus") else tres_cpus,
         "alloc_tres": rec.get("alloctres") or None,
-        "nnodes": _int_or_none(rec.get("nnodes"), "NNodes"),
+        "nnodes": _int_or_none(rec.get("nnodes"), "NNodes", 0, MAX_COUNT),
         "node_list": rec.get("nodelist") or None,
         "comment": rec.get("comment") or None,
         "admin_comment": rec.get("admincomment") or None,
     }
     if job["state"] is None:
         raise RowError("empty State")
+    if job["start_at"] is not None and job["end_at"] is not None and job["start_at"] > job["end_at"]:
+        raise RowError(f"Start {rec['start'].strip()} is after End {rec['end'].strip()}")
     return _finish(job), False
+
+
+_DISPLAY = {"jobname": "JobName", "comment": "Comment"}
+#: Job fields that come from the free-text columns (differ between readings of one row).
+_FREE_TEXT_COLUMNS = ("job_name", "comment", "template")
+
+
+def rebuild_row(row: list[str], names: list[str], delimiter: str = "|") -> list[list[str]]:
+    """The readings of a ``-P`` row that has more fields than the header (``names``,
+    lower-cased) because a free-text field held the delimiter: one list of ``len(names)``
+    fields for each way of giving the extra fields to the free-text columns
+    (:data:`FREE_TEXT_FIELDS`), each such column's share joined back with ``delimiter``.
+    Fields left of the first free-text column and right of the last one keep their places.
+    ``[]`` when the header has no free-text column, or the row more than
+    :data:`MAX_EXTRA_FIELDS` extra fields."""
+    free = [i for i, n in enumerate(names) if n in FREE_TEXT_FIELDS]
+    extra = len(row) - len(names)
+    if not free or extra <= 0 or extra > MAX_EXTRA_FIELDS:
+        return []
+    readings = []
+    # stars and bars: every split of `extra` into len(free) shares >= 0
+    for bars in itertools.combinations(range(extra + len(free) - 1), len(free) - 1):
+        edges = (-1, *bars, extra + len(free) - 1)
+        shares = [edges[j + 1] - edges[j] - 1 for j in range(len(free))]
+        if len(readings) >= MAX_EXTRA_FIELDS + 1:
+            return []
+        cand: list[str] = []
+        pos, k = 0, 0
+        for i in range(len(names)):
+            if i in free:
+                take = shares[k] + 1
+                k += 1
+                cand.append(delimiter.join(row[pos:pos + take]))
+                pos += take
+            else:
+                cand.append(row[pos])
+                pos += 1
+        readings.append(cand)
+    return readings
+
+
+def _parse_long_row(row: list[str], names: list[str], conv: TimeConverter, cluster: str, delimiter: str,
+                    line: int) -> ParsedRow:
+    """A row with more fields than the header: its readings (:func:`rebuild_row`) parsed;
+    see the module docstring for which one is taken."""
+    head = f"{len(row)} fields, header has {len(names)}"
+    readings = rebuild_row(row, names, delimiter)
+    if not readings:
+        return ParsedRow(line=line, error=head)
+    cols = "/".join(_DISPLAY[n] for n in names if n in FREE_TEXT_FIELDS)
+    valid: list[tuple[dict | None, bool]] = []
+    errors: list[str] = []
+    for cand in readings:
+        try:
+            valid.append(pipe_row_to_job(dict(zip(names, cand, strict=True)), conv, cluster))
+        except (RowError, OverflowError) as e:
+            errors.append(str(e))
+    if not valid:
+        if len(readings) == 1:
+            return ParsedRow(line=line, error=f"{head}; with the extra {delimiter!r} in {cols}: {errors[0]}")
+        return ParsedRow(line=line, error=f"{head}; no way of placing the extra {delimiter!r} in {cols} "
+                                          "gives a valid row")
+    if len(valid) == 1:
+        job, step = valid[0]
+        return ParsedRow(line=line, job=job, step=step)
+
+    def rest(j: dict | None) -> dict | None:
+        return None if j is None else {k: v for k, v in j.items() if k not in _FREE_TEXT_COLUMNS}
+
+    first_job, first_step = valid[0]
+    differ = sorted({k for j, st in valid[1:] for k in COLUMNS
+                     if st != first_step or (rest(j) or {}).get(k) != (rest(first_job) or {}).get(k)})
+    if differ:
+        return ParsedRow(line=line, error=f"{head}; the extra {delimiter!r} may belong to {cols}, and the "
+                                          f"{len(valid)} readings differ in {', '.join(differ[:5])}: not stored")
+    if first_job is not None:
+        for k in _FREE_TEXT_COLUMNS:
+            first_job[k] = None
+    return ParsedRow(line=line, job=first_job, step=first_step,
+                     note=f"the extra {delimiter!r} may belong to {cols} ({len(valid)} readings): "
+                          f"stored with {cols} unknown")
 
 
 def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str] | None = None,
@@ -366,7 +570,12 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     None the first line must be the header (sacct without ``-n``); otherwise ``fields``
     names the columns of header-less output (``-n --format=...``).
 
-    Rows read by :mod:`csv` with ``delimiter`` and no quoting (sacct does not quote).
+    Rows read by :mod:`csv` with ``delimiter`` and no quoting (sacct does not quote). A
+    header ending in the delimiter marks ``-p`` output: each row's trailing empty field is
+    dropped. Otherwise (``-P``, or header-less output) a trailing empty field is data, as
+    the last field may be empty, unless the header has no free-text column: then a row with
+    one empty field too many can only be ``-p`` and the field is dropped. A row with too many fields is rebuilt when the header
+    has JobName or Comment (:func:`rebuild_row`, module docstring); else it is malformed.
     Raises :class:`SacctParseError` for an input that is not ``-P`` output at all (no
     header, fixed-width columns, no JobID column).
     """
@@ -383,11 +592,16 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
             if header and re.match(r"^\s*JobID\b", header[0]):
                 raise SacctParseError(f"{source}:1: fixed-width sacct output; save it with sacct -P (or -p)")
             raise SacctParseError(f"{source}:1: no sacct -P header line (fields separated by {delimiter!r})")
-        if header[-1] == "":
+        trailing = header[-1] == ""
+        if trailing:
             header = header[:-1]  # -p: trailing delimiter
         names = [_FIELD_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header]
     else:
         names = [_FIELD_ALIASES.get(f.lower(), f.lower()) for f in fields]
+        trailing = False
+    # Without a free-text column a row with one empty field too many can only be -p
+    # (sacct -P output saved with -p rows, or -n -p): take it as before.
+    lenient = not any(n in FREE_TEXT_FIELDS for n in names)
     if "jobid" not in names and "jobidraw" not in names:
         raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
     header_len = len(names)
@@ -401,14 +615,17 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
             continue
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
-        if len(row) == header_len + 1 and row[-1] == "":
+        if row[-1] == "" and ((trailing and len(row) > header_len) or (lenient and len(row) == header_len + 1)):
             row = row[:-1]
+        if len(row) > header_len:
+            yield _parse_long_row(row, names, conv, cluster, delimiter, reader.line_num)
+            continue
         if len(row) != header_len:
             yield ParsedRow(line=reader.line_num, error=f"{len(row)} fields, header has {header_len}")
             continue
         try:
             job, is_step = pipe_row_to_job(dict(zip(names, row, strict=True)), conv, cluster)
-        except RowError as e:
+        except (RowError, OverflowError) as e:
             yield ParsedRow(line=reader.line_num, error=str(e))
             continue
         yield ParsedRow(line=reader.line_num, job=job, step=is_step)
@@ -430,6 +647,8 @@ def _num(v):
 
 def _time(v) -> float | None:
     n = _num(v)
+    if n and not (MIN_TIME <= n <= MAX_TIME):  # NaN compares false: out of range too
+        raise RowError(f"time {_short(str(n))} is out of range")
     return None if not n else float(n)  # 0 = not reached (pending: start 0)
 
 
@@ -537,7 +756,7 @@ def iter_json(doc: dict, *, cluster: str = "", source: str = "<input>") -> Itera
     for i, j in enumerate(doc["jobs"], start=1):
         try:
             job, step = json_job_to_row(j, cluster, buggy)
-        except (RowError, TypeError, AttributeError, ValueError) as e:
+        except (RowError, TypeError, AttributeError, ValueError, OverflowError) as e:
             yield ParsedRow(line=i, error=f"jobs[{i - 1}]: {e}")
             continue
         yield ParsedRow(line=i, job=job, step=step)

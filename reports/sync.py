@@ -78,17 +78,22 @@ UPSERT_SQL = _upsert_sql()
 @dataclass
 class SyncResult:
     """What one import or sync did. ``malformed``: ``(line, message)`` of each skipped
-    row (line 1-based in the input; for JSON the index in ``jobs``)."""
+    row (line 1-based in the input; for JSON the index in ``jobs``). ``notes``: the same
+    for rows stored with something unknown (a ``|`` in JobName or Comment that either
+    could hold)."""
 
     source: str
     jobs: int = 0
     steps_skipped: int = 0
     malformed: list[tuple[int, str]] = field(default_factory=list)
+    notes: list[tuple[int, str]] = field(default_factory=list)
     since: float | None = None
     until: float | None = None
 
     def summary(self) -> str:
         s = f"{self.source}: {self.jobs} job(s) stored"
+        if self.notes:
+            s += f" ({len(self.notes)} with JobName/Comment unknown)"
         if self.steps_skipped:
             s += f", {self.steps_skipped} step row(s) ignored"
         if self.malformed:
@@ -133,6 +138,8 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
             elif r.step:
                 result.steps_skipped += 1
             elif r.job is not None:
+                if r.note is not None:
+                    result.notes.append((r.line, r.note))
                 yield r.job
     result.jobs = upsert_jobs(store, jobs(), synced_at=synced_at, source=result.source)
 

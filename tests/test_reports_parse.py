@@ -10,6 +10,7 @@ import pytest
 from reports_helpers import DATA, HANDMADE, utc
 
 from gpuguard.reports.sacct import (
+    SACCT_FIELDS,
     RowError,
     SacctParseError,
     TimeConverter,
@@ -164,11 +165,146 @@ def test_header_less_output_with_fields():
     assert (row.job["job_id_raw"], row.job["state"]) == (9, "RUNNING")
 
 
-def test_pipe_inside_a_comment_is_a_malformed_row_with_its_line():
-    text = "JobIDRaw|JobID|State|Comment\n1|1|COMPLETED|ok\n2|2|COMPLETED|a|b\n3|3|FAILED|\n"
+def test_pipe_inside_the_only_free_text_field_is_joined_back():
+    text = "JobIDRaw|JobID|State|Comment|AdminComment\n1|1|COMPLETED|ok|\n2|2|COMPLETED|a|b|c|adm\n3|3|FAILED||\n"
     rows = list(iter_pipe(io.StringIO(text), conv=UTC))
-    assert [(r.line, r.error) for r in rows if r.error] == [(3, "5 fields, header has 4")]
-    assert [r.job["job_id_raw"] for r in rows if r.job] == [1, 3]
+    assert [(r.line, r.error, r.note) for r in rows] == [(2, None, None), (3, None, None), (4, None, None)]
+    assert [(r.job["job_id_raw"], r.job["comment"], r.job["admin_comment"]) for r in rows] == [
+        (1, "ok", None), (2, "a|b|c", "adm"), (3, None, None)]
+
+
+def test_extra_fields_without_a_free_text_column_stay_malformed():
+    text = "JobIDRaw|JobID|State|Account\n1|1|COMPLETED|a|b\n2|2|COMPLETED|a\n3|3|COMPLETED|c|\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.line, r.error) for r in rows] == [(2, "5 fields, header has 4"), (3, None), (4, None)]
+    assert rows[2].job["account"] == "c"  # no free-text column: a trailing '|' can only be -p
+
+
+FULL = "|".join(SACCT_FIELDS) + "\n"
+
+
+def _full(raw: int, name: str, comment: str, account: str = "phys", start: str = "2026-11-01T10:05:00",
+          end: str = "2026-11-01T12:05:00", tres: str = "cpu=8,gres/gpu=4") -> str:
+    vals = {"JobIDRaw": str(raw), "JobID": str(raw), "Cluster": "c1", "JobName": name, "User": "u",
+            "Account": account, "Partition": "gpu", "QOS": "normal", "Submit": "2026-11-01T10:00:00",
+            "Eligible": "2026-11-01T10:00:00", "Start": start, "End": end, "ElapsedRaw": "7200",
+            "State": "COMPLETED", "ExitCode": "0:0", "AllocTRES": tres, "AllocCPUS": "8", "NNodes": "1",
+            "NodeList": "n1", "Comment": comment, "AdminComment": ""}
+    return "|".join(vals[f] for f in SACCT_FIELDS) + "\n"
+
+
+def test_pipe_in_jobname_and_comment_with_one_valid_reading_is_rebuilt():
+    # JobName and Comment both in the header: each split of the extra '|' is parsed, and
+    # only the true one gives valid times, so the row is rebuilt exactly
+    text = FULL + _full(1, "=cmd|' /C calc'!A0", "gpuguard:template=a") + _full(2, "n", "a|b|c") + \
+        _full(3, "x|y", "gpuguard:template=t1 | z|w")
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.line, r.error, r.note) for r in rows] == [(2, None, None), (3, None, None), (4, None, None)]
+    assert [(r.job["job_id_raw"], r.job["job_name"], r.job["comment"], r.job["template"], r.job["account"],
+             r.job["gpus"], r.job["charge_s"]) for r in rows] == [
+        (1, "=cmd|' /C calc'!A0", "gpuguard:template=a", "a", "phys", 4, 7200),
+        (2, "n", "a|b|c", None, "phys", 4, 7200),
+        (3, "x|y", "gpuguard:template=t1 | z|w", "t1", "phys", 4, 7200)]
+
+
+AMB_HEAD = "JobIDRaw|JobName|Account|Start|End|State|AllocTRES|Comment\n"
+MID = "acct|2026-11-01T10:00:00|2026-11-01T12:00:00|COMPLETED|gres/gpu=2"
+
+
+def test_ambiguous_pipe_is_kept_with_jobname_and_comment_unknown():
+    # JobName "x|MID", Comment "MID|y": the extra fields fit JobName, Comment or both, and
+    # all three readings agree on everything else: stored, usage counted, free text unknown
+    text = AMB_HEAD + f"7|x|{MID}|{MID}|{MID}|y\n"
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert (row.line, row.error, row.note) == (
+        2, None, "the extra '|' may belong to JobName/Comment (3 readings): stored with JobName/Comment unknown")
+    j = row.job
+    assert (j["job_id_raw"], j["job_name"], j["comment"], j["template"], j["account"], j["gpus"], j["start_at"],
+            j["end_at"], j["charge_s"], j["state"]) == (
+        7, None, None, None, "acct", 2, utc("2026-11-01T10:00:00"), utc("2026-11-01T12:00:00"), 7200, "COMPLETED")
+
+
+def test_ambiguous_pipe_whose_readings_disagree_on_usage_is_malformed():
+    # a JobName forged to look like fields: two valid readings with different accounts and
+    # GPU counts; nothing tells the true one, so the row is reported, not guessed
+    forged = "evil|2026-11-01T10:00:00|2026-11-01T10:00:01|COMPLETED|gres/gpu=0"
+    text = AMB_HEAD + f"8|x|{forged}|{MID}|y\n" + f"9|n|{MID}|c\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.line, r.error) for r in rows] == [
+        (2, "13 fields, header has 8; the extra '|' may belong to JobName/Comment, and the 2 readings differ in "
+            "account, alloc_tres, charge_s, elapsed_s, end_at: not stored"),
+        (3, None)]
+
+
+def test_long_row_with_no_valid_reading_names_the_reason():
+    text = "JobIDRaw|Start|Comment|End\n1|2026-11-01T10:00:00|a|b|bad\n"
+    text2 = FULL + _full(2, "x|y", "c|d", start="garbage")
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert (row.line, row.error) == (2, "5 fields, header has 4; with the extra '|' in Comment: "
+                                        "time 'bad' is not YYYY-MM-DDTHH:MM:SS")
+    (row,) = list(iter_pipe(io.StringIO(text2), conv=UTC))
+    assert (row.line, row.error) == (2, "23 fields, header has 21; no way of placing the extra '|' in "
+                                        "JobName/Comment gives a valid row")
+
+
+def test_minus_p_trailing_delimiter_and_a_pipe_in_the_comment():
+    # -p (header ends in '|'): the trailing empty field goes, the rest is rebuilt
+    text = "JobIDRaw|State|Comment|AdminComment|\n1|COMPLETED|a|b||\n2|COMPLETED|c||\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.error, r.job["comment"], r.job["admin_comment"]) for r in rows] == [
+        (None, "a|b", None), (None, "c", None)]
+    # -P (no trailing '|' in the header): an empty last field is data, not a -p marker
+    text = "JobIDRaw|State|Comment|AdminComment\n1|COMPLETED|a|b|\n"
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert (row.error, row.job["comment"], row.job["admin_comment"]) == (None, "a|b", None)
+
+
+def test_unit_separator_in_a_comment_of_header_less_output():
+    text = "\x1f".join(["5", "5", "RUNNING", "a\x1fb", "adm"]) + "\n"
+    (row,) = list(iter_pipe(io.StringIO(text), conv=UTC, fields=["JobIDRaw", "JobID", "State", "Comment",
+                                                                  "AdminComment"], delimiter="\x1f"))
+    assert (row.error, row.job["comment"], row.job["admin_comment"]) == (None, "a\x1fb", "adm")
+
+
+def test_oversized_and_impossible_values_are_malformed_rows_with_their_line():
+    big = "99999999999999999999999"
+    text = FULL + "".join([
+        _full(1, "ok", ""),
+        _full(2, "n", "", tres=f"cpu=8,gres/gpu={big}"),
+        _full(3, "n", "").replace("|8|1|n1|", f"|{big}|1|n1|"),
+        _full(4, "n", "").replace("|0:0|", "|99999999999999999999:0|"),
+        _full(5, "n", "", tres="cpu=8,gres/gpu=-4"),
+        _full(6, "n", "", start="9999-12-31T23:59:59"),
+        _full(7, "n", "").replace("|0:0|", "|0:99999999999999999999|"),
+        _full(8, "n", "", tres="cpu=-8,gres/gpu:a100=1000001"),
+        _full(9, "n", "", tres="cpu=8,gres/gpu:a100=1000001"),
+        _full(10, "n", "").replace("|8|1|n1|", "|8|-1|n1|"),
+        _full(11, "n", "").replace("|7200|", "|" + "9" * 5000 + "|"),
+        _full(12, "n", "", end="99999999999999999999"),
+        _full(13, "n", "", start="1741000000", end="1740000000"),
+        _full(99999999999999999999, "n", ""),
+        _full(14, "n", "").replace("|7200|", "|\u00b2|"),
+        _full(15, "n", "", tres="cpu=1000000,gres/gpu=1000000"),
+    ])
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.line, r.error) for r in rows if r.error] == [
+        (3, f"AllocTRES gres/gpu={big}: GPU count is more than 1000000"),
+        (4, f"AllocCPUS {big} is out of range (at most 1000000)"),
+        (5, "ExitCode status 99999999999999999999 is out of range (at most 9223372036854775807)"),
+        (6, "AllocTRES gres/gpu=-4: GPU count is negative"),
+        (7, "Start 9999-12-31T23:59:59 is after End 2026-11-01T12:05:00"),
+        (8, "ExitCode signal 99999999999999999999 is out of range (at most 9223372036854775807)"),
+        (9, "AllocTRES cpu=-8: CPU count is negative"),
+        (10, "AllocTRES gres/gpu:a100=1000001: GPU count is more than 1000000"),
+        (11, "NNodes -1 is negative"),
+        (12, "elapsed " + "9" * 32 + "... is out of range (at most 3162240000)"),
+        (13, "time '99999999999999999999' is out of range (after 9999-12-31)"),
+        (14, "Start 1741000000 is after End 1740000000"),
+        (15, "JobIDRaw 99999999999999999999 is out of range (at most 9223372036854775807)"),
+        (16, "elapsed '\u00b2' is not [DD-]HH:MM:SS"),
+    ]
+    assert [(r.job["job_id_raw"], r.job["gpus"], r.job["cpus"]) for r in rows if r.job] == [
+        (1, 4, 8), (15, 1000000, 8)]
 
 
 def test_array_task_without_jobidraw_is_malformed():
@@ -270,3 +406,33 @@ def test_states_ids_exit_template():
     assert template_of("run 3 gpuguard:template=llm-70b; other") == "llm-70b"
     assert template_of("template=foo") is None
     assert template_of(None) is None
+
+
+def test_json_oversized_and_impossible_values_are_malformed_jobs():
+    def job(jid, **kw):
+        j = {"job_id": jid, "state": {"current": ["COMPLETED"]}, "account": "a",
+             "time": {"start": 1762000000, "end": 1762007200, "elapsed": 7200, "submission": 1761990000},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 2}]}}
+        j.update(kw)
+        return j
+    doc = json.loads(json.dumps({"jobs": [
+        job(1),
+        job(10 ** 30),
+        job(3, tres={"allocated": [{"type": "gres", "name": "gpu", "count": -4}]}),
+        job(4, time={"start": 253402300799, "end": 1762007200}),
+        job(5, time={"start": 1762000000, "end": 10 ** 400}),
+        job(6, allocation_nodes=10 ** 30),
+        job(7, time={"start": 1762000000, "end": 1762007200, "elapsed": -5}),
+        job(8, tres={"allocated": [{"type": "cpu", "count": 2 ** 64}]}),
+    ]}))
+    rows = list(iter_json(doc))
+    assert [(r.line, r.error) for r in rows if r.error] == [
+        (2, "jobs[1]: job_id_raw 1000000000000000000000000000000 is out of range (at most 9223372036854775807)"),
+        (3, "jobs[2]: AllocTRES gres/gpu=-4: GPU count is negative"),
+        (4, "jobs[3]: Start 9999-12-31T23:59:59Z is after End 2025-11-01T14:26:40Z"),
+        (5, "jobs[4]: time 10000000000000000000000000000000... is out of range"),
+        (6, "jobs[5]: nnodes 1000000000000000000000000000000 is out of range (at most 1000000)"),
+        (7, "jobs[6]: elapsed_s -5 is negative"),
+        (8, "jobs[7]: AllocTRES cpu=18446744073709551616: CPU count is more than 1000000"),
+    ]
+    assert [(r.job["job_id_raw"], r.job["gpus"], r.job["charge_s"]) for r in rows if r.job] == [(1, 2, 7200)]

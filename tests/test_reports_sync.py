@@ -185,3 +185,57 @@ def test_cli_sync_live_failure_is_exit_1(tmp_path):
     r = CliRunner().invoke(main, ["report", "sync"], env=env)
     assert r.exit_code == 1
     assert f"{tmp_path}/bin/sacct: not found" in r.output
+
+
+# --- hostile input --------------------------------------------------------------------------
+FULL_HEAD = "|".join(SACCT_FIELDS) + "\n"
+
+
+def _full_row(raw: int, *, name: str = "n", comment: str = "", tres: str = "cpu=8,gres/gpu=4", cpus: str = "8",
+              exit_code: str = "0:0", start: str = "2026-11-01T10:05:00") -> str:
+    return "|".join([str(raw), str(raw), "c1", name, "u", "a", "gpu", "normal", "2026-11-01T10:00:00",
+                     "2026-11-01T10:00:00", start, "2026-11-01T12:05:00", "7200", "COMPLETED", exit_code, tres,
+                     cpus, "1", "n1", comment, ""]) + "\n"
+
+
+def test_cli_sync_oversized_and_impossible_rows_are_skipped_the_rest_stored(tmp_path):
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    big = "99999999999999999999999"
+    f = tmp_path / "hostile.txt"
+    f.write_text(FULL_HEAD + _full_row(2000) + _full_row(2001, tres=f"cpu=8,gres/gpu={big}")
+                 + _full_row(2002, cpus=big) + _full_row(2003, exit_code="99999999999999999999:0")
+                 + _full_row(2004, tres="cpu=8,gres/gpu=-4") + _full_row(2005, start="9999-12-31T23:59:59")
+                 + _full_row(2006, name="a|b", comment="gpuguard:template=t|x"))
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(f)], env=env)
+    assert (r.exit_code, r.output) == (1, "".join(f"{f}:{line}: skipped malformed row: {msg}\n" for line, msg in [
+        (3, f"AllocTRES gres/gpu={big}: GPU count is more than 1000000"),
+        (4, f"AllocCPUS {big} is out of range (at most 1000000)"),
+        (5, "ExitCode status 99999999999999999999 is out of range (at most 9223372036854775807)"),
+        (6, "AllocTRES gres/gpu=-4: GPU count is negative"),
+        (7, "Start 9999-12-31T23:59:59 is after End 2026-11-01T12:05:00"),
+    ]) + f"{f}: 2 job(s) stored, 5 malformed row(s) skipped\n")
+    from reports_helpers import open_cache_store
+
+    s = open_cache_store(tmp_path / "cluster.db")
+    try:
+        assert rows(s, "SELECT job_id_raw, job_name, comment, template, gpus, cpus, charge_s FROM sacct_jobs "
+                       "ORDER BY 1") == [(2000, "n", None, None, 4, 8, 7200), (2006, "a|b", "gpuguard:template=t|x",
+                                                                              "t", 4, 8, 7200)]
+    finally:
+        s.close()
+
+
+def test_cli_sync_ambiguous_pipe_is_stored_with_a_note(tmp_path):
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    mid = "acct|2026-11-01T10:00:00|2026-11-01T12:00:00|COMPLETED|gres/gpu=2"
+    f = tmp_path / "amb.txt"
+    f.write_text(f"JobIDRaw|JobName|Account|Start|End|State|AllocTRES|Comment\n7|x|{mid}|{mid}|{mid}|y\n")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(f)], env=env)
+    assert (r.exit_code, r.output) == (0, f"{f}:2: note: the extra '|' may belong to JobName/Comment "
+                                          "(3 readings): stored with JobName/Comment unknown\n"
+                                          f"{f}: 1 job(s) stored (1 with JobName/Comment unknown)\n")
+    r = CliRunner().invoke(main, ["report", "cost", "--since", "2026-11-01", "--until", "2026-11-02", "--format",
+                                  "csv"], env=env)
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[:2] == ["group,jobs,gpu_hours,cpu_hours,gpu_cost,cpu_cost,cost,failed_cost,"
+                                         "timeout_cost,node_fail_cost", "acct,1,4.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0"]
