@@ -172,7 +172,7 @@ def gpu_show(obj: _Obj, as_json: bool, nvsmi: str | None) -> None:
 
 
 @gpu.command("snapshot")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
+@click.option("-o", "--output", required=True, metavar="FILE",
               help="file to write (gpuguard-snapshot/1 JSON, a replay fixture)")
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
@@ -180,9 +180,13 @@ def gpu_snapshot(obj: _Obj, output: str, nvsmi: str | None) -> None:
     """Record the GPUs' state as a replay snapshot (for tests, triage and bug reports)."""
     from gpuguard.gpu.replay import dump_snapshot
 
+    from gpuguard.inputs import InputError, write_output
+
     snap = _snapshot(obj, nvsmi)
-    with open(output, "w") as fh:
-        fh.write(dump_snapshot(snap) + "\n")
+    try:
+        write_output(output, dump_snapshot(snap) + "\n")
+    except InputError as e:
+        _fail(str(e))
     click.echo(f"wrote {len(snap.gpus)} GPU(s) to {output}")
 
 

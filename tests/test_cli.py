@@ -165,3 +165,14 @@ def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args):
         r = invoke(*args, str(path))
         assert r.exit_code == 2
         assert r.output.count("\n") == 1 and r.output.rstrip().endswith(f"{path}: {why}")
+
+
+def test_snapshot_refuses_to_write_through_a_symlink(tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("precious")
+    link = tmp_path / "out.json"
+    link.symlink_to(target)
+    r = invoke("gpu", "snapshot", "-o", str(link), "--from-nvidia-smi", str(DATA / "nvsmi-q-h100-535.161.08-powerbrake.txt"))
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "symbolic link" in r.output
+    assert target.read_text() == "precious"
