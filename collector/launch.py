@@ -48,6 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 RUN_MODULE = "gpuguard.collector.run"
+#: Largest pid Linux can hand out (``PID_MAX_LIMIT`` on 64-bit: 2**22). A pid file naming
+#: anything outside ``1..PID_MAX`` is garbage (``pidfd_open`` would raise OverflowError
+#: beyond a C int, and ``kill(-1)`` signals every process).
+PID_MAX = 4194304
 #: How long :func:`start_collector` waits for the child to lead its own session.
 SESSION_WAIT_S = 1.0
 _DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -110,7 +114,8 @@ class StopResult:
 def _check_job_id(job_id: str) -> str:
     job_id = str(job_id)
     # Slurm job ids are decimal; array/het ids reach the hooks as their own numeric ids.
-    if not job_id.isdigit() or len(job_id) > 20:
+    # ASCII digits only: str.isdigit() also accepts '١٢٣' and '²'.
+    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 20:
         raise PrepareError(f"not a Slurm job id: {job_id!r}")
     return job_id
 
@@ -258,8 +263,17 @@ def is_collector(pid: int, job_id: str) -> bool:
     return _proc_state(pid) not in (None, "Z", "X")
 
 
+def _pid_or_none(text: str) -> int | None:
+    """``text`` as a pid in ``1..PID_MAX`` (ASCII digits only), else ``None``."""
+    if not (text.isascii() and text.isdigit()):  # at most 64 bytes were read
+        return None
+    pid = int(text)
+    return pid if 1 <= pid <= PID_MAX else None
+
+
 def read_pid_file(path: str) -> int | None:
-    """The pid in ``path``; ``None`` when missing, unreadable or not a positive integer."""
+    """The pid in ``path``; ``None`` when missing, unreadable, or not ASCII digits
+    naming a pid in ``1..PID_MAX``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -270,7 +284,7 @@ def read_pid_file(path: str) -> int | None:
         text = os.read(fd, 64).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    return _pid_or_none(text)
 
 
 def _write_pid_file(path: str, pid: int) -> None:
@@ -404,8 +418,13 @@ def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareRe
     uid: int | None = None
     gid: int | None = None
     try:
-        uid = int(env["SLURM_JOB_UID"])
-        gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else pwd.getpwuid(uid).pw_gid
+        uid_s = env["SLURM_JOB_UID"]
+        if not (uid_s.isascii() and uid_s.isdigit()) or int(uid_s) > 2**32 - 2:
+            raise ValueError(f"SLURM_JOB_UID {uid_s!r} is not a uid")
+        uid = int(uid_s)
+        gid_s = env.get("SLURM_JOB_GID", "")
+        gid = (int(gid_s) if gid_s.isascii() and gid_s.isdigit() and len(gid_s) <= 10 and int(gid_s) <= 2**32 - 2
+               else pwd.getpwuid(uid).pw_gid)
     except (KeyError, ValueError) as e:
         errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
     job_dir = None
@@ -456,7 +475,10 @@ def stop_collector(cfg: Any, job_id: str, timeout_s: float = 5.0) -> StopResult:
     SIGKILL and wait up to one more second. The pid is signalled only after
     ``/proc/PID/cmdline`` shows our collector for this job; signals go through a pidfd
     (``pidfd_open``/``pidfd_send_signal``) so a reused pid cannot be hit. Never raises
-    for a missing, stale or garbage pid file (``StopResult(pid, False, True, None)``).
+    for a missing, stale or garbage pid file: a stale pid gives
+    ``StopResult(pid, False, True, None)``; garbage (not ASCII digits, or a pid outside
+    ``1..PID_MAX`` such as ``2147483648`` or ``99999999999999999999``) counts as no pid
+    file, ``StopResult(None, False, True, None)``; the pid file is removed either way.
     """
     pid_path = pid_file_path(cfg, job_id)
     pid = read_pid_file(pid_path)
@@ -464,7 +486,7 @@ def stop_collector(cfg: Any, job_id: str, timeout_s: float = 5.0) -> StopResult:
         _remove(pid_path)
         return StopResult(None, False, True, None)
     pidfd = None
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError, OverflowError, ValueError):
         pidfd = os.pidfd_open(pid)
     try:
         if not is_collector(pid, job_id):  # checked after pidfd_open: the fd pins this process

@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpuguard import config as config_mod
     from gpuguard import log as log_mod
 
-    if not args.job_id.isdigit():
+    if not (args.job_id.isascii() and args.job_id.isdigit()) or len(args.job_id) > 20:
         print(f"gpuguard collector: bad --job-id {args.job_id!r}", file=sys.stderr)
         return 2
     try:

@@ -22,7 +22,7 @@ def job_dir_export(env: dict[str, str], uid: int | None = None) -> str | None:
     :func:`gpuguard.config.load`), or ``None``. ``uid``: the owner the directory must have
     (default: the real uid). Raises whatever the config loader raises."""
     job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
+    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 20:
         return None
     from gpuguard import config as config_mod
 

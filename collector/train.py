@@ -45,6 +45,19 @@ on it exactly; keys in this order)::
 A NaN/inf loss is written as ``"loss":null,"loss_nonfinite":true``; a NaN/inf grad norm
 as ``null``. Times are ``time.perf_counter`` differences in seconds.
 
+Values are checked before they are written, with the rules the epilog's ingest applies,
+so a record this module writes is never dropped there and a bad value never raises into
+training code. ``loss``/``grad_norm`` are anything ``float()`` takes (a Python or NumPy
+number, a one-element tensor); anything else (a list, ``"nan?"``, a bool) is written as
+``null``. ``samples``/``tokens`` must be integers in ``0 .. 2**63-1`` (an integral float
+or numeric string is converted; ``inf``, ``-1``, ``3.5``, ``"many"`` become ``null``). A
+phase time that is not a finite number >= 0 is left out. A record whose *required* value
+is unusable is not written: ``step`` not an integer in ``0 .. 2**63-1`` (``"epoch1"``,
+``-1``), or a ``log_step`` ``step_time_s`` / ``log_checkpoint`` ``duration_s`` that is not a
+finite number >= 0. Each kind of problem is reported once per recorder with one line on
+stderr. Only an unknown phase *name* raises (``ValueError``): that is a typo in the
+code, found on the first call whether the recorder is enabled or not.
+
 Cost: records are buffered and written with one ``write`` every :data:`FLUSH_RECORDS`
 records or :data:`FLUSH_INTERVAL_S` seconds, on :meth:`Recorder.flush`/:meth:`close`
 and at interpreter exit (``atexit``), so a step costs microseconds (``bench/train_api.py``).
@@ -57,6 +70,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import operator
 import os
 import sys
 import threading
@@ -74,26 +88,81 @@ _now = time.time
 _mono = time.monotonic
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _PHASE_KEYS = {p: p + "_s" for p in PHASES}
+_PHASE_ORDER = tuple(_PHASE_KEYS.values())
 _live: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+#: Largest integer the ingest (and SQLite's INTEGER) accepts.
+INT_MAX = 2**63 - 1
+_INF = math.inf
+_BAD: Any = object()  # "this value is unusable" (distinct from None, "not given")
 
 
 def _rank_from_env(env: Any = os.environ) -> int:
     for name in ("RANK", "SLURM_PROCID"):
         v = env.get(name)
-        if v is not None and v.strip().isdigit():
+        if v is not None and v.strip().isascii() and v.strip().isdigit() and int(v) <= INT_MAX:
             return int(v)
     return 0
 
 
-def _finite_or_none(x: Any) -> float | None:
+def _count(x: Any) -> Any:
+    """``x`` as an int in ``0..INT_MAX``, ``None`` for ``None``, else :data:`_BAD`."""
+    if type(x) is int:
+        return x if 0 <= x <= INT_MAX else _BAD
+    if x is None or isinstance(x, bool):
+        return _BAD if x is not None else None
+    try:
+        v = operator.index(x)  # int subclasses, NumPy/torch integers: exact
+    except TypeError:
+        try:
+            f = float(x)  # an integral float, "32", a one-element tensor
+        except Exception:
+            return _BAD
+        if not f.is_integer():  # inf, nan, 3.5: not a count
+            return _BAD
+        v = int(f)
+    except Exception:
+        return _BAD
+    return v if 0 <= v <= INT_MAX else _BAD
+
+
+def _real(x: Any) -> Any:
+    """``float(x)`` (may be NaN/inf), ``None`` for ``None``, :data:`_BAD` when ``float()``
+    refuses it or it is a bool."""
+    if type(x) is float:
+        return x
     if x is None:
         return None
-    f = float(x)
-    return f if math.isfinite(f) else None
+    if isinstance(x, bool):
+        return _BAD
+    try:
+        return float(x)
+    except Exception:
+        return _BAD
 
 
-def _int_or_none(x: Any) -> int | None:
-    return None if x is None else int(x)
+def _seconds(x: Any) -> Any:
+    """``x`` as a finite float >= 0, else :data:`_BAD` (``None`` included)."""
+    f = x if type(x) is float else _real(x)
+    if f is None or f is _BAD or not 0.0 <= f < _INF:
+        return _BAD
+    return f
+
+
+def _safe_repr(x: Any) -> str:
+    try:
+        r = repr(x)
+    except Exception:
+        r = f"<{type(x).__name__}>"
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _stderr(msg: str) -> None:
+    try:
+        sys.stderr.write(f"gpuguard.collector.train: {msg}\n")
+    except Exception:  # stderr itself is gone: nothing left to tell
+        pass
 
 
 class _Phase:
@@ -140,7 +209,12 @@ class Step:
         key = _PHASE_KEYS.get(name)
         if key is None:
             raise ValueError(f"unknown phase {name!r}; known: {', '.join(PHASES)}")
-        self.phases[key] = self.phases.get(key, 0.0) + float(seconds)
+        sec = _seconds(seconds)
+        if sec is _BAD:
+            self._rec._problem(f"phase {name}", f"add_phase({name!r}, {_safe_repr(seconds)}) ignored: "
+                               "not a finite number of seconds >= 0")
+            return
+        self.phases[key] = self.phases.get(key, 0.0) + sec
 
     def __enter__(self) -> Step:
         self._t0 = _perf()
@@ -148,8 +222,8 @@ class Step:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
-            self._rec._emit_step(self.step, _perf() - self._t0, self.samples, self.tokens,
-                                 self.loss, self.grad_norm, self.phases)
+            self._rec._emit_step_safe(self.step, _perf() - self._t0, self.samples, self.tokens,
+                                      self.loss, self.grad_norm, self.phases)
 
 
 class _NullPhase:
@@ -231,6 +305,7 @@ class Recorder:
         self._next_step = 0
         self._deadline = _mono() + self.flush_interval_s
         self._lock = threading.Lock()
+        self._reported: set[str] = set()
         if self.enabled:
             _live.add(self)
 
@@ -252,45 +327,112 @@ class Recorder:
                  tokens: int | None = None, loss: Any = None, grad_norm: Any = None,
                  phases: dict[str, float] | None = None) -> None:
         """Record a step timed by the caller. ``phases``: ``{"data_wait": s, ...}``
-        (names of :data:`PHASES`). Raises ``ValueError`` for an unknown phase name or a
-        non-finite time."""
-        if not self.enabled:
-            if phases:
-                for name in phases:
-                    if name not in _PHASE_KEYS:
-                        raise ValueError(f"unknown phase {name!r}; known: {', '.join(PHASES)}")
-            return
-        ph: dict[str, float] = {}
-        if phases:
-            for name, sec in phases.items():
-                key = _PHASE_KEYS.get(name)
-                if key is None:
+        (names of :data:`PHASES`). Raises ``ValueError`` for an unknown phase name only;
+        an unusable ``step``/``step_time_s`` skips the record (module docstring)."""
+        if phases and isinstance(phases, dict):
+            for name in phases:
+                if name not in _PHASE_KEYS:
                     raise ValueError(f"unknown phase {name!r}; known: {', '.join(PHASES)}")
-                ph[key] = float(sec)
-        self._emit_step(step, float(step_time_s), samples, tokens, loss, grad_norm, ph)
+        if not self.enabled:
+            return
+        try:
+            ph: dict[str, Any] = {}
+            if phases and isinstance(phases, dict):
+                for name, sec in phases.items():
+                    ph[_PHASE_KEYS[name]] = sec
+            elif phases:
+                self._problem("phases", f"phases {_safe_repr(phases)} left out: not a dict")
+            st = _seconds(step_time_s)
+            if st is _BAD:
+                self._problem("step_time_s", f"step {_safe_repr(step)} not recorded: step_time_s "
+                              f"{_safe_repr(step_time_s)} is not a finite number of seconds >= 0")
+                return
+            self._emit_step(step, st, samples, tokens, loss, grad_norm, ph)
+        except Exception as e:  # a bug of ours: never into the training loop
+            self._problem("internal", f"step not recorded: {type(e).__name__}: {e}")
 
     def log_checkpoint(self, duration_s: float, *, step: int | None = None) -> None:
-        """Record a checkpoint save that took ``duration_s`` seconds."""
+        """Record a checkpoint save that took ``duration_s`` seconds. An unusable
+        ``duration_s`` skips the record; an unusable ``step`` is written as ``null``."""
         if not self.enabled:
             return
-        self._append(_dumps({"v": SCHEMA_VERSION, "kind": "checkpoint", "rank": self.rank, "t": _now(),
-                             "step": _int_or_none(step), "duration_s": float(duration_s)}))
+        try:
+            d = _seconds(duration_s)
+            if d is _BAD:
+                self._problem("duration_s", f"checkpoint not recorded: duration_s {_safe_repr(duration_s)} "
+                              "is not a finite number of seconds >= 0")
+                return
+            n = _count(step)
+            if n is _BAD:
+                self._problem("checkpoint step", f"checkpoint step {_safe_repr(step)} written as null: "
+                              f"not an integer in 0..{INT_MAX}")
+                n = None
+            self._append(_dumps({"v": SCHEMA_VERSION, "kind": "checkpoint", "rank": self.rank, "t": _now(),
+                                 "step": n, "duration_s": d}))
+        except Exception as e:  # a bug of ours: never into the training loop
+            self._problem("internal", f"checkpoint not recorded: {type(e).__name__}: {e}")
 
-    def _emit_step(self, step: int | None, step_time_s: float, samples: Any, tokens: Any,
-                   loss: Any, grad_norm: Any, phases: dict[str, float]) -> None:
+    def _problem(self, what: str, msg: str) -> None:
+        """One stderr line per kind of problem per recorder."""
+        if what not in self._reported:
+            self._reported.add(what)
+            _stderr(f"{msg} (reported once per recorder)")
+
+    def _emit_step_safe(self, step: Any, step_time_s: float, samples: Any, tokens: Any,
+                        loss: Any, grad_norm: Any, phases: dict[str, Any]) -> None:
+        try:
+            self._emit_step(step, step_time_s, samples, tokens, loss, grad_norm, phases)
+        except Exception as e:  # a bug of ours: never into the training loop
+            self._problem("internal", f"step not recorded: {type(e).__name__}: {e}")
+
+    def _emit_step(self, step: Any, step_time_s: float, samples: Any, tokens: Any,
+                   loss: Any, grad_norm: Any, phases: dict[str, Any]) -> None:
+        # step_time_s: a finite float >= 0 (checked by the callers)
         if step is None:
             step = self._next_step
-        step = int(step)
+        else:
+            n = _count(step)
+            if n is _BAD or n is None:
+                self._problem("step", f"step {_safe_repr(step)} not recorded: not an integer in 0..{INT_MAX}")
+                return
+            step = n
         self._next_step = step + 1
-        lf = None if loss is None else float(loss)
-        nonfinite = lf is not None and not math.isfinite(lf)
-        if nonfinite:
+        nonfinite = False
+        lf = loss if type(loss) is float else _real(loss)
+        if lf is _BAD:
+            self._problem("loss", f"loss {_safe_repr(loss)} written as null: not a number")
             lf = None
-        ordered = {k: phases[k] for k in ("data_wait_s", "fwd_bwd_s", "comm_s", "optim_s") if k in phases}
+        elif lf is not None and not -_INF < lf < _INF:
+            lf, nonfinite = None, True
+        gn = grad_norm if type(grad_norm) is float else _real(grad_norm)
+        if gn is _BAD:
+            self._problem("grad_norm", f"grad_norm {_safe_repr(grad_norm)} written as null: not a number")
+            gn = None
+        elif gn is not None and not -_INF < gn < _INF:
+            gn = None
+        ns = _count(samples)
+        if ns is _BAD:
+            self._problem("samples", f"samples {_safe_repr(samples)} written as null: not an integer in 0..{INT_MAX}")
+            ns = None
+        nt = _count(tokens)
+        if nt is _BAD:
+            self._problem("tokens", f"tokens {_safe_repr(tokens)} written as null: not an integer in 0..{INT_MAX}")
+            nt = None
+        ordered = {}
+        for k in _PHASE_ORDER:
+            if k in phases:
+                v = phases[k]
+                if type(v) is not float or not 0.0 <= v < _INF:
+                    v = _seconds(v)
+                    if v is _BAD:
+                        self._problem("phase " + k, f"phase {k} {_safe_repr(phases[k])} left out: "
+                                      "not a finite number of seconds >= 0")
+                        continue
+                ordered[k] = v
         self._append(_dumps({
             "v": SCHEMA_VERSION, "kind": "step", "rank": self.rank, "t": _now(), "step": step,
-            "step_time_s": step_time_s, "samples": _int_or_none(samples), "tokens": _int_or_none(tokens),
-            "loss": lf, "loss_nonfinite": nonfinite, "grad_norm": _finite_or_none(grad_norm),
+            "step_time_s": step_time_s, "samples": ns, "tokens": nt,
+            "loss": lf, "loss_nonfinite": nonfinite, "grad_norm": gn,
             "phases": ordered,
         }))
 

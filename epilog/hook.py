@@ -29,11 +29,21 @@ A ``fail-job`` decision means nothing after the job: it is logged only.
 
 **The job directory is deleted after ingest**, once its records are committed to the
 store: the store is the record from then on, and the directory (user-writable, on the
-node's disk) must not pile up. It is kept when the ingest or the store write failed,
-or when the ingest rejected a file, so an operator can look at it; the deletion goes
-through :func:`gpuguard.collector.launch.remove_job_dir`, which works relative to a
+node's disk) must not pile up. It is kept only when the records could not be stored
+(``SLURM_JOB_UID`` unset, the store write failed, a bug in the reader), so that they
+are not lost. A file the ingest rejected (a symlink, FIFO, hard link or other file the
+user planted) does not keep it: the rejection is logged and in the summary
+(``rejected_files``), and the directory goes like any other, so a user cannot pin
+directories on the node's disk. The deletion goes through
+:func:`gpuguard.collector.launch.remove_job_dir`, which works relative to a
 ``job_dir_root`` file descriptor opened with ``O_NOFOLLOW`` and never follows a
-symlink (a symlinked job dir is unlinked, not its target).
+symlink (a symlinked job dir or file is unlinked, not its target).
+
+Environment values are validated: ``SLURM_JOB_ID`` must be ASCII digits (at most 20;
+``str.isdigit`` alone would accept ``'١٢٣'``), ``SLURM_JOB_UID`` ASCII digits, and
+``SLURM_JOB_EXIT_CODE`` ASCII digits in ``0 .. 2**32-1`` (Slurm's unsigned 32-bit
+exit code); anything else counts as unset (job id: post-job checks only; exit code:
+``unknown`` in the summary).
 """
 
 from __future__ import annotations
@@ -49,12 +59,22 @@ COLLECTOR_STOP_SHARE = 0.2
 COLLECTOR_STOP_MAX_S = 5.0
 
 
-def _env_int(env: dict[str, str], name: str) -> int | None:
+#: Largest ``SLURM_JOB_EXIT_CODE`` / ``SLURM_JOB_UID``: Slurm keeps both as uint32.
+UINT32_MAX = 2**32 - 1
+
+
+def _env_int(env: dict[str, str], name: str, maximum: int = UINT32_MAX) -> int | None:
+    """``env[name]`` as an int in ``0..maximum``: ASCII digits only, else ``None``."""
     v = env.get(name)
-    try:
-        return int(v) if v not in (None, "") else None
-    except ValueError:
+    if not v or not (v.isascii() and v.isdigit()) or len(v) > 20:
         return None
+    n = int(v)
+    return n if n <= maximum else None
+
+
+def is_job_id(value: str | None) -> bool:
+    """A Slurm job id as the hooks get it: 1 to 20 ASCII digits."""
+    return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
 
 
 # -- seams to the collector (tests replace these) -----------------------------------------
@@ -139,7 +159,14 @@ def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) 
 def run(env: dict[str, str] | None = None) -> int:
     """The epilog's work (module docstring); returns the exit status, always 0. Used by
     :func:`main` and the tests."""
-    env = dict(os.environ) if env is None else env
+    env = dict(os.environ if env is None else env)
+    # one reading of the exit code for the summary and the verdict: an out-of-range or
+    # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
+    exit_raw = _env_int(env, "SLURM_JOB_EXIT_CODE")
+    if exit_raw is None:
+        env.pop("SLURM_JOB_EXIT_CODE", None)
+    else:
+        env["SLURM_JOB_EXIT_CODE"] = str(exit_raw)
     from gpuguard import config as config_mod
     from gpuguard import log as log_mod
 
@@ -150,7 +177,7 @@ def run(env: dict[str, str] | None = None) -> int:
         log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "epilog", job_id).error("tool error: config: %s", e)
         return EXIT_OK
     log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
-    if job_id is not None and not (job_id.isdigit() and len(job_id) <= 20):
+    if job_id is not None and not is_job_id(job_id):
         log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
         job_id = None
     budget = float(cfg.get("epilog", "time_budget_s"))
@@ -218,8 +245,13 @@ def run(env: dict[str, str] | None = None) -> int:
                 log.warning("training records: %s rejected: %s", path, why)
             if ingest.malformed:
                 log.warning("training records: %d malformed line(s) skipped", ingest.malformed)
+            if ingest.truncated:
+                log.warning("training records: truncated at the ingest caps; the summary covers the "
+                            "first %d step and %d checkpoint record(s)", len(ingest.steps),
+                            len(ingest.checkpoints))
             n_steps, n_ckpt = save_training_records(store, job_id, node, ingest)
-            keep_dir = bool(ingest.rejected_files)
+            # a rejected file (symlink, FIFO, hard link: planted by the user) is logged and
+            # in the summary; it does not keep the directory (users could pin dirs forever)
             if n_steps or n_ckpt:
                 log.info("ingested %d step and %d checkpoint record(s)", n_steps, n_ckpt)
         except Exception as e:  # StoreError, a bug in the reader: keep the dir for a look
@@ -230,7 +262,7 @@ def run(env: dict[str, str] | None = None) -> int:
     from gpuguard.epilog.summary import save_summary, summarize_job
 
     try:
-        summary = summarize_job(store, job_id, node, exit_status_raw=_env_int(env, "SLURM_JOB_EXIT_CODE"),
+        summary = summarize_job(store, job_id, node, exit_status_raw=exit_raw,
                                 collector_status=status, ingest=ingest)
         save_summary(store, summary)
         log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,

@@ -14,6 +14,10 @@ What it does, in order, inside ``[prolog] time_budget_s``:
    ``proceed`` -> create the job's record directory and start the collector
    (:func:`gpuguard.collector.launch.prepare_job`) and exit 0.
 
+``SLURM_JOB_ID`` must be 1 to 20 ASCII digits (``str.isdigit`` alone accepts ``'١٢٣'``);
+anything else is logged as a tool error and the run is node checks only: no job is
+failed, no job directory or collector is set up.
+
 Whatever hangs, the process exits when the budget runs out: the work runs in a daemon
 thread and the main thread leaves with ``os._exit`` (a hung NVML call cannot be
 interrupted otherwise). Running out of budget is our fault: exit 0, no drain.
@@ -52,6 +56,9 @@ def run(env: dict[str, str] | None = None) -> int:
     log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
     if config_error:
         log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
+    if job_id is not None and not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 20):
+        log.error("tool error: SLURM_JOB_ID %r is not a job id; node checks only", job_id)
+        job_id = None
     from gpuguard.health import parse_job_gpus, run_health
     from gpuguard.store import StoreError, open_store
 

@@ -220,6 +220,50 @@ def test_stop_collector_on_dead_or_foreign_pid(node):
     assert stop_collector(cfg, "50", 1) == StopResult(None, False, True, None)
 
 
+@pytest.mark.parametrize("text", ["2147483648", "4294967297", "99999999999999999999", "4194305", "0",
+                                  "-1", "\u0661\u0662\u0663", "12 34", "1" * 60, ""])
+def test_stop_collector_pid_out_of_range_is_garbage(node, text):
+    """pidfd_open(2**31) raised OverflowError before; out of 1..PID_MAX is no pid."""
+    cfg, tmp = node["cfg"], node["tmp"]
+    pidfile = tmp / "state" / "collector.51.pid"
+    (tmp / "state").mkdir(exist_ok=True)
+    pidfile.write_text(text + "\n")
+    assert launch.read_pid_file(str(pidfile)) is None
+    assert stop_collector(cfg, "51", 0.1) == StopResult(None, False, True, None)
+    assert not pidfile.exists()
+
+
+def test_read_pid_file_range_edges(tmp_path):
+    p = tmp_path / "x.pid"
+    for text, want in [("1\n", 1), ("4194304\n", 4194304), ("4194305\n", None), ("0004242\n", 4242),
+                       ("00004242\n", 4242), (" 77 \n", 77), ("4_2\n", None)]:
+        p.write_text(text)
+        assert (text, launch.read_pid_file(str(p))) == (text, want)
+    assert launch.PID_MAX == 4194304
+
+
+@pytest.mark.parametrize("job_id", ["\u0661\u0662\u0663", "\u00b2", "4\u0662", "1" * 21, "", "-1"])
+def test_job_id_must_be_ascii_digits(tmp_path, make_config, job_id):
+    _, cfg = make_config("[prolog]\nstart_collector = false\n")
+    with pytest.raises(PrepareError, match="not a Slurm job id"):
+        launch.pid_file_path(cfg, job_id)
+    with pytest.raises(PrepareError, match="not a Slurm job id"):
+        ensure_job_dir(str(tmp_path / "jobs"), job_id, UID, GID)
+    with pytest.raises(PrepareError, match="not a Slurm job id"):
+        launch.remove_job_dir(str(tmp_path / "jobs"), job_id)
+    assert launch.pid_file_path(cfg, "7") == str(tmp_path / "state" / "collector.7.pid")
+
+
+@pytest.mark.parametrize("env_uid, env_gid", [("-1", "1001"), ("\u0661", "1001"), ("99999999999", "1001"),
+                                              (" 1001", "1001")])
+def test_prepare_job_refuses_odd_uid(tmp_path, make_config, env_uid, env_gid):
+    _, cfg = make_config("[prolog]\nstart_collector = false\n")
+    log = launch.logging.getLogger("test")
+    with pytest.raises(PrepareError, match="job user unknown"):
+        prepare_job(cfg, {"SLURM_JOB_ID": "44", "SLURM_JOB_UID": env_uid, "SLURM_JOB_GID": env_gid}, log)
+    assert not (tmp_path / "jobs" / "44").exists()
+
+
 def test_stop_collector_escalates_to_sigkill(node):
     cfg, tmp = node["cfg"], node["tmp"]
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"

@@ -209,3 +209,9 @@ def test_bad_config_exits_2(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "gpuguard.collector.run", "--job-id", "1", "--config", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown section [nope]" in r.stderr
+
+
+def test_non_ascii_job_id_exits_2():
+    r = subprocess.run([sys.executable, "-m", "gpuguard.collector.run", "--job-id", "\u0664\u0662"],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gpuguard collector: bad --job-id '\u0664\u0662'\n")

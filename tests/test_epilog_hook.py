@@ -194,19 +194,113 @@ def test_real_collector_module_died_and_real_ingest(node, monkeypatch):
 
 
 @needs_collector
-def test_rejected_file_keeps_the_job_dir(node, monkeypatch):
+def test_rejected_files_do_not_keep_the_job_dir(node, monkeypatch):
+    """Files the user planted (symlink, FIFO, hard link to another user's file) are
+    rejected, logged, in the summary, and the job dir goes anyway: targets untouched."""
     monkeypatch.undo()
     monkeypatch.setenv("GPUGUARD_CONFIG", str(node["tmp"] / "gpuguard.toml"))
     assert prolog_hook.run(ENV) == 0
+    jd = node["jobs"] / "42"
     secret = node["tmp"] / "secret"
     secret.write_text('{"v":1}\n')
-    os.symlink(secret, node["jobs"] / "42" / "train.rank0.jsonl")
+    other = node["tmp"] / "other"
+    other.write_text("not yours\n")
+    os.chown(other, 4242, 4242)
+    os.symlink(secret, jd / "train.rank0.jsonl")
+    os.mkfifo(jd / "train.rank1.jsonl")
+    os.link(other, jd / "train.rank2.jsonl")
+    (jd / "train.rank3.jsonl").write_text(json.dumps(step(3, 1, 0.5)) + "\n")
     assert hook.run(EPILOG_ENV) == 0
     s = summary(node["db"])
-    assert s["rejected_files"] == [[str(node["jobs"] / "42" / "train.rank0.jsonl"), "symlink"]]
-    assert s["collector_status"] == "never_started"
-    assert (node["jobs"] / "42").is_dir() and secret.exists()
-    assert "job directory kept" in node["log"].read_text()
+    assert s["rejected_files"] == [[str(jd / "train.rank0.jsonl"), "symlink"],
+                                   [str(jd / "train.rank1.jsonl"), "not a regular file"],
+                                   [str(jd / "train.rank2.jsonl"), f"owned by uid 4242, expected {UID}"]]
+    assert (s["step_records"], s["collector_status"]) == (1, "never_started")
+    assert not jd.exists()
+    assert secret.read_text() == '{"v":1}\n'
+    assert (other.read_text(), os.stat(other).st_nlink, os.stat(other).st_uid) == ("not yours\n", 1, 4242)
+    log = node["log"].read_text()
+    assert "job directory kept" not in log
+    assert log.count("training records: ") == 3 and "rejected: symlink" in log
+
+
+@needs_collector
+def test_store_write_failure_keeps_the_job_dir(node, monkeypatch):
+    from gpuguard.store import StoreError
+
+    monkeypatch.undo()
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(node["tmp"] / "gpuguard.toml"))
+    assert prolog_hook.run(ENV) == 0
+    jd = node["jobs"] / "42"
+    (jd / "train.rank0.jsonl").write_text(json.dumps(step(0, 1, 0.5)) + "\n")
+
+    def fail(store, job_id, node_name, ingest):
+        raise StoreError("store x: training records write failed: disk I/O error")
+    monkeypatch.setattr(hook, "save_training_records", fail)
+    assert hook.run(EPILOG_ENV) == 0
+    assert (jd / "train.rank0.jsonl").read_text() == json.dumps(step(0, 1, 0.5)) + "\n"
+    log = node["log"].read_text()
+    assert "tool error: training records: StoreError: store x: training records write failed" in log
+    assert f"job directory kept: {jd}" in log
+
+
+@needs_collector
+def test_out_of_range_record_drops_only_its_line(node, monkeypatch):
+    monkeypatch.undo()
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(node["tmp"] / "gpuguard.toml"))
+    assert prolog_hook.run(ENV) == 0
+    jd = node["jobs"] / "42"
+    lines = [step(0, 1, 0.5), step(0, 2**63, 0.5), step(0, 3, 0.5, samples=10**30), step(0, 4, 0.5, t=1.0),
+             step(0, 5, 0.5, t=1e12), step(0, 6, 0.5, t=1e300), step(0, 7, 0.5, t=-1e300), step(0, 8, 0.5)]
+    (jd / "train.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert hook.run(EPILOG_ENV) == 0
+    assert open_store(node["db"]).query("select step from steps order by step") == [{"step": 1}, {"step": 8}]
+    s = summary(node["db"])
+    assert (s["step_records"], s["malformed_records"], s["records_truncated"]) == (2, 6, False)
+    assert not jd.exists()
+    assert "tool error" not in node["log"].read_text()
+
+
+@needs_collector
+def test_truncated_ingest_is_in_the_summary_and_the_log(node, monkeypatch):
+    from gpuguard.collector import ingest as ingest_mod
+
+    monkeypatch.setattr(hook, "read_job_records",
+                        lambda d, uid: ingest_mod.read_job_records(d, uid, max_records=2))
+    assert prolog_hook.run(ENV) == 0
+    jd = node["jobs"] / "42"
+    (jd / "train.rank0.jsonl").write_text("".join(json.dumps(step(0, n, 0.5)) + "\n" for n in range(5)))
+    assert hook.run(EPILOG_ENV) == 0
+    s = summary(node["db"])
+    assert (s["step_records"], s["records_truncated"]) == (2, True)
+    assert ("training records: truncated at the ingest caps; the summary covers the first 2 step and "
+            "0 checkpoint record(s)") in node["log"].read_text()
+
+
+@pytest.mark.parametrize("raw, stored, text", [
+    ("99999999999999999999999", None, "unknown"),
+    ("4294967296", None, "unknown"),
+    ("-1", None, "unknown"),
+    ("٧٦٨", None, "unknown"),
+    (" 768", None, "unknown"),
+    ("", None, "unknown"),
+    ("4294967295", 4294967295, "signal 127 (?) core dumped"),
+    ("768", 768, "exit 3"),
+])
+def test_exit_code_out_of_range_is_unknown(node, raw, stored, text):
+    assert hook.run(dict(EPILOG_ENV, SLURM_JOB_EXIT_CODE=raw)) == 0
+    s = summary(node["db"])
+    assert (s["exit_status_raw"], s["exit_text"]) == (stored, text)
+    assert "tool error" not in node["log"].read_text()
+
+
+@pytest.mark.parametrize("job_id", ["١٢٣", "42\n", "²", "1" * 21, "-42", "+42"])
+def test_non_ascii_or_odd_job_id_checks_only(node, job_id):
+    assert hook.run(dict(EPILOG_ENV, SLURM_JOB_ID=job_id)) == 0
+    st = open_store(node["db"])
+    assert st.query("select hook, job_id from health_runs") == [{"hook": "epilog", "job_id": None}]
+    assert st.query("select count(*) n from job_summaries")[0]["n"] == 0
+    assert f"tool error: SLURM_JOB_ID {job_id!r} is not a job id" in node["log"].read_text()
 
 
 def test_scontrol_failure_still_exit_0(node):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
-from gpuguard.collector.ingest import read_job_records, validate_record
+from gpuguard.collector import ingest
+from gpuguard.collector.ingest import MIB, read_job_records, validate_record
 
 UID = 1001  # the job user's uid; files are chowned to it
 
@@ -73,10 +75,10 @@ def test_exact_counts_and_normalised_records(job_dir):
 
 def test_nan_literal_and_flag_become_nonfinite(job_dir):
     text = (
-        '{"v":1,"kind":"step","rank":0,"t":1.0,"step":0,"step_time_s":0.5,"loss":NaN}\n'
-        '{"v":1,"kind":"step","rank":0,"t":1.0,"step":1,"step_time_s":0.5,"loss":Infinity,"grad_norm":NaN}\n'
-        '{"v":1,"kind":"step","rank":0,"t":1.0,"step":2,"step_time_s":0.5,"loss":null,"loss_nonfinite":true}\n'
-        '{"v":1,"kind":"step","rank":0,"t":1.0,"step":3,"step_time_s":0.5,"loss":1.5}\n'
+        '{"v":1,"kind":"step","rank":0,"t":1764460800.0,"step":0,"step_time_s":0.5,"loss":NaN}\n'
+        '{"v":1,"kind":"step","rank":0,"t":1764460800.0,"step":1,"step_time_s":0.5,"loss":Infinity,"grad_norm":NaN}\n'
+        '{"v":1,"kind":"step","rank":0,"t":1764460800.0,"step":2,"step_time_s":0.5,"loss":null,"loss_nonfinite":true}\n'
+        '{"v":1,"kind":"step","rank":0,"t":1764460800.0,"step":3,"step_time_s":0.5,"loss":1.5}\n'
         '{"v":1,"kind":"step","rank":0,"t":NaN,"step":4,"step_time_s":0.5}\n'
     )
     put(job_dir, "train.rank0.jsonl", text)
@@ -177,3 +179,65 @@ def test_validate_record_errors():
     with pytest.raises(ValueError, match="bad or missing loss_nonfinite"):
         validate_record(step(0, loss_nonfinite="no"))
     assert validate_record(ckpt(None))["step"] is None
+
+
+# -- out-of-range values: that line only (security review) ----------------------------------
+NOW = 1764460800.0 + 3600  # the reader's clock in these tests
+
+
+@pytest.mark.parametrize("over", [
+    {"step": 2**63}, {"step": 10**30}, {"samples": 10**30}, {"samples": 2**63}, {"tokens": 2**64},
+    {"rank": 2**63}, {"t": 1.0}, {"t": 0}, {"t": 946684799.0}, {"t": 1e12}, {"t": 1e300}, {"t": -1e300},
+    {"t": NOW + 86400.5}, {"t": 10**400}, {"step_time_s": 10**400}, {"loss": 10**400},
+    {"phases": {"comm_s": 10**400}},
+])
+def test_out_of_range_value_makes_only_its_line_malformed(job_dir, over):
+    text = jl(step(0)) + json.dumps(step(1, **over)) + "\n" + jl(step(2), ckpt(2))
+    put(job_dir, "train.rank0.jsonl", text)
+    res = read_job_records(str(job_dir), UID, now=NOW)
+    assert ([s["step"] for s in res.steps], len(res.checkpoints), res.malformed, res.truncated) == ([0, 2], 1, 1, False)
+
+
+def test_range_edges_are_accepted(job_dir):
+    edge = [step(0, step=2**63 - 1, samples=2**63 - 1, tokens=0, rank=2**63 - 1, t=946684800.0),
+            step(1, t=NOW + 86400.0)]
+    put(job_dir, "train.rank0.jsonl", jl(*edge))
+    res = read_job_records(str(job_dir), UID, now=NOW)
+    assert (res.malformed, [s["t"] for s in res.steps]) == (0, [946684800.0, NOW + 86400.0])
+    assert res.steps[0]["step"] == res.steps[0]["samples"] == res.steps[0]["rank"] == 2**63 - 1
+
+
+def test_validate_record_t_window_defaults_to_the_clock():
+    with pytest.raises(ValueError, match="bad or missing t"):
+        validate_record(step(0, t=time.time() + 2 * 86400))
+    assert validate_record(step(0, t=time.time()))["step"] == 0
+    with pytest.raises(ValueError, match="bad or missing t"):
+        validate_record(step(0), now=946684800.0)  # t = 2025 is far in that clock's future
+    with pytest.raises(ValueError, match="bad or missing step"):
+        validate_record(step(0, step=2**63))
+
+
+def test_record_cap_truncates_exactly(job_dir):
+    put(job_dir, "train.rank0.jsonl", jl(step(0), step(1), ckpt(1)) + "\n\n")
+    put(job_dir, "train.rank1.jsonl", jl(step(0, rank=1)))
+    res = read_job_records(str(job_dir), UID, max_records=4)
+    assert (len(res.steps), len(res.checkpoints), res.truncated) == (3, 1, False)  # exactly at the cap
+    res = read_job_records(str(job_dir), UID, max_records=3)
+    assert ([(s["rank"], s["step"]) for s in res.steps], len(res.checkpoints), res.truncated) == (
+        [(0, 0), (0, 1)], 1, True)
+    res = read_job_records(str(job_dir), UID, max_records=1)
+    assert ([s["step"] for s in res.steps], res.checkpoints, res.truncated) == ([0], [], True)
+    # malformed lines count against the cap (a junk line costs more than a record)
+    put(job_dir, "train.rank1.jsonl", "x\n{}\n" + jl(step(0, rank=1)))
+    res = read_job_records(str(job_dir), UID, max_records=5)
+    assert (len(res.steps), len(res.checkpoints), res.malformed, res.truncated) == (2, 1, 2, True)
+
+
+def test_default_caps_and_the_record_cap_end_to_end(job_dir):
+    assert (ingest.MAX_TOTAL_BYTES, ingest.MAX_FILE_BYTES, ingest.MAX_RECORDS) == (32 * MIB, 32 * MIB, 100_000)
+    n = ingest.MAX_RECORDS + 1
+    line = '{"v":1,"kind":"step","rank":0,"t":1764460800.5,"step":%d,"step_time_s":0.5}\n'
+    put(job_dir, "train.rank0.jsonl", "".join(line % i for i in range(n)))
+    res = read_job_records(str(job_dir), UID)
+    assert (len(res.steps), res.steps[-1]["step"], res.malformed, res.truncated) == (
+        ingest.MAX_RECORDS, ingest.MAX_RECORDS - 1, 0, True)

@@ -2,6 +2,7 @@
 a fake scontrol that records its argv."""
 
 import json
+import os
 import time
 
 import pytest
@@ -287,3 +288,18 @@ def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_co
     rows = open_store(node["db"]).query(
         "select code, severity, action, gpu_index from findings where job_id = '200'")
     assert rows == [{"code": "baseline.idle_temp_up", "severity": "warning", "action": "alert", "gpu_index": 1}]
+
+
+@pytest.mark.parametrize("job_id", ["\u0664\u0662", "\u00b2", "42/../1", "1" * 21])
+def test_non_ascii_job_id_is_node_checks_only(node, make_config, write_replay, job_id):
+    """str.isdigit() accepts '٤٢': the prolog takes ASCII digits only; a bad id fails no
+    job and sets up no job directory, the node checks still run."""
+    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
+                kernel_log=str(node["kl"]))
+    assert hook.run(dict(ENV, SLURM_JOB_ID=job_id, SLURM_JOB_UID="1001", SLURM_JOB_GID="1001")) == 0
+    assert node["calls"]() == []
+    assert [(r["job_id"], r["decision"]) for r in runs(node["db"])] == [(None, "fail-job")]
+    assert not (node["tmp"] / "jobs").exists() or os.listdir(node["tmp"] / "jobs") == []
+    log = (node["tmp"] / "gpuguard.log").read_text()
+    assert f"tool error: SLURM_JOB_ID {job_id!r} is not a job id; node checks only" in log

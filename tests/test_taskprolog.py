@@ -79,3 +79,11 @@ def test_import_stays_minimal():
             "print([m for m in ('click', 'sqlite3', 'sqlite_utils', 'jinja2') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("job_id", ["\u0664\u0662", "\u00b2"])
+def test_non_ascii_digit_job_id_prints_nothing(world, job_id):
+    d, cfg = world
+    (d / "jobs" / job_id).mkdir(mode=0o700)  # owned by the current uid: only the id is wrong
+    r = run_tp(cfg, job_id=job_id)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")

@@ -197,3 +197,156 @@ def test_records_round_trip_through_ingest(tmp_path):
     assert (len(res.steps), len(res.checkpoints), res.malformed, res.nonfinite_loss) == (5, 1, 0, 1)
     assert res.steps == lines(tmp_path / "train.rank0.jsonl")[:5]
     assert train.SCHEMA_VERSION == 1
+
+
+# -- invalid values never raise into training code (security review) -----------------------
+BIG = 2**63
+
+
+@pytest.mark.parametrize("attr, value, field, written", [
+    ("loss", [1.0, 2.0], "loss", None),
+    ("loss", "nan?", "loss", None),
+    ("loss", True, "loss", None),
+    ("loss", "1.5", "loss", 1.5),
+    ("grad_norm", "big", "grad_norm", None),
+    ("grad_norm", {"a": 1}, "grad_norm", None),
+    ("samples", float("inf"), "samples", None),
+    ("samples", float("nan"), "samples", None),
+    ("samples", -1, "samples", None),
+    ("samples", 3.5, "samples", None),
+    ("samples", BIG, "samples", None),
+    ("samples", 10**30, "samples", None),
+    ("samples", 32.0, "samples", 32),
+    ("samples", "64", "samples", 64),
+    ("tokens", BIG - 1, "tokens", BIG - 1),
+    ("tokens", "many", "tokens", None),
+    ("tokens", False, "tokens", None),
+])
+def test_step_bad_value_is_nulled_with_one_stderr_line(tmp_path, capsys, attr, value, field, written):
+    rec = Recorder(str(tmp_path), rank=0)
+    for _ in range(3):  # reported once per recorder, not once per step
+        with rec.step() as s:
+            setattr(s, attr, value)
+    rec.close()
+    rs = lines(tmp_path / "train.rank0.jsonl")
+    assert [r["step"] for r in rs] == [0, 1, 2]
+    assert [r[field] for r in rs] == [written] * 3
+    assert [r["loss_nonfinite"] for r in rs] == [False] * 3
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == (0 if written is not None else 1)
+    if err:
+        assert err[0].startswith(f"gpuguard.collector.train: {field} ")
+        assert err[0].endswith("(reported once per recorder)")
+    res = read_job_records(str(tmp_path), os.getuid())  # every line survives the ingest
+    assert (len(res.steps), res.malformed) == (3, 0)
+
+
+@pytest.mark.parametrize("value", ["epoch1", -1, BIG, 10**30, 2.5, float("inf"), [3], True])
+def test_step_with_unusable_step_number_is_skipped_not_raised(tmp_path, capsys, value):
+    rec = Recorder(str(tmp_path), rank=0)
+    with rec.step(step=4) as s:
+        pass
+    with rec.step() as s:
+        s.step = value
+    with rec.step() as s:
+        s.step = value
+    with rec.step() as s:
+        pass
+    rec.close()
+    assert [r["step"] for r in lines(tmp_path / "train.rank0.jsonl")] == [4, 5]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("gpuguard.collector.train: step ") and "not recorded" in err
+
+
+def test_integral_numbers_and_numpy_like_values_are_coerced(tmp_path):
+    class Tensor:  # torch.Tensor.item()-less use: float(t) / operator.index(t)
+        def __init__(self, v):
+            self.v = v
+
+        def __float__(self):
+            return float(self.v)
+
+        def __index__(self):
+            return int(self.v)
+
+    rec = Recorder(str(tmp_path), rank=0)
+    with rec.step(step=Tensor(7), samples=Tensor(BIG - 1), tokens=8.0) as s:
+        s.loss = Tensor(float("inf"))
+        s.grad_norm = Tensor(2.5)
+    rec.close()
+    [r] = lines(tmp_path / "train.rank0.jsonl")
+    assert (r["step"], r["samples"], r["tokens"], r["loss"], r["loss_nonfinite"], r["grad_norm"]) == (
+        7, BIG - 1, 8, None, True, 2.5)
+
+
+def test_log_step_and_checkpoint_bad_values(tmp_path, capsys):
+    rec = Recorder(str(tmp_path), rank=0)
+    rec.log_step(0, -0.5)                       # negative step time: ingest would drop it
+    rec.log_step(1, float("nan"))
+    rec.log_step(2, "slow")
+    rec.log_step(3, None)
+    rec.log_step(4, 0.25, samples=-3, tokens=float("inf"), loss="x", grad_norm=[1],
+                 phases={"comm": -1.0, "optim": float("inf"), "data_wait": "?", "fwd_bwd": 0.125})
+    rec.log_step(5, 0.25, phases=[("comm", 1.0)])  # not a dict
+    rec.log_checkpoint(-1.0, step=5)
+    rec.log_checkpoint(float("inf"))
+    rec.log_checkpoint(2.0, step="last")
+    rec.log_checkpoint(3.0, step=BIG)
+    with rec.checkpoint(step=-7):
+        pass
+    rec.close()
+    rs = lines(tmp_path / "train.rank0.jsonl")
+    assert [(r["kind"], r["step"]) for r in rs] == [("step", 4), ("step", 5), ("checkpoint", None),
+                                                    ("checkpoint", None), ("checkpoint", None)]
+    assert {k: rs[0][k] for k in ("step_time_s", "samples", "tokens", "loss", "loss_nonfinite", "grad_norm",
+                                  "phases")} == {
+        "step_time_s": 0.25, "samples": None, "tokens": None, "loss": None, "loss_nonfinite": False,
+        "grad_norm": None, "phases": {"fwd_bwd_s": 0.125}}
+    assert rs[1]["phases"] == {}
+    assert [r["duration_s"] for r in rs[2:4]] == [2.0, 3.0]
+    err = capsys.readouterr().err.splitlines()
+    # one line per kind of problem: step_time_s, samples, tokens, loss, grad_norm, 3 phases,
+    # phases not a dict, duration_s, checkpoint step
+    assert len(err) == 11
+    assert err[0] == ("gpuguard.collector.train: step 0 not recorded: step_time_s -0.5 is not a finite number "
+                      "of seconds >= 0 (reported once per recorder)")
+    res = read_job_records(str(tmp_path), os.getuid())
+    assert (len(res.steps), len(res.checkpoints), res.malformed) == (2, 3, 0)
+
+
+def test_add_phase_bad_seconds_ignored(tmp_path, capsys):
+    rec = Recorder(str(tmp_path), rank=0)
+    with rec.step() as s:
+        s.add_phase("comm", "a while")
+        s.add_phase("comm", -2.0)
+        s.add_phase("comm", float("nan"))
+        s.add_phase("comm", 0.5)
+        s.add_phase("optim", 0.25)
+        s.add_phase("optim", float("inf"))
+    rec.close()
+    [r] = lines(tmp_path / "train.rank0.jsonl")
+    assert r["phases"] == {"comm_s": 0.5, "optim_s": 0.25}
+    assert len(capsys.readouterr().err.splitlines()) == 2  # one per phase name
+
+
+def test_internal_error_in_emit_never_raises(tmp_path, capsys, monkeypatch):
+    rec = Recorder(str(tmp_path), rank=0)
+
+    def broken(line):
+        raise RuntimeError("disk on fire")
+    monkeypatch.setattr(rec, "_append", broken)
+    with rec.step(step=1):
+        pass
+    rec.log_step(2, 0.1)
+    rec.log_checkpoint(1.0)
+    assert capsys.readouterr().err == ("gpuguard.collector.train: step not recorded: RuntimeError: disk on fire "
+                                       "(reported once per recorder)\n")
+
+
+def test_huge_rank_env_falls_back_to_0(monkeypatch):
+    monkeypatch.setenv("RANK", "99999999999999999999")
+    monkeypatch.setenv("SLURM_PROCID", "٣")
+    assert train._rank_from_env() == 0
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert train._rank_from_env() == 3
