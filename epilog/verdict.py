@@ -827,10 +827,10 @@ def act_on_verdict(store: Any, v: Verdict, *, cfg: Config | None, node: str | No
 def exit_code_from_env(env: Mapping[str, str]) -> int | None:
     """``SLURM_JOB_EXIT_CODE`` (raw wait status, SLURM-FACTS.md §4) as an int, or None."""
     v = env.get("SLURM_JOB_EXIT_CODE")
-    try:
-        return int(v) if v not in (None, "") else None
-    except ValueError:
+    if not v or not (v.isascii() and v.isdigit()) or len(v) > 10:
         return None
+    n = int(v)
+    return n if n <= 2**32 - 1 else None  # Slurm keeps it as uint32
 
 
 def run_verdict(store: Any, job_id: str, *, cfg: Config, env: Mapping[str, str] | None = None,

@@ -305,3 +305,11 @@ def test_an_unused_gpu_is_not_a_straggler_and_never_drains(tmp_path):
         t = rows.end + 60
     assert outcomes == [("learning", "proceed")] * 3
     assert store.query("select count(*) n from findings where code = 'verdict.straggler_gpu'") == [{"n": 0}]
+
+
+@pytest.mark.parametrize("raw,expected", [("768", 768), ("0", 0), ("", None), ("-1", None), ("٣", None),
+                                          ("99999999999999999999999", None), ("4294967296", None)])
+def test_exit_code_from_env_is_range_checked(raw, expected):
+    from gpuguard.epilog.verdict import exit_code_from_env
+
+    assert exit_code_from_env({"SLURM_JOB_EXIT_CODE": raw}) == expected
