@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Iterable
 
-from gpuguard.model import CLOCK_EVENT_REASONS
+from gpuguard.model import CLOCK_EVENT_REASONS, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +233,17 @@ def parse_timestamp(value: str | None) -> float | None:
         return time.mktime(local)
     except (OverflowError, ValueError):
         return None
+
+
+def new_snapshot(source: str, where: str, driver_raw: str | None, cuda_raw: str | None,
+                 timestamp_raw: str | None, taken_at: float | None) -> NodeSnapshot:
+    """The (GPU-less) :class:`NodeSnapshot` both dump formats start from: driver and CUDA
+    versions, and ``taken_at`` from the dump's own timestamp, else ``taken_at``, else now."""
+    rd = ValueReader({}, where=where)
+    stamp = parse_timestamp(timestamp_raw)
+    return NodeSnapshot(
+        taken_at=stamp if stamp is not None else (taken_at if taken_at is not None else time.time()),
+        source=source,
+        driver_version=rd.text("driver_version", driver_raw),
+        cuda_version=rd.text("cuda_version", cuda_raw),
+    )

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -49,7 +48,7 @@ from gpuguard.gpu.nvsmi_common import (
     NvsmiParseError,
     ValueReader,
     order_reasons,
-    parse_timestamp,
+    new_snapshot,
     reject_other_formats,
 )
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, norm_pci
@@ -345,18 +344,8 @@ def parse_nvsmi_text(
         raise NvsmiParseError(
             f"{where}: no 'Key : Value' lines; not nvidia-smi -q output"
         )
-    rd = ValueReader({}, where=where)
-    driver = rd.text("driver_version", root.get("Driver Version"))
-    cuda = rd.text("cuda_version", root.get("CUDA Version"))
-    stamp = parse_timestamp(root.get("Timestamp"))
-    snap = NodeSnapshot(
-        taken_at=stamp
-        if stamp is not None
-        else (taken_at if taken_at is not None else time.time()),
-        source=SOURCE,
-        driver_version=driver,
-        cuda_version=cuda,
-    )
+    snap = new_snapshot(SOURCE, where, root.get("Driver Version"), root.get("CUDA Version"), root.get("Timestamp"), taken_at)
+    driver, cuda = snap.driver_version, snap.cuda_version
     sections = [(c, _GPU_HEADER_RE.match(c.key)) for c in root.children]
     gpu_sections = [(c, m.group(1)) for c, m in sections if m]
     if not gpu_sections and any(

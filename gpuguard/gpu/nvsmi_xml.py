@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import xml.etree.ElementTree as ET
 
 from gpuguard.gpu.nvsmi_common import (
@@ -35,7 +34,7 @@ from gpuguard.gpu.nvsmi_common import (
     ValueReader,
     is_xml,
     order_reasons,
-    parse_timestamp,
+    new_snapshot,
 )
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, norm_pci
 
@@ -251,18 +250,8 @@ def parse_nvsmi_xml(
         raise NvsmiParseError(
             f"{where}: root element is <{root.tag}>, expected <nvidia_smi_log>"
         )
-    rd = ValueReader({}, where=where)
-    driver = rd.text("driver_version", root.findtext("driver_version"))
-    cuda = rd.text("cuda_version", root.findtext("cuda_version"))
-    stamp = parse_timestamp(root.findtext("timestamp"))
-    snap = NodeSnapshot(
-        taken_at=stamp
-        if stamp is not None
-        else (taken_at if taken_at is not None else time.time()),
-        source=SOURCE,
-        driver_version=driver,
-        cuda_version=cuda,
-    )
+    snap = new_snapshot(SOURCE, where, root.findtext("driver_version"), root.findtext("cuda_version"), root.findtext("timestamp"), taken_at)
+    driver, cuda = snap.driver_version, snap.cuda_version
     for i, gpu_el in enumerate(root.findall("gpu")):
         snap.gpus.append(_gpu_state(i, gpu_el, driver, cuda, where))
     return snap
