@@ -77,13 +77,44 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     return 0
 
 
+def detach() -> int | None:
+    """Re-run this module as a worker in its own session with stdio on /dev/null and
+    return its pid once it has left the hook's process group (Slurm kills that group when
+    the hook exits: SLURM-FACTS §6e). None when the worker could not be started."""
+    import subprocess
+
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpuguard.epilog.slurmctld", "--worker"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True, close_fds=True)
+    except OSError:
+        return None
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            if os.getpgid(p.pid) == p.pid:
+                return p.pid
+        except ProcessLookupError:
+            return p.pid  # already done
+        time.sleep(0.005)
+    return p.pid
+
+
 def main() -> int:
-    """Console script entry point: :func:`run` under a time budget of
-    ``slurmctld_wait_s`` + 30 s (:mod:`gpuguard.hookrun`), always exit 0."""
-    from gpuguard import config as config_mod
-    from gpuguard.hookrun import exit_hook, run_with_budget
+    """Console script entry point. The hook itself returns at once: waiting here for the
+    node summaries and slurmdbd would hold the job in COMPLETING, and on the testbed its
+    GPUs were not handed to the next job until this hook ended (a held job started 15 s
+    late). The work runs in a detached worker (``--worker``) under a time budget of
+    ``slurmctld_wait_s`` + 30 s (:mod:`gpuguard.hookrun`). Always exits 0."""
+    from gpuguard.hookrun import exit_hook
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    if "--worker" not in sys.argv[1:]:
+        detach()
+        exit_hook(0)
+    from gpuguard import config as config_mod
+    from gpuguard.hookrun import run_with_budget
+
     try:
         wait = float(config_mod.load().get("epilog", "slurmctld_wait_s"))
     except Exception:  # run() reports the config error

@@ -51,15 +51,16 @@ def sanitize(name: str) -> str | None:
 def from_comment(comment: str | None) -> str | None:
     """The sanitised ``gpuguard:template=NAME`` value in a job comment, or ``None``.
 
-    Only our key is read; the first occurrence wins. A value ends at whitespace, ``,``
-    or ``;`` (``"gpuguard:template=a,b"`` -> ``a``); surrounding quotes are dropped.
+    Only our key is read; the first occurrence wins. A value ends at whitespace, ``,``,
+    ``;`` or ``|`` (``"gpuguard:template=a,b"`` -> ``a``); surrounding quotes are dropped.
+    The one parser for the key: the reports read sacct's Comment with it too.
     """
     if not comment:
         return None
     m = _KEY_RE.search(comment)
     if not m:
         return None
-    value = re.split(r"[,;]", m.group(1), maxsplit=1)[0].strip("'\"")
+    value = re.split(r"[,;|]", m.group(1), maxsplit=1)[0].strip("'\"")
     return sanitize(value)
 
 

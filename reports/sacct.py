@@ -106,7 +106,6 @@ FREE_TEXT_FIELDS = ("jobname", "comment")
 #: A row with more extra fields than this is malformed instead of rebuilt.
 MAX_EXTRA_FIELDS = 1000
 
-_TEMPLATE_RE = re.compile(r"gpuguard:template=([A-Za-z0-9][A-Za-z0-9._+-]*)")
 _JOBID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?(?:\+(\d+))?(\.\S+)?$", re.ASCII)
 _ELAPSED_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$", re.ASCII)
 _INT_RE = re.compile(r"^[+-]?[0-9]+$", re.ASCII)
@@ -338,10 +337,9 @@ def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
 
 def template_of(comment: str | None) -> str | None:
     """The template named in a job comment (``gpuguard:template=NAME``, other text allowed)."""
-    if not comment:
-        return None
-    m = _TEMPLATE_RE.search(comment)
-    return m.group(1) if m else None
+    from gpuguard.epilog.template import from_comment  # the one parser of our key
+
+    return from_comment(comment)
 
 
 def _int_or_none(s: str | None, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:

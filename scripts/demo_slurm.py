@@ -46,31 +46,8 @@ def main() -> int:
         return 1
     tb.reset()
     root = tb.root / "demo"
-    subprocess.run(["rm", "-rf", str(root)], check=True)
-    for node in ("n1", "n2"):
-        (root / node).mkdir(parents=True)
-        (root / node / "kern.log").write_text("")
-        (root / node / "gpus.json").write_text(dump_snapshot(node_snapshot(4), t0=time.time()))
-    root.chmod(0o755)
-    tb.write_toml(f"""
-[paths]
-store = "{root}/{{node}}/node.db"
-state_dir = "{root}/{{node}}/state"
-job_dir_root = "{root}/{{node}}/jobs"
-spool_dir = "{root}/spool"
-log_file = "{root}/gpuguard.log"
-[gpu]
-source = "replay"
-replay_path = "{root}/{{node}}/gpus.json"
-[xid]
-kernel_log = "{root}/{{node}}/kern.log"
-[collector]
-interval_s = 1.0
-[verdict]
-warmup_s = 0.0
-long_window_s = 2.0
-short_window_s = 1.0
-""")
+    tb.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()),
+                        extra="[verdict]\nwarmup_s = 0.0\nlong_window_s = 2.0\nshort_window_s = 1.0\n")
     train = f"#!/bin/bash\nexec {PY} {REPO}/scripts/train_demo.py --steps 40 {{}}\n"
     shown = []
 

@@ -7,7 +7,6 @@ snapshot, kernel-log file and store under ``$TESTBED/gg/{node}``, configured thr
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,40 +41,14 @@ class GG:
         (self.node_dir(node) / "gpus.json").write_text(dump_snapshot(snap, steps, t0=time.time()))
 
     def toml(self, extra: str = "", store: str | None = None) -> None:
-        r = self.root
-        self.tb.write_toml(f"""
-[paths]
-store = "{store or f'{r}/{{node}}/node.db'}"
-state_dir = "{r}/{{node}}/state"
-job_dir_root = "{r}/{{node}}/jobs"
-spool_dir = "{r}/spool"
-log_file = "{r}/gpuguard.log"
-[gpu]
-source = "replay"
-replay_path = "{r}/{{node}}/gpus.json"
-[xid]
-kernel_log = "{r}/{{node}}/kern.log"
-[collector]
-interval_s = 1.0
-flush_s = 2.0
-[epilog]
-slurmctld_wait_s = 10.0
-""" + extra)
+        self.tb.write_toml(self.tb.gpuguard_config_text(self.root, store=store, extra=extra))
 
 
 @pytest.fixture
 def gg(slurm):
     root = slurm.root / "gg"
-    shutil.rmtree(root, ignore_errors=True)
+    slurm.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()))
     g = GG(root, slurm)
-    for node in ("n1", "n2"):
-        d = root / node
-        d.mkdir(parents=True)
-        (d / "kern.log").write_text("")
-        g.write_gpus(node, node_snapshot(4))
-    (root / "spool").mkdir()
-    root.chmod(0o755)
-    g.toml()
     return g
 
 

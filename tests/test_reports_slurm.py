@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -76,31 +75,10 @@ def rgg(slurm):
     nodes); both nodes' hooks and the report commands share one store file, so the
     efficiency report sees the epilog's real job summaries."""
     root = slurm.root / "gg-reports"
-    shutil.rmtree(root, ignore_errors=True)
-    for node in ("n1", "n2"):
-        d = root / node
-        d.mkdir(parents=True)
-        (d / "kern.log").write_text("")
-        (d / "gpus.json").write_text(dump_snapshot(node_snapshot(4), None, t0=time.time()))
-    root.chmod(0o755)
-    slurm.write_toml(f"""
-[paths]
-store = "{root}/cluster.db"
-cluster_store = "{root}/cluster.db"
-state_dir = "{root}/{{node}}/state"
-job_dir_root = "{root}/{{node}}/jobs"
-log_file = "{root}/gpuguard.log"
-[gpu]
-source = "replay"
-replay_path = "{root}/{{node}}/gpus.json"
-[xid]
-kernel_log = "{root}/{{node}}/kern.log"
-[collector]
-interval_s = 1.0
-flush_s = 2.0
-[epilog]
-slurmctld_wait_s = 5.0
-[slurm]
+    slurm.install_gpuguard(
+        root, dump_snapshot(node_snapshot(4), None, t0=time.time()),
+        store=f"{root}/cluster.db", cluster_store=f"{root}/cluster.db",
+        extra=f"""[slurm]
 bin_dir = "/usr/bin"
 [reports]
 gpu_hour_rate = {GPU_RATE}

@@ -355,6 +355,46 @@ class Testbed:
         for node in NODES:
             self.wait_node(node, ("idle",), max(1.0, deadline - time.monotonic()))
 
+    def gpuguard_config_text(self, root: Path, *, store: str | None = None, cluster_store: str = "",
+                      extra: str = "") -> str:
+        """gpuguard.toml for the testbed: per node ``{root}/{node}/`` holds the replay GPU
+        snapshot ``gpus.json``, the kernel log ``kern.log``, the store (unless ``store``
+        names one shared file), state and job dirs; the spool and the log are shared.
+        ``extra`` adds further sections ([verdict], [reports], ...)."""
+        return f"""
+[paths]
+store = "{store or f'{root}/{{node}}/node.db'}"
+cluster_store = "{cluster_store}"
+state_dir = "{root}/{{node}}/state"
+job_dir_root = "{root}/{{node}}/jobs"
+spool_dir = "{root}/spool"
+log_file = "{root}/gpuguard.log"
+[gpu]
+source = "replay"
+replay_path = "{root}/{{node}}/gpus.json"
+[xid]
+kernel_log = "{root}/{{node}}/kern.log"
+[collector]
+interval_s = 1.0
+flush_s = 2.0
+[epilog]
+slurmctld_wait_s = 10.0
+""" + extra
+
+    def install_gpuguard(self, root: Path, gpus_json: str, **toml) -> None:
+        """Start ``root`` afresh (a replay snapshot ``gpus_json`` and an empty kernel log
+        per node, the spool) and install :meth:`gpuguard_config_text` (keywords pass through).
+        Without a replay config the Prolog would, rightly, drain the fake-GPU nodes."""
+        subprocess.run(["rm", "-rf", "--", str(root)], check=True)
+        for node in NODES:
+            d = root / node
+            d.mkdir(parents=True)
+            (d / "kern.log").write_text("")
+            (d / "gpus.json").write_text(gpus_json)
+        (root / "spool").mkdir()
+        root.chmod(0o755)
+        self.write_toml(self.gpuguard_config_text(root, **toml))
+
     def write_toml(self, text: str) -> None:
         """Replace gpuguard.toml next to slurm.conf (hooks read it per run: no restart)."""
         tmp = self.gpuguard_toml.with_suffix(".toml.tmp")
