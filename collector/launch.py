@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.hookrun import is_job_id
+
 RUN_MODULE = "gpuguard.collector.run"
 #: Largest pid Linux can hand out (``PID_MAX_LIMIT`` on 64-bit: 2**22). A pid file naming
 #: anything outside ``1..PID_MAX`` is garbage (``pidfd_open`` would raise OverflowError
@@ -115,7 +117,7 @@ def _check_job_id(job_id: str) -> str:
     job_id = str(job_id)
     # Slurm job ids are decimal; array/het ids reach the hooks as their own numeric ids.
     # ASCII digits only: str.isdigit() also accepts '١٢٣' and '²'.
-    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 20:
+    if not is_job_id(job_id):
         raise PrepareError(f"not a Slurm job id: {job_id!r}")
     return job_id
 

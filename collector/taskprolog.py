@@ -16,13 +16,15 @@ import os
 import stat
 import sys
 
+from gpuguard.hookrun import is_job_id
+
 
 def job_dir_export(env: dict[str, str], uid: int | None = None) -> str | None:
     """The ``export`` line for ``env`` (``SLURM_JOB_ID``; the config as in
     :func:`gpuguard.config.load`), or ``None``. ``uid``: the owner the directory must have
     (default: the real uid). Raises whatever the config loader raises."""
     job_id = env.get("SLURM_JOB_ID", "")
-    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 20:
+    if not is_job_id(job_id):
         return None
     from gpuguard import config as config_mod
 

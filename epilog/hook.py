@@ -72,11 +72,6 @@ def _env_int(env: dict[str, str], name: str, maximum: int = UINT32_MAX) -> int |
     return n if n <= maximum else None
 
 
-def is_job_id(value: str | None) -> bool:
-    """A Slurm job id as the hooks get it: 1 to 20 ASCII digits."""
-    return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
-
-
 # -- seams to the collector (tests replace these) -----------------------------------------
 def stop_collector(cfg: Any, job_id: str, timeout_s: float) -> Any:
     """:func:`gpuguard.collector.launch.stop_collector`."""
@@ -177,6 +172,8 @@ def run(env: dict[str, str] | None = None) -> int:
         log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "epilog", job_id).error("tool error: config: %s", e)
         return EXIT_OK
     log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
+    from gpuguard.hookrun import is_job_id
+
     if job_id is not None and not is_job_id(job_id):
         log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
         job_id = None

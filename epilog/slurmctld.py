@@ -45,7 +45,9 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     spool = cfg.get("paths", "spool_dir")
     if not spool or not job_id:
         return 0
-    if not (job_id.isascii() and job_id.isdigit()):
+    from gpuguard.hookrun import is_job_id
+
+    if not is_job_id(job_id):
         log.error("tool error: SLURM_JOB_ID %r is not a job id", job_id)
         return 0
     from gpuguard.epilog.spool import encode_admin_comment, wait_for_nodes

@@ -15,6 +15,12 @@ import threading
 from collections.abc import Callable
 
 
+def is_job_id(value: str | None) -> bool:
+    """A Slurm job id as the hooks get it: 1 to 20 ASCII digits (``str.isdigit`` alone
+    accepts other scripts' digits). Every hook and path builder checks ids with this."""
+    return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
+
+
 def budget_s(section: str) -> float:
     """``[section] time_budget_s`` from the config; its default when the config is broken."""
     from gpuguard import config as config_mod

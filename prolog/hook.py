@@ -31,11 +31,6 @@ EXIT_OK = 0
 EXIT_DRAIN = 1
 
 
-def _env(name: str) -> str | None:
-    v = os.environ.get(name)
-    return v if v else None
-
-
 def run(env: dict[str, str] | None = None) -> int:
     """The prolog's work; returns the exit status. Used by :func:`main` and the tests."""
     env = dict(os.environ) if env is None else env
@@ -56,7 +51,9 @@ def run(env: dict[str, str] | None = None) -> int:
     log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
     if config_error:
         log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    if job_id is not None and not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 20):
+    from gpuguard.hookrun import is_job_id
+
+    if job_id is not None and not is_job_id(job_id):
         log.error("tool error: SLURM_JOB_ID %r is not a job id; node checks only", job_id)
         job_id = None
     from gpuguard.health import parse_job_gpus, run_health
