@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config import Config, ConfigError
+from gpuguard.config import from_dict as config_from_dict
 from gpuguard.epilog import robust
 from gpuguard.epilog.metrics import METRICS
 from gpuguard.model import Finding, NodeSnapshot
@@ -48,20 +49,21 @@ BASELINE_CAUSES = ("healthy", "learning")
 # -- settings ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BaselineSettings:
-    """``[baseline]`` of the config (see :data:`gpuguard.config.SCHEMA` for sources)."""
+    """``[baseline]`` of the config. The defaults and their sources live in one place,
+    :data:`gpuguard.config.SCHEMA`; build it with :meth:`from_config`."""
 
-    runs: int = 20
-    min_runs: int = 3
-    idle_readings: int = 20
-    idle_min_readings: int = 5
-    idle_temp_rise_c: float = 10.0
-    idle_power_rise_frac: float = 0.30
+    runs: int
+    min_runs: int
+    idle_readings: int
+    idle_min_readings: int
+    idle_temp_rise_c: float
+    idle_power_rise_frac: float
 
     @classmethod
     def from_config(cls, cfg: Config | None) -> BaselineSettings:
         """Read ``[baseline]``; raises :class:`ConfigError` for values out of range."""
-        if cfg is None or "baseline" not in cfg.values:
-            return cls()
+        if cfg is None:
+            cfg = config_from_dict({})
         v = cfg.values["baseline"]
         s = cls(**{k: v[k] for k in cls.__dataclass_fields__ if k in v})
         if s.min_runs < 1 or s.runs < s.min_runs:
@@ -235,11 +237,12 @@ def judge_idle(store: Any, node: str, snapshot: NodeSnapshot, *, cfg: Config | N
     Needs ``idle_min_readings`` earlier readings of the GPU (by UUID) first. Raises
     :class:`gpuguard.store.StoreError`.
     """
+    cfg = cfg if cfg is not None else config_from_dict({})
     s = BaselineSettings.from_config(cfg)
-    vs = cfg.values.get("verdict", {}) if cfg is not None else {}
-    z_thr = float(vs.get("z_threshold", 3.5))
-    floor = float(vs.get("mad_floor_frac", 0.02))
-    idle_pct = float(cfg.values["checks"]["idle_util_pct"]) if cfg is not None else 5.0
+    vs = cfg.values["verdict"]
+    z_thr = float(vs["z_threshold"])
+    floor = float(vs["mad_floor_frac"])
+    idle_pct = float(cfg.values["checks"]["idle_util_pct"])
     now = time.time() if now is None else now
     findings: list[Finding] = []
     rows = []

@@ -125,27 +125,30 @@ FINDING_SEVERITY = {
 
 @dataclass(frozen=True)
 class Settings:
-    """``[verdict]`` of the config; defaults and sources in :data:`gpuguard.config.SCHEMA`."""
+    """``[verdict]`` of the config. The defaults and their sources live in one place,
+    :data:`gpuguard.config.SCHEMA`; build it with :meth:`from_config`."""
 
-    warmup_s: float = 300.0
-    long_window_s: float = 600.0
-    short_window_s: float = 60.0
-    z_threshold: float = 3.5
-    mad_floor_frac: float = 0.02
-    min_rel_change: float = 0.10
-    share_min_abs_change: float = 0.05
-    peer_min_rel_change: float = 0.10
-    throttle_active_share: float = 0.5
-    leak_min_rise_frac: float = 0.05
-    escalate_codes: tuple[str, ...] = ("verdict.straggler_gpu", "verdict.straggler_node")
-    escalate_count: int = 3
-    escalate_window_s: float = 86400.0
+    warmup_s: float
+    long_window_s: float
+    short_window_s: float
+    z_threshold: float
+    mad_floor_frac: float
+    min_rel_change: float
+    share_min_abs_change: float
+    peer_min_rel_change: float
+    throttle_active_share: float
+    leak_min_rise_frac: float
+    escalate_codes: tuple[str, ...]
+    escalate_count: int
+    escalate_window_s: float
 
     @classmethod
     def from_config(cls, cfg: Config | None) -> Settings:
         """Read ``[verdict]``; raises :class:`ConfigError` for values out of range."""
-        if cfg is None or "verdict" not in cfg.values:
-            return cls()
+        if cfg is None:
+            from gpuguard.config import from_dict
+
+            cfg = from_dict({})
         v = dict(cfg.values["verdict"])
         if "escalate_codes" in v:
             v["escalate_codes"] = tuple(v["escalate_codes"])
