@@ -45,6 +45,19 @@ def node_snapshot(n: int = 4, **per_gpu) -> NodeSnapshot:
 
 
 @pytest.fixture
+def utc(monkeypatch):
+    """Pin the local time zone to UTC: nvidia-smi and ``dmesg -T`` stamps are local time,
+    so expected epochs are exact only in a known zone."""
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
 def write_replay(tmp_path):
     """Write a replay snapshot file; returns its path."""
     def make(snap: NodeSnapshot, steps=None, t0=None, name="gpus.json") -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import calendar
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ from gpuguard.gpu.nvsmi_text import build_tree, parse_nvsmi_text
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.fixture
-def utc():
-    """Parse timestamps as if the node ran in UTC, so epoch values are exact."""
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    yield
-    if old is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
 
 
 def load(name: str):

@@ -4,8 +4,6 @@ tests/data) plus small hand-written variants for element names that dump lacks."
 from __future__ import annotations
 
 import calendar
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -18,17 +16,6 @@ DATA = Path(__file__).parent / "data"
 MIG = DATA / "nvsmi-qx-a100-mig-510.47.03.xml"
 
 
-@pytest.fixture
-def utc():
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    yield
-    if old is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
 
 
 def test_a100_mig_xml(utc):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import time
 
 import pytest
 
@@ -13,13 +12,8 @@ DATA = pathlib.Path(__file__).parent / "data"
 
 
 @pytest.fixture(autouse=True)
-def utc_tz(monkeypatch):
-    """ctime stamps are local time; pin the zone so expected epochs are exact."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+def _utc(utc):
+    """ctime stamps are local time: every test here runs in UTC (conftest ``utc``)."""
 
 
 def parse_file(name: str):
