@@ -151,9 +151,10 @@ def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) 
 
 
 # -- the hook ---------------------------------------------------------------------------------
-def run(env: dict[str, str] | None = None) -> int:
-    """The epilog's work (module docstring); returns the exit status, always 0. Used by
-    :func:`main` and the tests."""
+def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
+    """The epilog's work (module docstring); returns the exit status, always 0.
+    ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
+    the config. Used by :func:`main` and the tests."""
     env = dict(os.environ if env is None else env)
     # one reading of the exit code for the summary and the verdict: an out-of-range or
     # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
@@ -162,14 +163,13 @@ def run(env: dict[str, str] | None = None) -> int:
         env.pop("SLURM_JOB_EXIT_CODE", None)
     else:
         env["SLURM_JOB_EXIT_CODE"] = str(exit_raw)
-    from gpuguard import config as config_mod
     from gpuguard import log as log_mod
+    from gpuguard.hookrun import load_config
 
     job_id = env.get("SLURM_JOB_ID") or None
-    try:
-        cfg = config_mod.load()
-    except config_mod.ConfigError as e:
-        log_mod.setup(config_mod.SCHEMA["paths"]["log_file"][0], "epilog", job_id).error("tool error: config: %s", e)
+    cfg, config_error = loaded or load_config()
+    if config_error:
+        log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id).error("tool error: config: %s", config_error)
         return EXIT_OK
     log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
     from gpuguard.hookrun import is_job_id
@@ -329,22 +329,24 @@ def _close(store: Any) -> None:
         store.close()
 
 
-def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
+def run_with_budget(budget_s: float, env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
     or an overrun)."""
     from gpuguard.hookrun import run_with_budget as guarded
 
-    return guarded(lambda: run(env), budget_s, "epilog")
+    return guarded(lambda: run(env, loaded), budget_s, "epilog")
 
 
 def main() -> int:
-    """Console script entry point; leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
-    from gpuguard.hookrun import budget_s, exit_hook
+    """Console script entry point: reads the config once, runs within ``[epilog]
+    time_budget_s`` and leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
+    from gpuguard.hookrun import exit_hook, load_config
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     rc = EXIT_OK
     try:
-        rc = run_with_budget(budget_s("epilog"))
+        loaded = load_config()
+        rc = run_with_budget(float(loaded[0].get("epilog", "time_budget_s")), loaded=loaded)
     finally:
         exit_hook(rc)
     return rc

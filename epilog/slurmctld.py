@@ -29,17 +29,18 @@ def _nodes(env: dict[str, str], bin_dir: str) -> list[str]:
     return SlurmCli(bin_dir).run("scontrol", "show", "hostnames", nodelist).split()
 
 
-def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: float = 2.0) -> int:
-    """Merge the node summaries of ``SLURM_JOB_ID`` into its AdminComment; returns 0."""
+def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: float = 2.0,
+        loaded: tuple | None = None) -> int:
+    """Merge the node summaries of ``SLURM_JOB_ID`` into its AdminComment; returns 0.
+    ``loaded``: :func:`gpuguard.hookrun.load_config`'s result if already read."""
     env = dict(os.environ) if env is None else env
-    from gpuguard import config as config_mod
     from gpuguard import log as log_mod
+    from gpuguard.hookrun import load_config
 
     job_id = env.get("SLURM_JOB_ID")
-    try:
-        cfg = config_mod.load()
-    except config_mod.ConfigError as e:
-        log_mod.setup(None, "epilog-slurmctld", job_id).error("tool error: config: %s", e)
+    cfg, config_error = loaded or load_config()
+    if config_error:
+        log_mod.setup(None, "epilog-slurmctld", job_id).error("tool error: config: %s", config_error)
         return 0
     log = log_mod.setup(cfg.get("paths", "log_file"), "epilog-slurmctld", job_id)
     spool = cfg.get("paths", "spool_dir")
@@ -114,16 +115,13 @@ def main() -> int:
     if "--worker" not in sys.argv[1:]:
         detach()
         exit_hook(0)
-    from gpuguard import config as config_mod
-    from gpuguard.hookrun import run_with_budget
+    from gpuguard.hookrun import load_config, run_with_budget
 
-    try:
-        wait = float(config_mod.load().get("epilog", "slurmctld_wait_s"))
-    except Exception:  # run() reports the config error
-        wait = float(config_mod.SCHEMA["epilog"]["slurmctld_wait_s"][0])
     rc = 0
     try:
-        rc = run_with_budget(run, wait + 30.0, "epilog-slurmctld")
+        loaded = load_config()
+        wait = float(loaded[0].get("epilog", "slurmctld_wait_s"))
+        rc = run_with_budget(lambda: run(loaded=loaded), wait + 30.0, "epilog-slurmctld")
     finally:
         exit_hook(rc)
     return rc

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 
 def is_job_id(value: str | None) -> bool:
@@ -21,14 +22,15 @@ def is_job_id(value: str | None) -> bool:
     return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
 
 
-def budget_s(section: str) -> float:
-    """``[section] time_budget_s`` from the config; its default when the config is broken."""
+def load_config() -> tuple[Any, str | None]:
+    """``(config, None)``, or ``(the shipped defaults, the one-line error)`` when the
+    config is broken. A hook loads it once and hands it to its work."""
     from gpuguard import config as config_mod
 
     try:
-        return float(config_mod.load().get(section, "time_budget_s"))
-    except Exception:  # the hook itself reports the config error
-        return float(config_mod.SCHEMA[section]["time_budget_s"][0])
+        return config_mod.load(), None
+    except config_mod.ConfigError as e:
+        return config_mod.from_dict({}), str(e)
 
 
 def run_with_budget(work: Callable[[], int], budget: float, hook: str, fallback_rc: int = 0) -> int:

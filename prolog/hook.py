@@ -31,22 +31,20 @@ EXIT_OK = 0
 EXIT_DRAIN = 1
 
 
-def run(env: dict[str, str] | None = None) -> int:
-    """The prolog's work; returns the exit status. Used by :func:`main` and the tests."""
+def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
+    """The prolog's work; returns the exit status. ``loaded``: the result of
+    :func:`gpuguard.hookrun.load_config` when the caller already read the config. Used by
+    :func:`main` and the tests."""
     env = dict(os.environ) if env is None else env
-    from gpuguard import config as config_mod
     from gpuguard import log as log_mod
+    from gpuguard.hookrun import load_config
 
     job_id = env.get("SLURM_JOB_ID")
-    config_error = None
-    try:
-        cfg = config_mod.load()
-    except config_mod.ConfigError as e:
+    cfg, config_error = loaded or load_config()
+    if config_error:
         # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
         # config must not silently switch off every check either: run them on the
         # defaults, log what they find, and act on nothing.
-        config_error = str(e)
-        cfg = config_mod.from_dict({})
         cfg.values["slurm"]["drain"] = False
     log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
     if config_error:
@@ -122,22 +120,24 @@ def _close(store) -> None:
         store.close()
 
 
-def run_with_budget(budget_s: float, env: dict[str, str] | None = None) -> int:
+def run_with_budget(budget_s: float, env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
     or an overrun)."""
     from gpuguard.hookrun import run_with_budget as guarded
 
-    return guarded(lambda: run(env), budget_s, "prolog")
+    return guarded(lambda: run(env, loaded), budget_s, "prolog")
 
 
 def main() -> int:
-    """Console script entry point; leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
-    from gpuguard.hookrun import budget_s, exit_hook
+    """Console script entry point: reads the config once, runs within ``[prolog]
+    time_budget_s`` and leaves through ``os._exit`` (:mod:`gpuguard.hookrun`)."""
+    from gpuguard.hookrun import exit_hook, load_config
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     rc = EXIT_OK
     try:
-        rc = run_with_budget(budget_s("prolog"))
+        loaded = load_config()
+        rc = run_with_budget(float(loaded[0].get("prolog", "time_budget_s")), loaded=loaded)
     finally:
         exit_hook(rc)
     return rc
