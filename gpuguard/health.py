@@ -18,6 +18,7 @@ from typing import Any
 from gpuguard import policy as policy_mod
 from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
+from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
 from gpuguard.model import Finding, NodeSnapshot
 
 CURSOR_NAME = "kernel_log"
@@ -47,15 +48,6 @@ class HealthResult:
 def gpus_expected(cfg: Config, job_gpus: list[int] | None) -> bool:
     """True when this node should have GPUs: configured count, job gres, or device files."""
     return bool(cfg.get("node", "gpu_count") or job_gpus or glob.glob("/dev/nvidia[0-9]*"))
-
-
-def parse_job_gpus(value: str | None) -> list[int] | None:
-    """``SLURM_JOB_GPUS`` (``"0,1"``, gres indices; SLURM-FACTS §4) -> ``[0, 1]``;
-    unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored."""
-    if not value:
-        return None
-    out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
-    return out or None
 
 
 def take_snapshot(cfg: Config, *, budget_s: float | None = None,

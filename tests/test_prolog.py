@@ -127,8 +127,10 @@ def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
     sc = tmp_path / "bin" / "scontrol"
     sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
     assert hook.run(ENV) == 1
-    assert "drain failed (Slurm will drain with 'Prolog error'): scontrol update nodename=n1 state=drain: exit 1: " \
-           "slurm_update error: Invalid node name specified" in (tmp_path / "gpuguard.log").read_text()
+    log = (tmp_path / "gpuguard.log").read_text()
+    assert "ERROR tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified\n" in log
+    assert "ERROR tool error: Slurm will drain with 'Prolog error' when this prolog exits 1\n" in log
 
 
 def test_budget_exceeded_proceeds(monkeypatch):
