@@ -276,13 +276,16 @@ def terminal_width() -> int | None:
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], *, right: Sequence[bool] | None = None,
-          width: int | None = -1, tz: tzinfo | None = None) -> str:
+          width: int | None = -1, tz: tzinfo | None = None, total: Sequence[Any] | None = None) -> str:
     """An aligned text table (tabulate's ``simple`` style: header, dashes, rows). Cells go
     through :func:`cell` (strings given are kept). ``right``: per column, right-align
     (default: numeric columns right, text left). ``width``: columns to fit (default
     :func:`terminal_width`; None: no limit): the widest non-numeric columns are wrapped
-    until the table fits or each is down to 12 characters."""
+    until the table fits or each is down to 12 characters. ``total``: a last row set off
+    by a dashed line."""
     body = [[c if isinstance(c, str) else cell(c, tz) for c in r] for r in rows]
+    if total is not None:
+        body.append([c if isinstance(c, str) else cell(c, tz) for c in total])
     ncol = len(headers)
     if right is None:
         right = [all(_numeric(r[i]) for r in rows if r[i] is not None) and any(r[i] is not None for r in rows)
@@ -290,6 +293,8 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], *, right: Seque
     if width == -1:
         width = terminal_width()
     maxw = _fit(body, list(headers), right, width) if width else None
+    if total is not None:
+        body.insert(len(body) - 1, tabulate_mod.SEPARATING_LINE)
     return tabulate(body, headers=list(headers), tablefmt="simple", disable_numparse=True,
                     colalign=["right" if r else "left" for r in right], maxcolwidths=maxw)
 
