@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The GPU core family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("gpu", {
+    "gpu.driver_unusable": ("critical", "drain",
+        "DCGM/NHC: a node whose GPU driver does not answer fails its health check"),
+    "gpu.none": ("info", "record",
+        "a node without GPUs is not a fault"),
+    "gpu.count_mismatch": ("critical", "drain",
+        "NHC check_nv_gpu_count / DCGM: fewer GPUs than configured = failed node"),
+    "gpu.count_unexpected": ("warning", "alert",
+        "more GPUs than configured: config out of date, not a broken node"),
+    "gpu.lost": ("critical", "drain",
+        "NVML_ERROR_GPU_IS_LOST: GPU off the bus or inaccessible; XID 79 action is reboot"),
+    "gpu.read_error": ("warning", "alert",
+        "a single failed read is not proof of a broken GPU"),
+})
 
 
 @check("driver")
