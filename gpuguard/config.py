@@ -54,6 +54,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "xid": {
         "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
         "first_scan_lookback": ("all", str, "on the first scan ever: 'all' reads the whole buffer, 'none' starts at the end"),
+        "kernel_log_kernel_only": (False, bool, "the text file named by kernel_log holds kernel messages only (e.g. rsyslog's kern.* file); only then may its XIDs drain: a syslog file of all facilities can hold any user's `logger -t kernel` line (our choice: refuse what users can fake)"),
     },
     "checks": {
         "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),

@@ -89,11 +89,22 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     Returns ``(events, new_cursor, tool_errors)``. The caller stores the cursor only after
     the events are stored, so a failed write re-reads them next time instead of losing
     them. With ``xid.first_scan_lookback = "none"`` the first scan only sets the cursor.
+
+    Spoofing rule: structured sources (kmsg, journalctl JSON, raw dmesg) deliver the
+    kernel's own messages. A text file from ``[xid] kernel_log`` can hold any user's
+    ``logger -t kernel`` line (``/var/log/syslog``, ``/var/log/messages``), so its events
+    are marked ``untrusted_source`` (their findings are capped at ``alert``) unless
+    ``[xid] kernel_log_kernel_only = true`` says the file holds kernel messages only. A
+    ``source`` passed explicitly (``gpuguard check --kernel-log FILE``: the operator
+    names the file) is trusted. Lines with an XID marker that are not accepted are
+    reported in ``tool_errors`` with their reasons.
     """
-    from gpuguard.xid.kernel_log import KernelLogError, read_since
+    from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
     from gpuguard.xid.parse import parse_lines
 
     src = source or cfg.get("xid", "kernel_log")
+    structured = is_structured(src)
+    trusted = structured or source is not None or bool(cfg.get("xid", "kernel_log_kernel_only"))
     errors: list[str] = []
     cursor = read_cursor_file(cfg)
     if cursor is None and store is not None:
@@ -107,9 +118,12 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
         return [], None, [*errors, f"kernel log: {e}"]
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
-    res = parse_lines(lines)
+    res = parse_lines(lines, structured=structured)
     if res.unparsed:
-        errors.append(f"kernel log: {res.unparsed} NVRM line(s) not understood")
+        errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
+    if not trusted:
+        for ev in res.events:
+            ev.untrusted_source = src
     return res.events, new_cursor, errors
 
 

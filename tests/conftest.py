@@ -87,6 +87,7 @@ job_dir_root = "{tmp_path}/jobs"
 log_file = "{tmp_path}/gpuguard.log"
 [xid]
 kernel_log = "{kl}"
+kernel_log_kernel_only = true
 [slurm]
 bin_dir = "{tmp_path}/bin"
 """

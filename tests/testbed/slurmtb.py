@@ -374,6 +374,7 @@ source = "replay"
 replay_path = "{root}/{{node}}/gpus.json"
 [xid]
 kernel_log = "{root}/{{node}}/kern.log"
+kernel_log_kernel_only = true
 [collector]
 interval_s = 1.0
 flush_s = 2.0
