@@ -85,7 +85,7 @@ def test_recovery_action_field_of_q_text(tmp_path, value, code, action):
     text = text.replace("    Product Name", f"    GPU Recovery Action                   : {value}\n    Product Name", 1)
     p = tmp_path / "q.txt"
     p.write_text(text)
-    rc, doc = check_json(p)
+    _rc, doc = check_json(p)
     assert [(f["code"], f["action"]) for f in doc["findings"]] == ([(code, action)] if code else [])
 
 

@@ -103,7 +103,7 @@ def scan(file: str, as_json: bool) -> None:
     click.echo(f"unparsed NVRM lines: {result.unparsed}", err=True)
     for why, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
         click.echo(f"  {n} x {why}", err=True)
-    for line_no, why, sample in result.rejected_samples:
+    for line_no, _why, sample in result.rejected_samples:
         click.echo(f"  line {line_no}: {sample}", err=True)
 
 
