@@ -330,11 +330,12 @@ def _close(store: Any) -> None:
 
 
 def run_with_budget(budget_s: float, env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
-    """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
-    or an overrun)."""
-    from gpuguard.hookrun import run_with_budget as guarded
+    """Run :func:`run` under the watchdog :func:`gpuguard.hookrun.run_watched` (exit 0 on
+    a crash or an overrun, unless a verdict was announced)."""
+    from gpuguard.hookrun import run_watched as guarded
 
-    return guarded(lambda: run(env, loaded), budget_s, "epilog")
+    log_file = loaded[0].get("paths", "log_file") if loaded else None
+    return guarded(lambda: run(env, loaded), budget_s, "epilog", log_file=log_file)
 
 
 def main() -> int:

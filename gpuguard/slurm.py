@@ -63,13 +63,13 @@ class SlurmCli:
         return p.stdout
 
     # -- nodes ----------------------------------------------------------------------
-    def drain_node(self, node: str, reason: str) -> None:
+    def drain_node(self, node: str, reason: str, timeout_s: float | None = None) -> None:
         """``scontrol update nodename=NODE state=drain reason=REASON``. The reason must
         start with :data:`REASON_PREFIX` so that :meth:`resume_node` can tell our drains
         from everyone else's (the LBNL NHC convention)."""
         if not reason.startswith(REASON_PREFIX):
             raise ValueError(f"drain reason must start with {REASON_PREFIX!r}")
-        self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+        self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}", timeout_s=timeout_s)
 
     def node_reasons(self) -> list[NodeReason]:
         """Full drain/down reasons. Plain ``sinfo -R`` cuts them at 20 characters
@@ -82,9 +82,9 @@ class SlurmCli:
                 rows.append(NodeReason(*parts))
         return rows
 
-    def node_reason(self, node: str) -> str | None:
+    def node_reason(self, node: str, timeout_s: float | None = None) -> str | None:
         """The reason set on ``node`` (``scontrol show node``), or None."""
-        out = self.run("scontrol", "show", "node", node, "-o")
+        out = self.run("scontrol", "show", "node", node, "-o", timeout_s=timeout_s)
         for tok in _scontrol_fields(out):
             if tok[0] == "Reason":
                 return tok[1] or None

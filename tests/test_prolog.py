@@ -122,13 +122,23 @@ def test_dry_run_does_not_call_scontrol(node):
     assert f"dry run: would drain n1: {DRAIN_79}" in (node["tmp"] / "gpuguard.log").read_text()
 
 
-def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
+def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path, fake_slurm_bin):
     node["kl"].write_text(XID79)
     sc = tmp_path / "bin" / "scontrol"
+    good = sc.read_text()
     sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
     assert hook.run(ENV) == 1
-    assert "drain failed (Slurm will drain with 'Prolog error'): scontrol update nodename=n1 state=drain: exit 1: " \
-           "slurm_update error: Invalid node name specified" in (tmp_path / "gpuguard.log").read_text()
+    log = (tmp_path / "gpuguard.log").read_text()
+    assert "tool error: drain failed (Slurm will drain with 'Prolog error'): drain failed: scontrol update " \
+           "nodename=n1 state=drain: exit 1: slurm_update error: Invalid node name specified" in log
+    # the drain stays pending and the next hook run (slurmctld back) drains and confirms it
+    from gpuguard.drainq import PendingDrains
+    pend = PendingDrains(node["cfg"], None)
+    assert list(pend.entries()) == ["n1"] and pend.entries()["n1"]["reason"] == DRAIN_79
+    sc.write_text(good)
+    assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0  # the XID itself was consumed once
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
+    assert pend.entries() == {}
 
 
 def test_budget_exceeded_proceeds(monkeypatch):

@@ -366,6 +366,7 @@ class Testbed:
 store = "{store or f'{root}/{{node}}/node.db'}"
 cluster_store = "{cluster_store}"
 state_dir = "{root}/{{node}}/state"
+run_dir = "{root}/{{node}}/run"
 job_dir_root = "{root}/{{node}}/jobs"
 spool_dir = "{root}/spool"
 log_file = "{root}/gpuguard.log"
