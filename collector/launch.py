@@ -519,3 +519,42 @@ def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> str | None:
             return None
         raise
     return sig.name
+
+
+def find_collector_pids(job_id: str) -> list[int]:
+    """Pids of the live collectors (and collector supervisors) of ``job_id`` on this host,
+    found through ``/proc/PID/cmdline`` (:func:`is_collector`), without any config: the
+    epilog stops them even when the config broke after the prolog."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and is_collector(int(name), job_id):
+            out.append(int(name))
+    return sorted(out)
+
+
+def stop_collector_by_scan(job_id: str, timeout_s: float = 5.0) -> list[StopResult]:
+    """SIGTERM, wait, SIGKILL every collector of ``job_id`` found by
+    :func:`find_collector_pids` (parents first, so a supervisor does not restart its
+    child). Never raises for a process that is already gone."""
+    results = []
+    for pid in find_collector_pids(job_id):
+        pidfd = None
+        with contextlib.suppress(OSError, AttributeError, OverflowError, ValueError):
+            pidfd = os.pidfd_open(pid)
+        try:
+            if not is_collector(pid, job_id):
+                continue
+            sent = _signal(pid, pidfd, signal.SIGTERM)
+            exited = _wait_gone(pid, job_id, pidfd, timeout_s)
+            if not exited:
+                sent = _signal(pid, pidfd, signal.SIGKILL) or sent
+                exited = _wait_gone(pid, job_id, pidfd, 1.0)
+            results.append(StopResult(pid, True, exited, sent))
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+    return results

@@ -169,7 +169,7 @@ class PendingDrains:
         reason = str(entry.get("reason", ""))
         res = self._drain_one(node, reason)
         if res.status == "confirmed":
-            self.log.warning("drained %s (confirmed): %s", node, reason)
+            self.log.warning("drained %s: %s (confirmed: the node shows the reason)", node, reason)
             self._forget(node)
         else:
             self.log.error("tool error: drain of %s %s (%s); it stays pending for the next hook run",
