@@ -127,6 +127,12 @@ def pid_file_path(cfg: Any, job_id: str) -> str:
     return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.pid")
 
 
+def restart_file_path(cfg: Any, job_id: str) -> str:
+    """``{state_dir}/collector.{job_id}.restarts.json``: the supervisor's restart record
+    (:mod:`gpuguard.collector.supervise`)."""
+    return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.restarts.json")
+
+
 def job_dir_path(cfg: Any, job_id: str) -> str:
     """``{paths.job_dir_root}/{job_id}`` (the value the TaskProlog exports)."""
     return os.path.join(cfg.get("paths", "job_dir_root"), _check_job_id(job_id))
@@ -312,7 +318,8 @@ def _remove(path: str) -> None:
 def collector_argv(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
                    extra: list[str] | None = None) -> list[str]:
     """The collector's command line (an argument list; no shell)."""
-    argv = [sys.executable, "-m", RUN_MODULE, "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
+    argv = [sys.executable, "-m", RUN_MODULE, "--supervise", "--restart-file", restart_file_path(cfg, job_id),
+            "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
     if cfg.path:
         argv += ["--config", os.path.abspath(cfg.path)]
     if gpus:

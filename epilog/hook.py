@@ -204,7 +204,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
                 log.error("tool error: collector pid %s did not exit after %s", stop.pid, stop.signal_sent)
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
+        # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
+        _stop_without_config(job_id, log)
     status = collector_status(stop)
+    restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
     # 3. post-job checks and the drain, on live state, before any store I/O
     from gpuguard.health import parse_job_gpus
@@ -231,12 +234,29 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         if job_id and not locked:
             log.error("tool error: another epilog of job %s holds its lock; records left to it", job_id)
             return EXIT_OK
-        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log)
+        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log, restarts)
     return EXIT_OK
 
 
 #: Share of ``[epilog] time_budget_s`` the work plans with (the rest: exit margin).
 DEADLINE_SHARE = 0.9
+
+
+def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
+    """The supervisor's restart record of the job (and the file removed), or None."""
+    from gpuguard.collector.launch import restart_file_path
+    from gpuguard.collector.supervise import read_restart_file
+
+    path = restart_file_path(cfg, job_id)
+    doc = read_restart_file(path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    if doc:
+        log.warning("collector was restarted %s time(s) by its supervisor, down %.1f s in all (last: %s)",
+                    doc.get("restarts"), float(doc.get("down_s") or 0), doc.get("last_death"))
+    return doc
 
 
 def _stop_without_config(job_id: str, log: Any) -> None:
@@ -263,7 +283,8 @@ def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -
 
 
 def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
-                 live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any) -> None:
+                 live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
+                 restarts: dict | None = None) -> None:
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -275,13 +296,15 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
         log.info("epilog done without a summary (no store)")
         return
     try:
-        _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log)
+        _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
+                        restarts)
     finally:
         store.close()
 
 
 def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any,
-                    status: str, live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any) -> None:
+                    status: str, live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
+                    restarts: dict | None = None) -> None:
     from gpuguard.nodecheck import record_with_store
     from gpuguard.store import StoreError
 
@@ -341,6 +364,14 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     try:
         summary = summarize_job(store, job_id, node, exit_status_raw=exit_raw,
                                 collector_status=status, ingest=ingest)
+        if restarts:
+            summary.collector_restarts = int(restarts.get("restarts") or 0)
+            summary.collector_down_s = float(restarts.get("down_s") or 0.0)
+            store.insert("events", {
+                "node": node, "at": time.time(), "kind": "collector_restarted", "job_id": job_id,
+                "source": "epilog", "process": "gpuguard-collector",
+                "message": f"collector restarted {summary.collector_restarts} time(s), down "
+                           f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"})
         save_summary(store, summary)
         log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,
                  summary.collector_status, summary.sample_count, summary.step_records)

@@ -218,6 +218,10 @@ class JobSummary:
     exit_signal: int | None = None
     exit_text: str = "unknown"
     collector_status: str = "unknown"
+    #: times the supervisor restarted a killed collector, and the seconds it was down
+    #: (death to restart, summed; :mod:`gpuguard.collector.supervise`)
+    collector_restarts: int = 0
+    collector_down_s: float | None = None
     sample_count: int = 0
     first_sample_at: float | None = None
     last_sample_at: float | None = None
