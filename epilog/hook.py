@@ -42,11 +42,11 @@ directories on the node's disk. The deletion goes through
 ``job_dir_root`` file descriptor opened with ``O_NOFOLLOW`` and never follows a
 symlink (a symlinked job dir or file is unlinked, not its target).
 
-Environment values are validated: ``SLURM_JOB_ID`` must be ASCII digits (at most 20;
-``str.isdigit`` alone would accept ``'١٢٣'``), ``SLURM_JOB_UID`` ASCII digits, and
-``SLURM_JOB_EXIT_CODE`` ASCII digits in ``0 .. 2**32-1`` (Slurm's unsigned 32-bit
-exit code); anything else counts as unset (job id: post-job checks only; exit code:
-``unknown`` in the summary).
+Environment values are read and range-checked by :func:`gpuguard.hookenv.read_hook_env`;
+a rejected value counts as unset and is logged (job id: post-job checks only; exit code:
+``unknown`` in the summary). Drains go through one :class:`gpuguard.actuator.Actuator`
+per run (wrapped by the pending-drain list), so the health checks and the verdict drain
+at most once, within the budget.
 """
 
 from __future__ import annotations
@@ -60,19 +60,6 @@ EXIT_OK = 0
 #: Share of the budget the collector stop may take (SIGTERM wait; SIGKILL adds 1 s).
 COLLECTOR_STOP_SHARE = 0.2
 COLLECTOR_STOP_MAX_S = 5.0
-
-
-#: Largest ``SLURM_JOB_EXIT_CODE`` / ``SLURM_JOB_UID``: Slurm keeps both as uint32.
-UINT32_MAX = 2**32 - 1
-
-
-def _env_int(env: dict[str, str], name: str, maximum: int = UINT32_MAX) -> int | None:
-    """``env[name]`` as an int in ``0..maximum``: ASCII digits only, else ``None``."""
-    v = env.get(name)
-    if not v or not (v.isascii() and v.isdigit()) or len(v) > 20:
-        return None
-    n = int(v)
-    return n if n <= maximum else None
 
 
 # -- seams to the collector (tests replace these) -----------------------------------------
@@ -165,25 +152,27 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
     the config. Used by :func:`main` and the tests."""
     env = dict(os.environ if env is None else env)
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    started = time.monotonic()
+    henv = read_hook_env(env)
     # one reading of the exit code for the summary and the verdict: an out-of-range or
-    # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
-    exit_raw = _env_int(env, "SLURM_JOB_EXIT_CODE")
+    # non-ASCII value is unknown
+    exit_raw = henv.exit_status_raw
     if exit_raw is None:
         env.pop("SLURM_JOB_EXIT_CODE", None)
     else:
         env["SLURM_JOB_EXIT_CODE"] = str(exit_raw)
-    from gpuguard import log as log_mod
-    from gpuguard.hookrun import load_config
-
-    job_id = env.get("SLURM_JOB_ID") or None
-    started = time.monotonic()
     cfg, config_error = loaded or load_config()
-    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
-    from gpuguard.hookrun import is_job_id
-
-    if job_id is not None and not is_job_id(job_id):
-        log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
-        job_id = None
+    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", henv.job_id or env.get("SLURM_JOB_ID"))
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; post-job checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    job_id = henv.job_id
     if config_error:
         # Our fault: nothing is judged or drained on it, but the job's collector is still
         # stopped (found through /proc, not through the broken config's paths).
@@ -210,10 +199,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
     # 3. post-job checks and the drain, on live state, before any store I/O
-    from gpuguard.health import parse_job_gpus
     from gpuguard.nodecheck import live_check, pending_drains
 
-    job_gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
+    job_gpus = henv.job_gpus
     pend = pending_drains(cfg, deadline, log)
     live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
     res = live.result
@@ -234,7 +222,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         if job_id and not locked:
             log.error("tool error: another epilog of job %s holds its lock; records left to it", job_id)
             return EXIT_OK
-        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log, restarts)
+        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log, restarts,
+                     henv.job_uid)
     return EXIT_OK
 
 
@@ -284,7 +273,7 @@ def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -
 
 def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
                  live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
-                 restarts: dict | None = None) -> None:
+                 restarts: dict | None = None, uid: int | None = None) -> None:
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -297,14 +286,14 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
         return
     try:
         _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
-                        restarts)
+                        restarts, uid)
     finally:
         store.close()
 
 
 def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any,
                     status: str, live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
-                    restarts: dict | None = None) -> None:
+                    restarts: dict | None = None, uid: int | None = None) -> None:
     from gpuguard.nodecheck import record_with_store
     from gpuguard.store import StoreError
 
@@ -334,7 +323,6 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     # 5. training records
     ingest = None
     keep_dir = False
-    uid = _env_int(env, "SLURM_JOB_UID")
     if uid is None:
         log.error("tool error: SLURM_JOB_UID unset: training records not read")
         keep_dir = True

@@ -115,6 +115,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
     },
+    "display": {
+        "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
+    },
     "policy": {},  # finding code -> action; validated separately
 }
 

@@ -20,10 +20,11 @@ administrator's) is left alone and the entry stays, so the fault is acted on onc
 node is resumed. Entries older than :data:`MAX_AGE_S` are dropped with an error: by
 then a human has looked at the node.
 
-The Slurm side is any object with ``drain(node, reason, timeout_s)`` and
-``node_reason(node, timeout_s) -> str | None`` (:class:`gpuguard.slurm.SlurmCli`);
-every call's timeout is the smaller of :data:`CALL_TIMEOUT_S` and the time left before
-``deadline`` (a :func:`time.monotonic` value: the hook's budget).
+This module wraps the one drain implementation, :class:`gpuguard.actuator.Actuator`
+(ownership rules, dry run, budget-capped ``scontrol`` calls); it adds only the durable
+list and the confirmation, read through the actuator's backend (``node_reason``). Every
+call's timeout is capped by what is left before the actuator's ``deadline`` (a
+:func:`time.monotonic` value: the hook's budget).
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from typing import Any
 from gpuguard import durable
 
 FILE = "pending_drains.json"
-#: Longest single Slurm call (s), before the budget cap (our choice: scontrol answers in
-#: 10-100 ms on a healthy slurmctld; 15 s is the old fixed timeout).
+#: Longest confirmation query (s), before the budget cap (our choice: scontrol answers
+#: in 10-100 ms on a healthy slurmctld; 15 s is the backend's own default).
 CALL_TIMEOUT_S = 15.0
-#: Below this much time left no call is started (s).
+#: Below this much time left no call is started (s); the actuator's own floor.
 MIN_CALL_S = 0.2
 #: A pending drain older than this (s) is dropped (our choice: a week).
 MAX_AGE_S = 7 * 86400.0
@@ -60,14 +61,15 @@ class Outcome:
 
 
 class PendingDrains:
-    """The pending-drain list of one node's state directories (``cfg``)."""
+    """The pending-drain list of one node's state directories (``cfg``), acting through
+    ``actuator`` (a :class:`gpuguard.actuator.Actuator`; None: the list only)."""
 
-    def __init__(self, cfg: Any, slurm: Any, *, deadline: float | None = None, dry_run: bool = False,
-                 log: logging.Logger | None = None):
+    def __init__(self, cfg: Any, actuator: Any, log: logging.Logger | None = None):
         self.dirs = durable.state_dirs(cfg)
-        self.slurm = slurm
-        self.deadline = deadline
-        self.dry_run = dry_run
+        self.actuator = actuator
+        self.slurm = getattr(actuator, "slurm", None)
+        self.deadline = getattr(actuator, "deadline", None)
+        self.dry_run = bool(getattr(actuator, "dry_run", False))
         self.log = log or logging.getLogger(__name__)
 
     # -- the list ---------------------------------------------------------------------
@@ -122,15 +124,11 @@ class PendingDrains:
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")  # an earlier attempt went through
-        if current and not err:
-            return Outcome(node, reason, "refused", f"node carries someone else's reason {current!r}")
-        t = self._timeout()
-        if t is None:
-            return Outcome(node, reason, "pending", "no time left in the budget")
-        try:
-            self.slurm.drain_node(node, reason, timeout_s=t)
-        except Exception as e:
-            return Outcome(node, reason, "pending", f"drain failed: {e}")
+        res = self.actuator.drain(node, reason)
+        if res.status == "refused" and "someone else's reason" in res.why:
+            return Outcome(node, reason, "refused", res.why)
+        if res.status == "failed":
+            return Outcome(node, reason, "pending", f"drain failed: {res.why}")
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")
@@ -169,7 +167,7 @@ class PendingDrains:
         reason = str(entry.get("reason", ""))
         res = self._drain_one(node, reason)
         if res.status == "confirmed":
-            self.log.warning("drained %s: %s (confirmed: the node shows the reason)", node, reason)
+            self.log.info("drain of %s confirmed: the node shows a gpuguard reason", node)
             self._forget(node)
         else:
             self.log.error("tool error: drain of %s %s (%s); it stays pending for the next hook run",

@@ -36,12 +36,15 @@ class LiveCheck:
 
 
 def pending_drains(cfg: Any, deadline: float | None, log: Any, *, allow_drain: bool = True) -> PendingDrains:
-    """The pending-drain list with the Slurm CLI of ``[slurm] bin_dir``; a dry run when
-    ``[slurm] drain`` is false or ``allow_drain`` is False (a broken config)."""
-    from gpuguard.slurm import SlurmCli
+    """The pending-drain list acting through the hook's actuator
+    (:meth:`gpuguard.actuator.Actuator.from_config`, calls capped by ``deadline``); a dry
+    run when ``[slurm] drain`` is false or ``allow_drain`` is False (a broken config)."""
+    from gpuguard.actuator import Actuator
 
-    return PendingDrains(cfg, SlurmCli(cfg.get("slurm", "bin_dir")), deadline=deadline,
-                         dry_run=not (allow_drain and cfg.get("slurm", "drain")), log=log)
+    act = Actuator.from_config(cfg, deadline=deadline, log=log)
+    if not allow_drain:
+        act.dry_run = True
+    return PendingDrains(cfg, act, log=log)
 
 
 def _budget_left(deadline: float | None, share: float = 1.0) -> float | None:

@@ -16,9 +16,11 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 4. open the node store and record the run with history (errors: tool errors; a locked
    store delays nothing the verdict needs).
 
-``SLURM_JOB_ID`` must be 1 to 20 ASCII digits (``str.isdigit`` alone accepts ``'١٢٣'``);
-anything else is logged as a tool error and the run is node checks only: no job is
-failed, no job directory or collector is set up.
+The Slurm variables are read and range-checked by :func:`gpuguard.hookenv.read_hook_env`;
+a ``SLURM_JOB_ID`` that is not 1 to 20 ASCII digits is logged as a tool error and the run
+is node checks only: no job is failed, no job directory or collector is set up. Drain and
+fail-job go through :class:`gpuguard.actuator.Actuator`, whose Slurm calls are capped by
+what is left of the budget.
 
 Whatever hangs, the process exits when the budget runs out (:mod:`gpuguard.hookrun`: the
 work runs in a child process the watchdog parent abandons). Running out of budget is our
@@ -29,6 +31,7 @@ before any store I/O), then exit 1 as decided.
 from __future__ import annotations
 
 import os
+import time
 
 EXIT_OK = 0
 EXIT_DRAIN = 1
@@ -38,36 +41,35 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     """The prolog's work; returns the exit status. ``loaded``: the result of
     :func:`gpuguard.hookrun.load_config` when the caller already read the config. Used by
     :func:`main` and the tests."""
-    import time
-
     started = time.monotonic()
     env = dict(os.environ) if env is None else env
     from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
     from gpuguard.hookrun import announce, load_config
 
-    job_id = env.get("SLURM_JOB_ID")
     cfg, config_error = loaded or load_config()
+    budget = float(cfg.get("prolog", "time_budget_s"))
+    deadline = started + budget * DEADLINE_SHARE
     if config_error:
         # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
         # config must not silently switch off every check either: run them on the
         # defaults, log what they find, and act on nothing.
         cfg.values["slurm"]["drain"] = False
-    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
+    henv = read_hook_env(env)
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
     if config_error:
         log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    from gpuguard.hookrun import is_job_id
-
-    if job_id is not None and not is_job_id(job_id):
-        log.error("tool error: SLURM_JOB_ID %r is not a job id; node checks only", job_id)
-        job_id = None
-    from gpuguard.health import parse_job_gpus
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; node checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    job_id = henv.job_id
     from gpuguard.nodecheck import live_check, pending_drains
 
-    deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
-    job_gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
     pend = pending_drains(cfg, deadline, log, allow_drain=not config_error)
     # the verdict and the drain come first, from live state only: no store I/O before them
-    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
+    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline)
     res = live.result
     outcome = res.decision.outcome
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
@@ -76,15 +78,19 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         return EXIT_OK
     if outcome == "drain":
-        if live.drain is not None and live.drain.status != "confirmed":
-            log.error("tool error: drain failed (Slurm will drain with 'Prolog error'): %s", live.drain.why)
-        _record(cfg, live, pend, job_id, job_gpus, log)
+        if live.drain is not None and live.drain.status not in ("confirmed", "dry-run"):
+            log.error("tool error: drain not confirmed (%s); Slurm will drain with 'Prolog error' when this "
+                      "prolog exits %d, and the drain stays pending", live.drain.why, EXIT_DRAIN)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_DRAIN
     if outcome == "fail-job":
         # Slurm 22.05 drains the node on any non-zero Prolog exit, so the job is failed
         # through Slurm instead and the Prolog exits 0: the node keeps serving.
-        _fail_job(cfg, job_id, res.decision.reason, deadline, log)
-        _record(cfg, live, pend, job_id, job_gpus, log)
+        if job_id:
+            pend.actuator.fail_job(job_id, res.decision.reason)
+        else:
+            log.warning("no job id: cannot fail the job: %s", res.decision.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
     if job_id and not config_error:
         try:
@@ -93,7 +99,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
-    later = _record(cfg, live, pend, job_id, job_gpus, log)
+    later = _record(cfg, live, pend, job_id, henv.job_gpus, log)
     if later is not None and later.decision.outcome == "drain" and not config_error:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
@@ -102,8 +108,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     return EXIT_OK
 
 
-#: Share of ``[prolog] time_budget_s`` the work may plan with; the rest is the margin
-#: for the exit (our choice: 10 %).
+#: Share of ``[prolog] time_budget_s`` the work plans with; the rest is the margin for
+#: the exit (our choice: 10 %).
 DEADLINE_SHARE = 0.9
 
 
@@ -112,22 +118,6 @@ def _log_result(log, res) -> None:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
-
-
-def _fail_job(cfg, job_id, reason, deadline, log) -> None:
-    if not (cfg.get("slurm", "drain") and job_id):
-        log.warning("dry run: would fail job %s: %s", job_id, reason)
-        return
-    import time
-
-    from gpuguard.slurm import SlurmCli, SlurmError
-
-    left = max(0.2, deadline - time.monotonic())
-    try:
-        SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=min(15.0, left / 2)).fail_job(job_id, reason)
-        log.warning("failed job %s (node not drained): %s", job_id, reason)
-    except SlurmError as e:
-        log.error("tool error: failing job %s: %s", job_id, e)
 
 
 def _record(cfg, live, pend, job_id, job_gpus, log):

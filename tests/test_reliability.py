@@ -18,6 +18,7 @@ from conftest import node_snapshot
 from gpuguard import durable
 from gpuguard.collector import launch
 from gpuguard.collector.jobdir_cap import enforce_cap
+from gpuguard.actuator import Actuator
 from gpuguard.drainq import PendingDrains
 from gpuguard.hookrun import announce, run_watched
 
@@ -67,7 +68,8 @@ class FakeSlurm:
         self.calls.append(("drain", node, timeout_s))
         if self.fail_drains:
             self.fail_drains -= 1
-            raise RuntimeError("slurmctld down")
+            from gpuguard.slurm import SlurmError
+            raise SlurmError("slurmctld down")
         self.reasons[node] = reason + " [root@x]"
 
 
@@ -78,37 +80,38 @@ def cfg(make_config):
 
 def test_failed_drain_stays_pending_and_the_next_run_confirms_it(cfg):
     slurm = FakeSlurm(fail_drains=1)
-    out = PendingDrains(cfg, slurm).drain("n1", "gpuguard: xid.79 x")
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
     assert (out.status, out.why) == ("pending", "drain failed: slurmctld down")
-    assert PendingDrains(cfg, slurm).entries()["n1"]["attempts"] == 1
-    [again] = PendingDrains(cfg, slurm).retry()
+    assert PendingDrains(cfg, Actuator(slurm)).entries()["n1"]["attempts"] == 1
+    [again] = PendingDrains(cfg, Actuator(slurm)).retry()
     assert again.status == "confirmed"
-    assert PendingDrains(cfg, slurm).entries() == {}
-    assert [c[0] for c in slurm.calls] == ["show", "drain", "show", "drain", "show"]
+    assert PendingDrains(cfg, Actuator(slurm)).entries() == {}
+    assert [c[0] for c in slurm.calls if c[0] == "drain"] == ["drain", "drain"]
+    assert slurm.calls[-1][0] == "show"  # confirmed by reading the node back
 
 
 def test_already_drained_by_us_is_confirmed_without_a_second_drain(cfg):
     slurm = FakeSlurm()
     slurm.reasons["n1"] = "gpuguard: xid.48 earlier [root@x]"
-    assert PendingDrains(cfg, slurm).drain("n1", "gpuguard: xid.79 x").status == "confirmed"
+    assert PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x").status == "confirmed"
     assert [c[0] for c in slurm.calls] == ["show"]
 
 
 def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
     slurm = FakeSlurm()
     slurm.reasons["n1"] = "memory test by alice"
-    out = PendingDrains(cfg, slurm).drain("n1", "gpuguard: xid.79 x")
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
     assert out.status == "refused"
-    assert "n1" in PendingDrains(cfg, slurm).entries()
-    assert [c[0] for c in slurm.calls] == ["show"]
+    assert "n1" in PendingDrains(cfg, Actuator(slurm)).entries()
+    assert "drain" not in [c[0] for c in slurm.calls]
 
 
 def test_every_call_timeout_is_capped_by_the_deadline(cfg):
     slurm = FakeSlurm()
-    PendingDrains(cfg, slurm, deadline=time.monotonic() + 2.0).drain("n1", "gpuguard: x")
+    PendingDrains(cfg, Actuator(slurm, deadline=time.monotonic() + 2.0)).drain("n1", "gpuguard: x")
     assert all(c[2] <= 2.0 for c in slurm.calls)
     slurm2 = FakeSlurm()
-    out = PendingDrains(cfg, slurm2, deadline=time.monotonic() - 1).drain("n2", "gpuguard: x")
+    out = PendingDrains(cfg, Actuator(slurm2, deadline=time.monotonic() - 1)).drain("n2", "gpuguard: x")
     assert (out.status, slurm2.calls) == ("pending", [])  # no time left: no call, kept
 
 
