@@ -69,8 +69,14 @@ def action_for(f: Finding, policy: dict[str, str] | None = None, xid_policy: dic
     """The action for finding ``f``: config override by code, then (XID) by number, then
     the shipped default; an unknown code falls back by severity (critical -> alert,
     never drain: a new code must be given a drain action on purpose)."""
-    policy = policy or {}
-    xid_policy = xid_policy or {}
+    action = _configured_action(f, policy or {}, xid_policy or {})
+    if f.evidence.get("untrusted_source") and ACTION_RANK[action] > ACTION_RANK["alert"]:
+        # read from a text file any user can write to (logger -t kernel): never drain on it
+        return "alert"
+    return action
+
+
+def _configured_action(f: Finding, policy: dict[str, str], xid_policy: dict[int, str]) -> str:
     if f.code in policy:
         return policy[f.code]
     if f.code.startswith(("xid.", "sxid.")):
