@@ -392,7 +392,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
 
 
 def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, pend: Any) -> None:
-    """Compare the job with its template's baseline and act on the verdict (issue 4):
+    """Compare the job with its template's baseline and act on the verdict:
     template, verdict, comparisons, baseline update, policy with escalation. Our errors
     here are tool errors; they never drain."""
     try:

@@ -77,8 +77,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
     },
     "baseline": {
-        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (issue 4: default 20)"),
-        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (issue 4: default 3)"),
+        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (our choice: 20 runs give a median/MAD stable to a few outliers while a template re-learns within days)"),
+        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (our choice: 3 is the fewest runs with a meaningful median and MAD)"),
         "idle_readings": (20, int, "a GPU's idle baseline: median/MAD of its last this-many prolog idle readings (same N as templates)"),
         "idle_min_readings": (5, int, "idle readings a GPU needs before its idle temperature/power is judged (our choice: a week of daily jobs)"),
         "idle_temp_rise_c": (10.0, (int, float), "baseline.idle_temp_up when a GPU idles this many degC above its own median (our choice: 10 degC is about a third of the idle-to-slowdown margin of H100/A100 at 30 degC idle, 87 degC slowdown)"),
@@ -86,7 +86,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "verdict": {
         "warmup_s": (300.0, (int, float), "start of the job left out of the comparison: CUDA/NCCL init, autotuning, compilation, first data loads (our choice: 5 min)"),
-        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (issue 4: e.g. 10 min); shorter jobs: their whole span after warm-up"),
+        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up"),
         "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide"),
         "z_threshold": (3.5, (int, float), "|robust z| = |x - median| / (1.4826 MAD) at or above this flags a metric (Iglewicz & Hoaglin 1993, modified z-score outlier cut-off 3.5)"),
         "mad_floor_frac": (0.02, (int, float), "MAD is at least this fraction of the median, so a tiny spread does not flag noise (our choice: about the run-to-run jitter of step time on dedicated nodes; checked with bench/verdict_accuracy.py)"),

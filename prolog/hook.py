@@ -33,6 +33,22 @@ from __future__ import annotations
 import os
 import time
 
+# -- Import budget: the one place that says where gpuguard imports lazily -------------------
+# The hook entry points (this module, gpuguard.hookrun, gpuguard.epilog.hook,
+# gpuguard.epilog.slurmctld, gpuguard.collector.taskprolog) import gpuguard modules inside
+# their functions, because:
+#  * a module-level import runs before the watchdog (gpuguard.hookrun) starts; inside run()
+#    it counts against [prolog] time_budget_s, so a slow or hung import (site-packages on
+#    NFS, a cold page cache) ends with the budget instead of holding the job;
+#  * the healthy path loads only what it uses: the store (sqlite-utils, about half of the
+#    Prolog's import time: bench/prolog_healthy.py) after the verdict was acted on;
+#    gpuguard.collector.launch only when the job proceeds; the NVML binding only for
+#    [gpu] source = "nvml" (gpuguard.gpu.open_source); the XID catalog only when the
+#    kernel log has XID lines (gpuguard.checks.xid, gpuguard.health.record_run).
+# Outside these, modules import at module level; the remaining function-level imports
+# break an import cycle (config <-> checks) or keep a heavy library (matplotlib, jinja2,
+# the epilog's verdict) off CLI commands that do not use it.
+
 EXIT_OK = 0
 EXIT_DRAIN = 1
 
