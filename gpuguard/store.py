@@ -180,7 +180,15 @@ def _m5(db: sqlite_utils.Database) -> None:
 
 
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+def _m6(db: sqlite_utils.Database) -> None:
+    """Reports: ``sacct_jobs`` keyed per attempt, GPU counts nullable with their source
+    (:func:`gpuguard.reports.schema.migrate_sacct_attempts`)."""
+    from gpuguard.reports.schema import migrate_sacct_attempts
+
+    migrate_sacct_attempts(db)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:

@@ -77,3 +77,36 @@ def create_sacct_cache(db: sqlite_utils.Database) -> None:
     db.execute(DDL)
     for sql in INDEXES:
         db.execute(sql)
+
+
+#: Migration 6: one row per *attempt* (a requeued job's attempts kept apart, as slurmdbd
+#: keys its job table on (id_job, time_submit)); ``gpus`` NULL = GPU usage unknown, with
+#: ``gpu_source`` naming the field the count came from; ``time_limit_s``.
+DDL_V6 = (DDL.replace("gpus INTEGER NOT NULL DEFAULT 0", "gpus INTEGER")
+          .replace("    PRIMARY KEY (cluster, job_id_raw)",
+                   "    attempt_at REAL NOT NULL DEFAULT 0,\n    gpu_source TEXT,\n    time_limit_s INTEGER,\n"
+                   "    PRIMARY KEY (cluster, job_id_raw, attempt_at)")
+          .replace("CREATE TABLE sacct_jobs", "CREATE TABLE sacct_jobs_v6"))
+INDEXES_V6 = INDEXES + ("CREATE INDEX sacct_jobs_raw ON sacct_jobs(job_id_raw)",)
+
+
+def migrate_sacct_attempts(db: sqlite_utils.Database) -> None:
+    """Migration body: rebuild ``sacct_jobs`` with ``attempt_at`` (the attempt's submit
+    time, 0 when unknown) in the key, nullable ``gpus``, ``gpu_source``, ``time_limit_s``.
+    Stored rows keep their values: ``attempt_at`` = their submit time, ``gpu_source``
+    ``AllocTRES`` where their AllocTRES holds ``gres/gpu``, else unknown when no AllocTRES
+    was imported (their 0 was never a fact), else ``none: AllocTRES``."""
+    db.execute(DDL_V6)
+    old = [r[1] for r in db.execute("PRAGMA table_info(sacct_jobs)").fetchall()]
+    cols = ", ".join(old)
+    db.execute(f"""INSERT INTO sacct_jobs_v6 ({cols}, attempt_at, gpu_source)
+        SELECT {cols.replace("gpus", "CASE WHEN alloc_tres IS NULL AND gpus = 0 THEN NULL ELSE gpus END", 1)},
+               COALESCE(submit_at, 0),
+               CASE WHEN alloc_tres LIKE '%gres/gpu%' THEN 'AllocTRES'
+                    WHEN alloc_tres IS NULL AND gpus = 0 THEN 'unknown: no AllocTRES/ReqTRES/GRES field'
+                    WHEN alloc_tres IS NULL THEN 'AllocTRES' ELSE 'none: AllocTRES' END
+        FROM sacct_jobs""")
+    db.execute("DROP TABLE sacct_jobs")
+    db.execute("ALTER TABLE sacct_jobs_v6 RENAME TO sacct_jobs")
+    for sql in INDEXES_V6:
+        db.execute(sql)
