@@ -119,3 +119,36 @@ def gpu_count(doc: dict) -> int | None:
         return n
     listed = gpu_readings(doc)
     return len(listed) or None
+
+
+def store_readings(store, jobs: list[tuple[int, str]]) -> int:
+    """Write the utilisation readings of jobstats comments into ``job_gpu_util`` (the
+    table the efficiency report reads; :mod:`gpuguard.reports.util_schema`), one row per
+    GPU with a reading, node = jobstats' node name. ``jobs``: ``(job_id_raw,
+    admin_comment)``. A job that has a gpuguard summary keeps gpuguard's readings (its own
+    measurement, per node); re-importing replaces a job's earlier jobstats rows.
+    Unreadable comments are skipped. Returns the number of readings written. Raises
+    :class:`gpuguard.store.StoreError`."""
+    rows: list[tuple[str, str, int, float]] = []
+    ids: list[str] = []
+    for jid, comment in jobs:
+        try:
+            doc = decode_js1(comment)
+        except Js1Error:
+            continue
+        if doc is None:
+            continue
+        ids.append(str(jid))
+        rows += [(str(jid), r.node, int(jid), r.util_pct) for r in gpu_readings(doc) if r.util_pct is not None]
+    if not ids:
+        return 0
+    absent = "NOT EXISTS (SELECT 1 FROM job_summaries s WHERE s.job_id = ?)"
+
+    def go() -> None:
+        with store.tx():
+            store.db.conn.executemany(f"DELETE FROM job_gpu_util WHERE job_id = ? AND {absent}",
+                                      [(j, j) for j in ids])
+            store.db.conn.executemany(f"INSERT INTO job_gpu_util (job_id, node, jid, util) SELECT ?, ?, ?, ? "
+                                      f"WHERE {absent}", [(*r, r[0]) for r in rows])
+    store._guard("jobstats readings", go)
+    return len(rows)

@@ -56,9 +56,10 @@ def duration(s: float | None) -> str:
 
 
 def fmt(v: Any, kind: str, tz: tzinfo) -> str:
-    """A value for people (text and HTML tables)."""
+    """A value for people (text and HTML tables). A missing GPU-hour or cost figure is
+    ``unknown`` (the GPU count was not in the accounting), never a dash or 0."""
     if v is None:
-        return "-"
+        return "unknown" if kind in ("hours", "money") else "-"
     if kind == "hours":
         return f"{v:,.2f}"
     if kind == "money":
@@ -74,6 +75,18 @@ def fmt(v: Any, kind: str, tz: tzinfo) -> str:
     if kind == "time":
         return datetime.fromtimestamp(v, tz).strftime("%Y-%m-%d %H:%M")
     return str(v)
+
+
+def total_cells(t: Table, tz: tzinfo) -> list[str]:
+    """The TOTAL row's cells: ``TOTAL`` in the first column, the other label columns
+    (period, second group key) blank."""
+    out = []
+    for i, c in enumerate(t.columns):
+        if c.key in ("period", "group", "group2"):
+            out.append("TOTAL" if i == 0 else "")
+        else:
+            out.append(fmt(t.total.get(c.key), c.kind, tz))
+    return out
 
 
 # --- json -------------------------------------------------------------------------------
@@ -136,7 +149,7 @@ def _text_table(t: Table, tz: tzinfo) -> str:
     cols: list[Column] = t.columns
     body = [[fmt(r.get(c.key), c.kind, tz) for c in cols] for r in t.rows]
     if t.total is not None and t.rows:
-        body.append([fmt(t.total.get(c.key), c.kind, tz) for c in cols])
+        body.append(total_cells(t, tz))
     head = [c.label for c in cols]
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     right = [c.kind not in ("text",) for c in cols]
@@ -193,8 +206,7 @@ def to_html(reports: list[Report], tz: tzinfo, generated_at: float, *, charts: b
                 "title": t.title,
                 "columns": t.columns,
                 "rows": [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows],
-                "total": ([fmt(t.total.get(c.key), c.kind, tz) for c in t.columns]
-                          if t.total is not None and t.rows else None),
+                "total": total_cells(t, tz) if t.total is not None and t.rows else None,
             })
         view.append({"name": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
                      "by": r.by, "notes": r.notes, "tables": tables,

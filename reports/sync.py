@@ -37,6 +37,7 @@ from gpuguard.reports.sacct import (
     resolve_timezone,
     sniff_format,
 )
+from gpuguard.reports.jobstats import is_js1, store_readings
 from gpuguard.store import Store, StoreError
 
 CURSOR = "reports.sacct_sync"
@@ -122,6 +123,8 @@ class SyncResult:
     #: Job ids seen more than once in this input with different submit times (requeued
     #: attempts, ``sacct -D``): each attempt is stored and charged.
     attempts: dict[str, int] = field(default_factory=dict)
+    #: GPU utilisation readings taken from jobstats ``JS1:`` AdminComments.
+    js1_readings: int = 0
 
     def summary(self) -> str:
         """One line: what was stored and what of it no report (or no GPU figure) can count,
@@ -135,6 +138,8 @@ class SyncResult:
         if self.unreportable:
             s += (f"; {len(self.unreportable)} without Start/End: in no report"
                   f" ({_lines(self.unreportable)})")
+        if self.js1_readings:
+            s += f"; {self.js1_readings} GPU utilisation reading(s) from jobstats AdminComments"
         if self.gpus_unknown:
             s += (f"; {len(self.gpus_unknown)} with GPU usage unknown (no gres/gpu in any GPU field:"
                   f" {_lines(self.gpus_unknown)})")
@@ -194,6 +199,7 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
 def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
              on_progress: Callable[[int], None] | None, gpus_tracked: bool | None = None) -> None:
     seen: dict[str, set] = {}
+    js1: list[tuple[int, str]] = []
 
     def jobs() -> Iterator[dict]:
         for r in rows:
@@ -212,9 +218,12 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
                 if j["gpus"] is None:
                     result.gpus_unknown.append((r.line, j["job_id"]))
                 seen.setdefault(j["job_id"], set()).add(j["submit_at"])
+                if is_js1(j["admin_comment"]):
+                    js1.append((j["job_id_raw"], j["admin_comment"]))
                 yield j
     result.jobs = upsert_jobs(store, jobs(), synced_at=synced_at, source=result.source)
     result.attempts = {k: len(v) for k, v in seen.items() if len(v) > 1}
+    result.js1_readings = store_readings(store, js1)
 
 
 class _CountingLines:
