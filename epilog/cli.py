@@ -1,4 +1,4 @@
-"""``gpuguard job show JOBID [--json]``: what the store knows about one job.
+"""``gpuguard job show JOBID [--full] [--format text|json|html]``: what the store knows about one job.
 
 A thin layer (STYLE.md): :func:`job_report` gathers, :func:`format_text` formats; the
 click command only parses and prints. Registered in :mod:`gpuguard.cli` with
@@ -183,39 +183,81 @@ def job() -> None:
 
 @job.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of the page")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default=None,
+              help="text (default: one screen), json, or html (a self-contained page with time-series plots)")
+@click.option("--full", is_flag=True, help="text: every metric, finding and event after the page")
+@click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE (html)")
+@click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [job_page] timezone, "
+              "$TZ, system)")
 @click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
 @click.pass_obj
-def job_show(obj: Any, job_id: str, as_json: bool, store_path: str | None) -> None:
-    """Print what the store knows about JOB_ID: nodes, GPUs, the summary, findings and
-    events. Exit 2 for an unknown job or an unreadable store."""
-    if store_path is None:
-        if obj is not None and hasattr(obj, "cfg"):
-            cfg = obj.cfg
-        else:
-            from gpuguard import config as config_mod
+def job_show(obj: Any, job_id: str, as_json: bool, fmt: str | None, full: bool, output: str | None,
+             tz_name: str | None, store_path: str | None) -> None:
+    """Show JOB_ID: header (user, account, state, exit, elapsed vs limit, nodes, GPUs),
+    the verdict with its evidence, per-GPU utilisation/memory/power bars and what to
+    check, on one screen; --full adds every table. Exit 2 for an unknown job, an
+    unreadable store or a bad option."""
+    from gpuguard.epilog.advice import AdviceError, load_advice
+    from gpuguard.epilog.jobpage import format_page, job_header
+    from gpuguard.reports.sacct import SacctParseError, resolve_timezone
 
-            try:
-                cfg = config_mod.load()
-            except config_mod.ConfigError as e:
-                _fail(str(e))
+    fmt = "json" if as_json else (fmt or "text")
+    if obj is not None and hasattr(obj, "cfg"):
+        cfg = obj.cfg
+    else:
+        from gpuguard import config as config_mod
+
+        try:
+            cfg = config_mod.load()
+        except config_mod.ConfigError as e:
+            _fail(str(e))
+    if store_path is None:
         store_path = cfg.store_path
+    try:
+        tz = resolve_timezone(tz_name or cfg.get("job_page", "timezone") or None)
+        advice = load_advice(cfg.get("job_page", "advice_file"))
+    except (SacctParseError, AdviceError) as e:
+        _fail(str(e))
     try:
         store = open_store(store_path, create=False)
     except StoreError as e:
         _fail(str(e))
     try:
         rep = job_report(store, job_id)
+        rep.setdefault("job", job_header(store, rep))
+        series = None
+        if fmt == "html":
+            from gpuguard.epilog.jobpage_html import load_series
+
+            series = load_series(store, job_id)
     except JobNotFound:
         _fail(f"job {job_id}: not found in store {store_path}")
     except StoreError as e:
         _fail(str(e))
     finally:
         store.close()
-    if as_json:
-        click.echo(json.dumps(rep, indent=2, default=str))
+    idle = cfg.get("job_page", "idle_gpu_pct")
+    if fmt == "json":
+        text = json.dumps(rep, indent=2, default=str)
+    elif fmt == "html":
+        from gpuguard.epilog.jobpage_html import render_html
+
+        text = render_html(rep, series, tz=tz, advice=advice, idle_gpu_pct=idle)
     else:
-        click.echo(format_text(rep))
+        text = format_page(rep, tz=tz, advice=advice, idle_gpu_pct=idle)
+        if full:
+            text += "\n\n" + format_text(rep)
+    if output:
+        from gpuguard.inputs import InputError, write_output
+
+        try:
+            write_output(output, text)
+        except InputError as e:
+            _fail(str(e))
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 def _fail(msg: str) -> NoReturn:
