@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -200,3 +201,52 @@ def test_html_job_page_renders_in_headless_chromium(big, tmp_path):
     assert (0x1E, 0x88, 0xE5) in present  # the utilisation bars
     if os.environ.get("GPUGUARD_KEEP_SHOT"):
         shutil.copy(shot, os.environ["GPUGUARD_KEEP_SHOT"])
+
+
+# --- MailProg wrapper -------------------------------------------------------------------------
+def test_mailprog_parsing():
+    from gpuguard.epilog.mailprog import end_of_job_id, parse_args
+
+    assert parse_args(["-s", "Slurm Job_id=7 Name=x Ended", "alice@example.edu"]) == (
+        "Slurm Job_id=7 Name=x Ended", ["alice@example.edu"])
+    assert end_of_job_id("Slurm Job_id=4242 Name=llm Ended, Run time 00:20:00, COMPLETED, ExitCode 0") == "4242"
+    assert end_of_job_id("Slurm Job_id=4242 Name=llm Failed, Run time 00:20:00, FAILED, ExitCode 1") == "4242"
+    assert end_of_job_id("Slurm Array Task Job_id=300_2 (302) Name=a Ended, Run time 00:01:00, COMPLETED, "
+                         "ExitCode 0") == "302"
+    assert end_of_job_id("Slurm Job_id=4242 Name=llm Began, Queued time 00:00:01") is None
+
+
+def _fake_mailer(tmp_path):
+    log = tmp_path / "mail.log"
+    exe = tmp_path / "mail"
+    exe.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}.argv\ncat > {log}.body\nexit 3\n")
+    exe.chmod(0o755)
+    return exe, log
+
+
+def test_mailprog_appends_the_job_page_and_runs_the_real_mailer(big, tmp_path):
+    exe, log = _fake_mailer(tmp_path)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{big}"\n[job_page]\ntimezone = "UTC"\n')
+    env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
+    subject = "Slurm Job_id=4242 Name=llm-7b-pretrain Ended, Run time 00:20:00, COMPLETED, ExitCode 0"
+    gm = os.path.join(os.path.dirname(sys.executable), "gpuguard-mail")
+    cp = subprocess.run([gm, "-s", subject, "alice@example.edu"], input="", text=True, env=env, capture_output=True)
+    assert cp.returncode == 3, cp.stderr  # the real mailer's status
+    assert (tmp_path / "mail.log.argv").read_text().splitlines() == ["-s", subject, "alice@example.edu"]
+    body = (tmp_path / "mail.log.body").read_text()
+    assert body.startswith('Job 4242 "llm-7b-pretrain"   user alice  account nlp  partition gpu\n')
+    assert "Verdict: data-pipeline" in body and "What to check (data-pipeline: you can fix this):" in body
+
+
+def test_mailprog_fails_open(tmp_path):
+    exe, log = _fake_mailer(tmp_path)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{tmp_path}/missing.db"\n')
+    env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
+    gm = os.path.join(os.path.dirname(sys.executable), "gpuguard-mail")
+    cp = subprocess.run([gm, "-s", "Slurm Job_id=9 Name=x Failed, Run time 00:00:01, FAILED, ExitCode 1", "bob"],
+                        input="slurm body\n", text=True, env=env, capture_output=True)
+    assert cp.returncode == 3
+    assert cp.stderr.startswith("gpuguard-mail: job 9: no job page added: ")
+    assert (tmp_path / "mail.log.body").read_text() == "slurm body\n"
