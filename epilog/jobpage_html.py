@@ -12,6 +12,7 @@ SQLite, so a week-long job at 1 s sampling still renders in a second.
 
 from __future__ import annotations
 
+import re
 from datetime import tzinfo
 from typing import Any
 
@@ -58,9 +59,14 @@ def load_series(store: Any, job_id: str) -> dict[str, Any]:
     return {"t0": t0, "gpus": gpus, "ranks": ranks}
 
 
+def _natural(name: str) -> list:
+    """Sort key putting ``rank 2`` before ``rank 10``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
 def _lines(series: dict[str, dict[str, list]], key: str) -> list[tuple[str, list, list]]:
     """``(label, x, y)`` per series; beyond :data:`MAX_LINES` the rest is one mean line."""
-    items = sorted(series.items())
+    items = sorted(series.items(), key=lambda kv: _natural(kv[0]))
     out = [(name, s["t_min"], s[key]) for name, s in items[:MAX_LINES]]
     rest = items[MAX_LINES:]
     if rest:
