@@ -193,7 +193,8 @@ def _run(obj, names: list[str], since: str | None, until: str | None, by: str, t
                       gpu_hour_rates=dict(cfg.get("reports", "gpu_hour_rates")),
                       cpu_hour_rate=cfg.get("reports", "cpu_hour_rate"), currency=cfg.get("reports", "currency"))
         reps = run_reports(store, names, since=since_ts, until=until_ts, by=by, rates=rates,
-                           idle_util_pct=cfg.get("reports", "idle_util_pct"), cluster=flt, per=per, tz=tz)
+                           idle_util_pct=cfg.get("reports", "idle_util_pct"), cluster=flt, per=per, tz=tz,
+                           series=fmt == "html")
     except ReportError as e:
         raise click.ClickException(str(e)) from None
     except StoreError as e:

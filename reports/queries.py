@@ -214,6 +214,8 @@ class Report:
     tables: list[Table]
     notes: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    #: Usage over time for the HTML chart (:func:`gpuguard.reports.buckets.usage_series`).
+    series: dict[str, Any] | None = None
 
 
 @dataclass
@@ -623,11 +625,12 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
 
 def run_reports(store: Store, names: list[str], *, since: float, until: float, by: str = "account",
                 rates: Rates | None = None, idle_util_pct: float = 5.0, cluster: str | Filters | None = None,
-                per: str | None = None, tz=None) -> list[Report]:
+                per: str | None = None, tz=None, series: bool = False) -> list[Report]:
     """Run the named reports (``cost``, ``wait``, ``failures``, ``efficiency``) in that
     order. ``by``: one or two keys (``account,user``); ``cluster``: a cluster name or
     :class:`Filters`; ``per``: ``day``/``week``/``month`` buckets in ``tz``
-    (:mod:`gpuguard.reports.buckets`). Raises :class:`ReportError`."""
+    (:mod:`gpuguard.reports.buckets`); ``series``: give the cost report its usage-over-time
+    series (for the HTML chart). Raises :class:`ReportError`."""
     by_keys(by)
     flt = _flt(cluster)
     out = []
@@ -654,6 +657,12 @@ def run_reports(store: Store, names: list[str], *, since: float, until: float, b
             rep = bucketed(run, since, until, per, tz or UTC)
         else:
             rep = run(since, until)
+        if series and n == "cost":
+            from datetime import UTC
+
+            from gpuguard.reports.buckets import usage_series
+
+            rep.series = usage_series(store, since, until, by, tz or UTC, flt, per)
         if flt.describe():
             rep.notes.append(f"filtered: {flt.describe()}")
             rep.params = {**rep.params, "filters": flt.describe()}
