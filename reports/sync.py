@@ -141,7 +141,7 @@ class SyncResult:
         if self.js1_readings:
             s += f"; {self.js1_readings} GPU utilisation reading(s) from jobstats AdminComments"
         if self.gpus_unknown:
-            s += (f"; {len(self.gpus_unknown)} with GPU usage unknown (no gres/gpu in any GPU field:"
+            s += (f"; {len(self.gpus_unknown)} with GPU usage unknown (no field carries their GPU count:"
                   f" {_lines(self.gpus_unknown)})")
         if self.steps_skipped:
             s += f", {self.steps_skipped} step row(s) ignored"
