@@ -47,8 +47,9 @@ def duration(s: float | None) -> str:
     return d(s)
 
 
-def when(ts: float | None, tz: tzinfo) -> str:
-    """UTC epoch -> ``2026-11-30 10:04 CET`` in the viewer's zone."""
+def when(ts: float | str | None, tz: tzinfo) -> str:
+    """UTC epoch (or ISO 8601 text) -> ``2026-11-30 10:04 CET`` in the viewer's zone."""
+    ts = _epoch(ts)
     if ts is None:
         return "-"
     dt = datetime.fromtimestamp(ts, tz)

@@ -61,18 +61,18 @@ def job_page_text(job_id: str) -> str:
     from gpuguard.epilog.advice import load_advice
     from gpuguard.epilog.cli import job_report
     from gpuguard.epilog.jobpage import format_page, job_header
-    from gpuguard.reports.sacct import resolve_timezone
+    from gpuguard.output import display_tz
     from gpuguard.store import open_store
 
     cfg = config_mod.load()
     path = cfg.get("mail", "store") or cfg.cluster_store_path
     store = open_store(path, create=False)
     try:
-        rep = job_report(store, job_id)
+        tz = display_tz(cfg)
+        rep = job_report(store, job_id, tz)
         rep.setdefault("job", job_header(store, rep))
     finally:
         store.close()
-    tz = resolve_timezone(cfg.get("job_page", "timezone") or None)
     return format_page(rep, tz=tz, advice=load_advice(cfg.get("job_page", "advice_file")),
                        idle_gpu_pct=cfg.get("job_page", "idle_gpu_pct"))
 

@@ -114,12 +114,14 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "job_page": {
         "advice_file": ("", str, "TOML file of per-cause advice for `gpuguard job show` and end-of-job mail (keys who, check, docs per cause); merged over the shipped gpuguard/data/advice.toml; empty = shipped advice only"),
-        "timezone": ("", str, "IANA zone of times on the job page; empty = the viewer's $TZ, else the system zone"),
         "idle_gpu_pct": (5.0, (int, float), "a GPU whose mean utilisation is under this is flagged idle on the job page (same default as [reports] idle_util_pct)"),
     },
     "mail": {
         "mailer": ("/usr/bin/mail", str, "real mail program the MailProg wrapper (gpuguard-mail) runs with Slurm's arguments (Slurm's default MailProg)"),
         "store": ("", str, "store the MailProg wrapper reads job summaries from; empty = [paths] cluster_store, else [paths] store"),
+    },
+    "display": {
+        "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
     },
     "policy": {},  # finding code -> action; validated separately
 }

@@ -227,7 +227,7 @@ def _fake_mailer(tmp_path):
 def test_mailprog_appends_the_job_page_and_runs_the_real_mailer(big, tmp_path):
     exe, log = _fake_mailer(tmp_path)
     cfg = tmp_path / "g.toml"
-    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{big}"\n[job_page]\ntimezone = "UTC"\n')
+    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{big}"\n[display]\ntimezone = "UTC"\n')
     env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
     subject = "Slurm Job_id=4242 Name=llm-7b-pretrain Ended, Run time 00:20:00, COMPLETED, ExitCode 0"
     gm = os.path.join(os.path.dirname(sys.executable), "gpuguard-mail")
