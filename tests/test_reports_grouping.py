@@ -237,3 +237,22 @@ def test_cli_two_keys_month_and_filters(tmp_path):
         ["2025-03", "physics", "bob", "1", "5.0"], ["", "TOTAL", "", "5", "57.0"]]  # job 112 spans both months
     r = CliRunner().invoke(main, ["report", "cost", "--by", "account,user,qos"], env=env)
     assert r.exit_code == 2 and "at most 2 keys" in r.output
+
+
+def test_migration_keeps_stored_rows_and_unknowns_their_unproven_zero_gpus():
+    import sqlite_utils
+
+    from gpuguard.reports.schema import DDL, INDEXES, migrate_sacct_attempts
+
+    db = sqlite_utils.Database(memory=True)
+    db.execute(DDL)
+    for sql in INDEXES:
+        db.execute(sql)
+    for raw, tres, gpus, submit in ((1, "cpu=1,gres/gpu=2", 2, 100.0), (2, "cpu=1", 0, 200.0), (3, None, 0, None)):
+        db.execute("INSERT INTO sacct_jobs (cluster, job_id_raw, job_id, state, gpus, alloc_tres, submit_at) "
+                   "VALUES ('c', ?, ?, 'COMPLETED', ?, ?, ?)", [raw, str(raw), gpus, tres, submit])
+    migrate_sacct_attempts(db)
+    assert [tuple(r) for r in db.execute("SELECT job_id_raw, gpus, gpu_source, attempt_at FROM sacct_jobs "
+                                         "ORDER BY 1").fetchall()] == [
+        (1, 2, "AllocTRES", 100.0), (2, 0, "none: AllocTRES", 200.0),
+        (3, None, "unknown: no AllocTRES/ReqTRES/GRES field", 0.0)]
