@@ -224,10 +224,10 @@ def format_page(rep: dict[str, Any], *, tz: tzinfo, advice: dict[str, dict[str, 
                 idle_gpu_pct: float = 5.0) -> str:
     """The default, one-screen text page (module docstring)."""
     v = view(rep, advice=advice, idle_gpu_pct=idle_gpu_pct)
-    out = _header_lines(v["header"], tz) + [""] + _verdict_lines(v["verdict"]) + [""]
+    out = [*_header_lines(v["header"], tz), "", *_verdict_lines(v["verdict"]), ""]
     out += _gpu_lines(v["gpus"], idle_gpu_pct)
     if v["advice"]:
-        out += [""] + _advice_lines(v["advice"])
+        out += ["", *_advice_lines(v["advice"])]
     ev = v["events"]
     xids = [e for e in ev if str(e.get("kind", "")).lower() in ("xid", "sxid")]
     out += ["", f"{len(v['findings'])} finding(s), {len(ev)} event(s)"

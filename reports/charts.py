@@ -110,7 +110,7 @@ def top_n(rows: list[dict], key: str, keys: tuple[str, ...], shares: tuple[str, 
     if len(items) <= n:
         return items
     head, rest = items[:n - 1], items[n - 1:]
-    return head + [(f"other ({len(rest)} groups)", _merge([r for _, r in rest], keys, shares))]
+    return [*head, (f"other ({len(rest)} groups)", _merge([r for _, r in rest], keys, shares))]
 
 
 def _over_time(series: dict, title: str):

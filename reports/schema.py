@@ -110,7 +110,7 @@ DDL_V6 = (DDL.replace("gpus INTEGER NOT NULL DEFAULT 0", "gpus INTEGER")
                    "    attempt_at REAL NOT NULL DEFAULT 0,\n    gpu_source TEXT,\n    time_limit_s INTEGER,\n"
                    "    PRIMARY KEY (cluster, job_id_raw, attempt_at)")
           .replace("CREATE TABLE sacct_jobs", "CREATE TABLE sacct_jobs_v6"))
-INDEXES_V6 = INDEXES + ("CREATE INDEX sacct_jobs_raw ON sacct_jobs(job_id_raw)",)
+INDEXES_V6 = (*INDEXES, "CREATE INDEX sacct_jobs_raw ON sacct_jobs(job_id_raw)")
 
 
 def migrate_sacct_attempts(db: sqlite_utils.Database) -> None:

@@ -225,7 +225,7 @@ def _fake_mailer(tmp_path):
 
 
 def test_mailprog_appends_the_job_page_and_runs_the_real_mailer(big, tmp_path):
-    exe, log = _fake_mailer(tmp_path)
+    exe, _log = _fake_mailer(tmp_path)
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{big}"\n[display]\ntimezone = "UTC"\n')
     env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
@@ -240,7 +240,7 @@ def test_mailprog_appends_the_job_page_and_runs_the_real_mailer(big, tmp_path):
 
 
 def test_mailprog_fails_open(tmp_path):
-    exe, log = _fake_mailer(tmp_path)
+    exe, _log = _fake_mailer(tmp_path)
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{tmp_path}/missing.db"\n')
     env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
