@@ -399,8 +399,10 @@ def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, lo
         from gpuguard.epilog.verdict import run_verdict
         from gpuguard.slurm import SlurmCli
 
-        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node,
-                                        slurm=SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0))
+        # the template lookup (scontrol show job) is capped by what is left of the budget
+        slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
+                         deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
+        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node, slurm=slurm)
     except Exception as e:
         log.error("tool error: verdict: %s: %s", type(e).__name__, e)
         return
