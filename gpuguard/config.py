@@ -195,11 +195,13 @@ def find_config_path(explicit: str | None = None) -> tuple[str | None, bool]:
     if env:
         return env, True
     slurm_conf = os.environ.get("SLURM_CONF")
+    # lexists: a dangling symlink is a broken config (an error), not "no config" (which
+    # would silently run on the shipped defaults: other paths, other sources)
     if slurm_conf:
         cand = os.path.join(os.path.dirname(slurm_conf), "gpuguard.toml")
-        if os.path.exists(cand):
+        if os.path.lexists(cand):
             return cand, True
-    if os.path.exists(DEFAULT_PATH):
+    if os.path.lexists(DEFAULT_PATH):
         return DEFAULT_PATH, True
     return None, False
 
