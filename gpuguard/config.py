@@ -346,7 +346,7 @@ def example_toml() -> str:
         out.append("")
     out += [
         "# Policy overrides: finding code -> record | alert | drain | fail-job.",
-        "# Shipped defaults and their sources: gpuguard/policy.py (DEFAULT_ACTIONS) and the XID",
+        "# Shipped defaults and their sources: each family's CODES (gpuguard/checks/*.py) and the XID",
         "# catalog gpuguard/xid/catalog.py. Disputed XIDs (63, 68, 92, 109) are where sites differ.",
         "[policy]",
         '# "pcie.width_degraded" = "drain"',
