@@ -250,3 +250,12 @@ def test_mailprog_fails_open(tmp_path):
     assert cp.returncode == 3
     assert cp.stderr.startswith("gpuguard-mail: job 9: no job page added: ")
     assert (tmp_path / "mail.log.body").read_text() == "slurm body\n"
+
+
+def test_csv_to_stdout_and_to_a_file_agree(big, tmp_path):
+    r = show("4242", "--store", big, "--format", "csv")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "node,metric,value,unit"
+    out = tmp_path / "m.csv"
+    r2 = show("4242", "--store", big, "--format", "csv", "-o", str(out))
+    assert r2.exit_code == 0 and out.read_text() == r.output
