@@ -229,7 +229,7 @@ def _gpu_lines(gpus: list[dict[str, Any]], idle_pct: float) -> list[str]:
         rows = [(n["label"], n) for n in _node_rows(gpus)]
         rows += [(f"{g['node']} gpu{g['gpu']}", g) for g in gpus if g["util"] is not None and g["util"] < idle_pct]
         head = "node (mean of its GPUs)"
-    w = max(len(lab) for lab, _ in rows + [(head, None)])
+    w = max(len(lab) for lab, _ in [*rows, (head, None)])
     out = [f"{head.ljust(w)}  {'utilisation'.ljust(BAR_W + 7)}  {'memory peak'.ljust(BAR_W + 11)}  power mean"]
     out += [_gpu_line(lab.ljust(w), g, idle_pct) for lab, g in rows]
     return out
@@ -266,7 +266,7 @@ def format_page(rep: dict[str, Any], *, tz: tzinfo, advice: dict[str, dict[str, 
     """The default, one-screen text page (module docstring): at most :data:`PAGE_LINES`
     lines for up to :data:`MAX_GPU_LINES` GPUs."""
     v = view(rep, advice=advice, idle_gpu_pct=idle_gpu_pct)
-    out = _header_lines(v["header"], tz) + [""] + _verdict_lines(v["verdict"]) + [""]
+    out = [*_header_lines(v["header"], tz), "", *_verdict_lines(v["verdict"]), ""]
     out += _gpu_lines(v["gpus"], idle_gpu_pct)
     ev = v["events"]
     xids = [e for e in ev if str(e.get("kind", "")).lower() in ("xid", "sxid")]
@@ -276,5 +276,5 @@ def format_page(rep: dict[str, Any], *, tz: tzinfo, advice: dict[str, dict[str, 
         budget = PAGE_LINES - len(out) - len(tail) - 1
         lines = _advice_lines(v["advice"], budget)
         if lines:
-            out += [""] + lines
+            out += ["", *lines]
     return "\n".join(out + tail)
