@@ -202,7 +202,7 @@ def _node_rows(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for node in sorted({g["node"] for g in gpus}):
         gs = [g for g in gpus if g["node"] == node]
 
-        def mean(k: str) -> float | None:
+        def mean(k: str, gs: list[dict[str, Any]] = gs) -> float | None:
             xs = [g[k] for g in gs if g[k] is not None]
             return sum(xs) / len(xs) if xs else None
 
