@@ -179,8 +179,16 @@ def _m5(db: sqlite_utils.Database) -> None:
     create_job_gpu_util(db)
 
 
+def _m6(db: sqlite_utils.Database) -> None:
+    """Interconnect (``gpuguard.net``): NCCL probes with their per-size busbw, and the
+    last InfiniBand/RoCE port counters per node (``gpuguard.net.store_tables``)."""
+    from gpuguard.net.store_tables import create_net_tables
+
+    create_net_tables(db)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:
