@@ -248,7 +248,7 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         store.insert_many("events", rows)
     if snap and snap.gpus:
         _record_inventory(store, node, snap, now)
-        store.set_counters(node, counters_of(snap))
+        store.set_counters(node, counters_of(snap, store.get_counters(node)))
     if new_cursor is not None:
         store.set_cursor(CURSOR_NAME, new_cursor)
     return run_id
