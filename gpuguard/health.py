@@ -176,11 +176,15 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         snap_for_checks = NodeSnapshot(taken_at=started, source="none", error=None)
     else:
         snap_for_checks = snap
+    ib_ports, previous_fabric, errs = _read_fabric(cfg, store)
+    tool_errors += errs
     ctx = CheckContext(
         snapshot=snap_for_checks, previous=previous, previous_inventory=inventory,
         expected_gpu_count=cfg.get("node", "gpu_count") or None, job_gpu_indices=job_gpus,
         xid_events=events, settings=cfg.values["checks"],
         gpu_nodes_expected=gpus_expected(cfg, job_gpus),
+        ib_ports=ib_ports, previous_fabric=previous_fabric,
+        fabric_expected_rate_gbps=cfg.get("fabric", "expected_rate_gbps"),
     )
     disabled = list(cfg.get("checks", "disabled"))
     if snap is None:
@@ -204,6 +208,13 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
             result.run_id = record_run(store, cfg, hook, job_id, started, result, new_cursor)
         except Exception as e:
             result.tool_errors.append(f"store: {e}")
+        if ib_ports:
+            try:
+                from gpuguard.net.fabric import record_fabric
+
+                record_fabric(store, node, ib_ports, previous_fabric, snap_for_checks.taken_at)
+            except Exception as e:
+                result.tool_errors.append(f"fabric counters: {e}")
     if record and new_cursor is not None:
         # The decision above has acted on these events: move on even if the store failed.
         try:
@@ -211,6 +222,19 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         except OSError as e:
             result.tool_errors.append(f"cursor file: {e}")
     return result
+
+
+def _read_fabric(cfg: Config, store: Any) -> tuple[list[Any], dict[str, Any], list[str]]:
+    """InfiniBand/RoCE ports now and their stored previous reading (``gpuguard.net``);
+    a reader or store failure is a tool error, never a finding."""
+    try:
+        from gpuguard.net.fabric import load_previous, read_fabric
+
+        ports = read_fabric(cfg)
+        previous = load_previous(store, cfg.node_name) if ports and store is not None else {}
+        return ports, previous, []
+    except Exception as e:
+        return [], {}, [f"fabric: {type(e).__name__}: {e}"]
 
 
 def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: float,

@@ -20,7 +20,7 @@ from gpuguard.model import Finding, NodeSnapshot
 CheckFn = Callable[["CheckContext"], list[Finding]]
 
 REGISTRY: dict[str, CheckFn] = {}
-_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid")
+_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "ib")
 
 
 def check(name: str) -> Callable[[CheckFn], CheckFn]:
@@ -55,6 +55,9 @@ class CheckContext:
     * ``settings``: the ``[checks]`` config section.
     * ``gpu_nodes_expected``: True when this node is known to have GPUs (config count,
       job gres, or ``/dev/nvidia[0-9]*`` present) so an unusable driver is a fault.
+    * ``ib_ports``: InfiniBand/RoCE ports (:class:`gpuguard.net.ib_model.IbPort`) read
+      now, ``previous_fabric`` their stored reading of the last run, and
+      ``fabric_expected_rate_gbps`` the configured port rate (0 = learn).
     """
 
     snapshot: NodeSnapshot
@@ -65,6 +68,9 @@ class CheckContext:
     xid_events: list[Any] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     gpu_nodes_expected: bool = False
+    ib_ports: list[Any] = field(default_factory=list)
+    previous_fabric: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fabric_expected_rate_gbps: float = 0.0
 
     def setting(self, key: str) -> Any:
         from gpuguard.config import SCHEMA
