@@ -67,9 +67,13 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
               "(default: the config's; 'none' with --from-nvidia-smi)")
 @click.option("--record", is_flag=True, help="store the run and advance the kernel-log cursor like the prolog does")
 @click.option("--list", "list_checks", is_flag=True, help="list the checks and exit")
+@click.option("--from-file", "from_files", metavar="FILE", multiple=True,
+              help="judge saved interconnect outputs instead of the live node (repeatable): nccl-tests logs, "
+                   "ibstat, ibv_devinfo -v, perfquery [-x], nvidia-smi nvlink -s / -e, nvidia-smi topo -m, "
+                   "dcgmi nvlink --link-status")
 @click.pass_obj
 def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
-          kernel_log: str | None, record: bool, list_checks: bool) -> None:
+          kernel_log: str | None, record: bool, list_checks: bool, from_files: tuple[str, ...]) -> None:
     """Run every health check once and print the findings with their policy action.
 
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings. Reads the
@@ -82,6 +86,9 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
             click.echo(f"{name:16} {(fn.__doc__ or '').strip().splitlines()[0]}")
         return
     cfg = obj.cfg
+    if from_files:
+        _check_files(cfg, list(from_files), as_json)
+        return
     if gpu_source:
         cfg.values["gpu"]["source"] = gpu_source
     if replay_path:
@@ -131,6 +138,42 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
         for e in res.tool_errors:
             click.echo(f"tool error: {e}", err=True)
     worst = res.worst_severity
+    sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
+
+
+def _check_files(cfg: config_mod.Config, paths: list[str], as_json: bool) -> None:
+    """``gpuguard check --from-file``: triage saved outputs (:mod:`gpuguard.net.triage`)."""
+    from gpuguard.inputs import InputError, read_input
+    from gpuguard.net.triage import TriageError, triage
+    from gpuguard.policy import decide, summarize
+
+    files = []
+    for p in paths:
+        try:
+            files.append((p, read_input(p, 64 * 2**20).decode("utf-8", "replace")))
+        except InputError as e:
+            _fail(str(e))
+    try:
+        res = triage(files, cfg)
+    except TriageError as e:
+        _fail(str(e))
+    decision = decide(res.findings, cfg.policy, cfg.xid_policy)
+    if as_json:
+        doc = summarize(decision)
+        doc.update({"read": res.summary, "problems": res.problems})
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        for line in res.summary:
+            click.echo(line)
+        rows = [[f.severity, a, f.code, "" if f.gpu_index is None else f.gpu_index, f.message]
+                for f, a in decision.actions]
+        click.echo(_table(rows, ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"]) if rows else "no findings")
+        for p in res.problems:
+            click.echo(f"unreadable: {p}")
+        click.echo(f"decision: {decision.outcome}" + (f" ({decision.reason})" if decision.reason else ""))
+    from gpuguard.model import SEVERITY_RANK
+
+    worst = max((f.severity for f in res.findings), key=SEVERITY_RANK.__getitem__, default=None)
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
 

@@ -13,7 +13,9 @@ Error counters are judged as growth since the previous reading (``at`` in the st
 counters): CRC flit/data errors by rate per second against ``nvlink_crc_rate_per_s``,
 replay/recovery errors by count against ``nvlink_replay_recovery_max`` (DCGM
 ``dcgm_hardware_limits.h``). A counter lower than before means the driver reloaded: a
-new start, not a finding. The check is a pure function of the readings: where they come
+new start, not a finding. On a first reading (no previous counters, or a pasted
+``nvidia-smi nvlink -e``) non-zero counters are shown as ``nvlink.errors_present``
+(info). The check is a pure function of the readings: where they come
 from (prolog snapshot, the collector's slow path) is the caller's business.
 """
 
@@ -62,9 +64,21 @@ def _growth(g: GpuState, prev: dict[str, Any], now: float, crc_rate: float, coun
     return hits
 
 
+def _present(g: GpuState, count_max: int) -> dict[str, int]:
+    """Counters worth showing on a first reading (no previous run, or a pasted output):
+    growth cannot be judged yet, but the totals are history an operator wants to see."""
+    out = {}
+    for n in g.nvlinks or []:
+        for key, attr in _CRC + _COUNTS:
+            v = getattr(n, attr)
+            if isinstance(v, int) and v >= max(1, count_max):
+                out[f"link{n.link}.{key}"] = v
+    return out
+
+
 @check("nvlink")
 def nvlink(ctx: CheckContext) -> list[Finding]:
-    """``nvlink.link_down`` (critical) and ``nvlink.errors_rising`` (warning)."""
+    """``nvlink.link_down`` (critical), ``nvlink.errors_rising`` (warning), ``nvlink.errors_present`` (info)."""
     out = []
     gpus = ctx.snapshot.gpus
     configured = int(ctx.setting("nvlink_expected_links"))
@@ -84,6 +98,14 @@ def nvlink(ctx: CheckContext) -> list[Finding]:
             out.append(Finding("nvlink.link_down", "critical",
                                f"{gpu_label(g)} NVLink link(s) {','.join(map(str, down))} down",
                                g.index, g.uuid, {"links_down": down, "never_up_by_design": never}))
+        if "nvlinks" not in prev:
+            present = _present(g, count_max)
+            if present:
+                out.append(Finding("nvlink.errors_present", "info",
+                                   f"{gpu_label(g)} NVLink error counters (first reading): "
+                                   + ", ".join(f"{k}={v}" for k, v in sorted(present.items())),
+                                   g.index, g.uuid, {"counters": present}))
+            continue
         hits = _growth(g, prev, ctx.snapshot.taken_at, crc_rate, count_max)
         if hits:
             out.append(Finding("nvlink.errors_rising", "warning",

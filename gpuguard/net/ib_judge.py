@@ -47,6 +47,11 @@ HW_ERROR_THRESHOLDS = {
 }
 
 
+def _lanes(p: IbPort) -> str:
+    parts = [x for x in (p.width, p.speed) if x]
+    return f" ({' '.join(parts)})" if parts else ""
+
+
 def _reference_rate(p: IbPort, ports: list[IbPort], prev: dict[str, Any], expected: float) -> float | None:
     refs = [expected] if expected > 0 else []
     if isinstance(prev.get("max_rate_gbps"), (int, float)):
@@ -68,13 +73,13 @@ def _counter_findings(p: IbPort, prev: dict[str, Any] | None, now: float) -> lis
         old_all = (prev or {}).get(group, {})
         for name in sorted(set(cur_all) & (set(table) | {"link_downed"})):
             cur = cur_all[name]
-            mx = counter_max(name) if group == "counters" else None
+            mx = counter_max(name) if group == "counters" and not p.wide_counters else None
             if mx is not None and cur >= mx:
                 saturated[name] = cur
                 continue
             old = old_all.get(name)
             if not isinstance(old, int):
-                if name in table and cur >= table[name]:
+                if cur >= table.get(name, 1):
                     present[name] = cur
                 continue
             grew = cur - old
@@ -107,7 +112,9 @@ def judge_ports(ports: list[IbPort], previous: dict[str, dict[str, Any]], now: f
     out: list[Finding] = []
     for p in ports:
         prev = previous.get(p.name)
-        if p.state is None:
+        if not p.has_state:
+            pass  # a counters-only source (perfquery)
+        elif p.state is None:
             out.append(Finding("ib.unreadable", "warning", f"{p.name} state unknown: "
                                + ("; ".join(p.problems) or "not reported"), evidence={"port": p.name, "problems": p.problems}))
         elif p.state != "ACTIVE":
@@ -120,7 +127,7 @@ def judge_ports(ports: list[IbPort], previous: dict[str, dict[str, Any]], now: f
             ref = _reference_rate(p, ports, prev or {}, expected_rate_gbps)
             if p.rate_gbps is not None and ref is not None and p.rate_gbps < ref:
                 out.append(Finding("ib.rate_degraded", "critical",
-                                   f"{p.name} at {p.rate_gbps:g} Gb/s ({p.width or '?'} {p.speed or '?'}), expected {ref:g} Gb/s",
+                                   f"{p.name} at {p.rate_gbps:g} Gb/s{_lanes(p)}, expected {ref:g} Gb/s",
                                    evidence={"port": p.name, "rate_gbps": p.rate_gbps, "expected_gbps": ref,
                                              "width": p.width, "speed": p.speed}))
         out.extend(_counter_findings(p, prev, now))

@@ -43,7 +43,7 @@ class IbPort:
     None when unknown; ``rate_gbps`` the active rate in Gb/s (None: unreadable);
     ``counters`` the PortCounters by sysfs name; ``hw_counters`` the driver's extra
     counters (mlx5: ``out_of_buffer``, ``local_ack_timeout_err``...); ``problems`` what
-    could not be read."""
+    could not be read; ``lid`` the port's LID (to join perfquery output)."""
 
     device: str
     port: int
@@ -57,6 +57,11 @@ class IbPort:
     counters: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    lid: int | None = None
+    #: False for a source that prints no port state (perfquery): only counters are judged.
+    has_state: bool = True
+    #: True for 64-bit (PortCountersExtended) error counters, which do not saturate.
+    wide_counters: bool = False
 
     @property
     def name(self) -> str:

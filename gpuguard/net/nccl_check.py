@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuguard.model import Finding
 from gpuguard.net import nccl_baseline as nb
+from gpuguard.net.nccl_parse import NcclLog
 from gpuguard.net.nccl_probe import PROBE_FAILED, ProbeRun, build_argv, probe_timeout, run_probe
 
 
@@ -43,9 +44,13 @@ class ProbeOutcome:
 
 
 def _error_finding(run: ProbeRun) -> Finding | None:
-    log = run.log
-    if log is None:
-        return None
+    return None if run.log is None else errors_finding(run.log, run.returncode)
+
+
+def errors_finding(log: NcclLog, returncode: int | None = None, what: str = "NCCL probe") -> Finding | None:
+    """``nccl.errors`` for data corruption, failures, IB completion errors, or WARN lines
+    without results; None when the output shows none of them. ``what`` starts the
+    message (the probe, or the name of a saved log)."""
     bad = log.wrong_total or log.out_of_bounds_total or log.failures or log.ib_errors
     if not bad and not (log.warnings and not log.readable):
         return None
@@ -61,9 +66,9 @@ def _error_finding(run: ProbeRun) -> Finding | None:
         parts.append(log.failures[0])
     if log.warnings and not log.ib_errors:
         parts.append("NCCL WARN " + log.warnings[0])
-    return Finding("nccl.errors", "critical", "NCCL probe: " + "; ".join(parts)[:160], evidence={
+    return Finding("nccl.errors", "critical", f"{what}: " + "; ".join(parts)[:160], evidence={
         "wrong": log.wrong_total, "out_of_bounds": log.out_of_bounds_total, "failures": log.failures[:5],
-        "warnings": log.warnings[:5], "ib_errors": log.ib_errors[:5], "returncode": run.returncode})
+        "warnings": log.warnings[:5], "ib_errors": log.ib_errors[:5], "returncode": returncode})
 
 
 def _failed(run: ProbeRun) -> Finding | None:
