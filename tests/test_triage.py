@@ -73,7 +73,7 @@ def test_perfquery_plain_saturates_extended_does_not():
 
 
 def test_ibstat_with_perfquery_merged_by_lid():
-    got, res = _codes(["ibstat-hdr-port-down-rate-degraded.txt", "perfquery-saturated.txt"])
+    got, _res = _codes(["ibstat-hdr-port-down-rate-degraded.txt", "perfquery-saturated.txt"])
     assert got == [
         ("ib.port_down", "mlx5_1/1 port DOWN, physical state Disabled"),
         ("ib.counter_saturated",
