@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.model import CLOCK_EVENT_REASONS
+from gpuguard.net.evidence import FABRIC_CODES
 
 #: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
 #: setting (nvml.h ``nvmlClocksEventReason*``; the DCGM/GPUd "throttle" set).
@@ -44,9 +45,10 @@ for _r in SLOWDOWN_REASONS:
 _CKPT_COLS = ("duration_s", "save_s", "write_s", "elapsed_s", "checkpoint_time_s")
 _PHASES = ("data_wait_s", "fwd_bwd_s", "comm_s", "optim_s")
 #: Finding codes that are hardware faults whatever their severity (besides every
-#: critical finding). Verdict/baseline findings are ours and never count.
+#: critical finding), fabric findings included: a job slowed by a degraded link is the
+#: machine's fault. Verdict/baseline findings are ours and never count.
 _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlink.link_down",
-                        "ecc.row_remap", "ecc.retired_pages")
+                        "ecc.row_remap", "ecc.retired_pages", *FABRIC_CODES)
 
 
 @dataclass
