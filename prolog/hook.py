@@ -5,7 +5,9 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 1. load the config (errors: logged, exit 0 — our fault never blocks a job);
 2. open the node store (errors: logged as tool errors, the run still decides from live
    checks);
-3. run the health checks (:func:`gpuguard.health.run_health`) on the job's node;
+3. when ``[nccl] prolog`` asks for it (e.g. multi-node jobs), run the NCCL probe within
+   half of the budget (:func:`gpuguard.net.nccl_check.prolog_probe`); then run the
+   health checks (:func:`gpuguard.health.run_health`) on the job's node;
 4. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
    drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> note the
@@ -26,6 +28,7 @@ interrupted otherwise). Running out of budget is our fault: exit 0, no drain.
 from __future__ import annotations
 
 import os
+import time
 
 EXIT_OK = 0
 EXIT_DRAIN = 1
@@ -36,6 +39,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`gpuguard.hookrun.load_config` when the caller already read the config. Used by
     :func:`main` and the tests."""
     env = dict(os.environ) if env is None else env
+    started = time.monotonic()
     from gpuguard import log as log_mod
     from gpuguard.hookrun import load_config
 
@@ -63,8 +67,13 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     except StoreError as e:
         log.error("tool error: %s", e)
     job_gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
+    from gpuguard.net.nccl_check import prolog_probe
+
+    nccl_findings, nccl_errors = prolog_probe(cfg, store, env, job_id, time.monotonic() - started)
+    for err in nccl_errors:
+        log.error("tool error: %s", err)
     res = run_health(cfg, hook="prolog", store=store, job_id=job_id, job_gpus=job_gpus,
-                     budget_s=cfg.get("prolog", "time_budget_s") * 0.5)
+                     budget_s=cfg.get("prolog", "time_budget_s") * 0.5, extra_findings=nccl_findings)
     for err in res.tool_errors:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:

@@ -181,3 +181,53 @@ def test_low_against_the_fleet_without_own_history(env, tmp_path):
 def test_prolog_mode(mode, nodes, want):
     cfg = config_mod.from_dict({"nccl": {"prolog": mode}})
     assert prolog_wants_probe(cfg, {"SLURM_JOB_NUM_NODES": nodes}) is want
+
+
+# --- in the Prolog -------------------------------------------------------------------
+
+@pytest.fixture
+def prolog_node(tmp_path, make_config, write_replay, fake_slurm_bin):
+    from conftest import node_snapshot
+
+    fake = FakeProbe(tmp_path / "fake")
+    replay = write_replay(node_snapshot(4))
+    make_config(f'[prolog]\nstart_collector = false\ntime_budget_s = 20.0\n'
+                f'[nccl]\nprolog = "multi-node"\nbinary = "{fake.binary}"\n', replay=replay)
+    return fake, fake_slurm_bin, str(tmp_path / "node.db")
+
+
+PENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1,2,3", "SLURMD_NODENAME": "n1", "SLURM_JOB_NUM_NODES": "2"}
+
+
+def test_prolog_probe_errors_drain_with_reason(prolog_node):
+    from gpuguard.prolog import hook
+
+    fake, calls, db = prolog_node
+    fake.push((DATA / "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt").read_text())
+    assert hook.run(PENV) == 1
+    assert calls() == [["scontrol", "update", "nodename=n1", "state=drain",
+                        "reason=gpuguard: nccl.errors NCCL probe: #wrong 475896"]]
+    rows = open_store(db).query("select code, action, job_id from findings where code like 'nccl.%'")
+    assert rows == [{"code": "nccl.errors", "action": "drain", "job_id": "42"}]
+
+
+def test_prolog_probe_hang_stays_inside_the_budget_and_proceeds(prolog_node):
+    from gpuguard.prolog import hook
+
+    fake, calls, db = prolog_node
+    fake.push_hang()
+    t0 = time.monotonic()
+    assert hook.run(PENV) == 0
+    assert time.monotonic() - t0 < 10.0  # half of the 20 s budget at most
+    assert calls() == []
+    rows = open_store(db).query("select code, action from findings where code like 'nccl.%'")
+    assert rows == [{"code": "nccl.probe_failed", "action": "record"}]
+
+
+def test_prolog_single_node_job_is_not_probed(prolog_node):
+    from gpuguard.prolog import hook
+
+    fake, _calls, _db = prolog_node
+    fake.push(healthy_text())
+    assert hook.run(dict(PENV, SLURM_JOB_NUM_NODES="1")) == 0
+    assert fake.pending() == 1

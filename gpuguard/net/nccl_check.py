@@ -196,3 +196,22 @@ def prolog_wants_probe(cfg: Any, env: dict[str, str]) -> bool:
         n = env.get("SLURM_JOB_NUM_NODES", "1")
         return n.isascii() and n.isdigit() and int(n) > 1
     return False
+
+
+#: Share of the Prolog budget the probe may use at most (our choice: the other half
+#: stays for the GPU checks, the decision and starting the collector).
+PROLOG_SHARE = 0.5
+
+
+def prolog_probe(cfg: Any, store: Any, env: dict[str, str], job_id: str | None,
+                 elapsed_s: float) -> tuple[list[Finding], list[str]]:
+    """The Prolog's NCCL probe when ``[nccl] prolog`` asks for it (see
+    :func:`prolog_wants_probe`), else ``([], [])``. It gets at most
+    :data:`PROLOG_SHARE` of ``[prolog] time_budget_s`` minus ``elapsed_s`` already used,
+    so it never runs past the Prolog budget; too little left is ``nccl.probe_failed``
+    (recorded, the job proceeds). Returns ``(findings, tool_errors)``."""
+    if not prolog_wants_probe(cfg, env):
+        return [], []
+    left = float(cfg.get("prolog", "time_budget_s")) * PROLOG_SHARE - elapsed_s
+    out = probe_node(cfg, store, hook="prolog", job_id=job_id, budget_left_s=left)
+    return out.findings, out.tool_errors
