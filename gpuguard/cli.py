@@ -262,10 +262,11 @@ def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
     from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
+    from gpuguard.net.cli import nccl
     from gpuguard.reports.cli import report
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report):
+    for group in (xid, job, template, baseline, report, nccl):
         main.add_command(group)
 
 

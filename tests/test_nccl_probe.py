@@ -231,3 +231,31 @@ def test_prolog_single_node_job_is_not_probed(prolog_node):
     fake.push(healthy_text())
     assert hook.run(dict(PENV, SLURM_JOB_NUM_NODES="1")) == 0
     assert fake.pending() == 1
+
+
+def test_cli_probe_and_baseline(tmp_path, make_config):
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+
+    fake = FakeProbe(tmp_path / "fake")
+    path, _cfg = make_config(f'[nccl]\nbinary = "{fake.binary}"\n')
+    for _ in range(3):
+        fake.push(healthy_text())
+        r = CliRunner().invoke(main, ["--config", path, "nccl", "probe"])
+        assert r.exit_code == 0 and r.output.startswith("state: ok (NVIDIA H100 80GB HBM3)")
+    fake.push(scaled(healthy_text(), 0.6))
+    fake.push(scaled(healthy_text(), 0.6))
+    r = CliRunner().invoke(main, ["--config", path, "nccl", "probe", "--json"])
+    assert r.exit_code == 1
+    import json
+
+    doc = json.loads(r.output)
+    assert doc["state"] == "low" and doc["consecutive_low"] == 1
+    assert [f["code"] for f in doc["findings"]] == ["nccl.busbw_low_pending"]
+    r = CliRunner().invoke(main, ["--config", path, "nccl", "baseline"])
+    assert r.exit_code == 0
+    assert "  8589934592 B  median   338.09 GB/s  MAD   0.00  (3 probes)" in r.output
+    fake.push_hang()
+    r = CliRunner().invoke(main, ["--config", path, "nccl", "probe", "--timeout", "5", "--no-record"])
+    assert r.exit_code == 1 and "nccl.probe_failed  NCCL probe failed: timed out after 5 s" in r.output
