@@ -1,1 +1,3 @@
 """Job summary, baseline comparison, verdict and post-job drain (Slurm Epilog)."""
+
+from gpuguard.epilog import schema  # noqa: F401  (registers the "epilog" store migration set)

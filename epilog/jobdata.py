@@ -109,6 +109,9 @@ class JobData:
     hw_events: list[dict[str, Any]]
     hw_findings: list[dict[str, Any]]
     mem_total_mib: dict[str, float]
+    #: Interconnect evidence (:func:`gpuguard.net.evidence.communication_evidence`):
+    #: each node's NCCL baseline and the fabric findings of the job's nodes during it.
+    net: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_steps(self) -> bool:
@@ -243,8 +246,11 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
             if cap:
                 caps[g.key] = cap
     gl = sorted(gpus.values(), key=lambda g: (g.node, g.gpu_index))
+    from gpuguard.net.evidence import communication_evidence
+
+    net = communication_evidence(store, job_nodes, start, end) if start is not None else {}
     return JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
-                   hw_events, hw_findings, caps)
+                   hw_events, hw_findings, caps, net)
 
 
 def ecc_growth(g: GpuSeries) -> int:

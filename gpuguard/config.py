@@ -42,7 +42,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "store": ("/var/lib/gpuguard/node.db", str, "node store (SQLite); {node} is replaced by the node name"),
         "cluster_store": ("", str, "cluster store; empty = same file as the node store (single host)"),
         "state_dir": ("/var/lib/gpuguard", str, "pid files, collector state; {node} allowed"),
-        "job_dir_root": ("/var/lib/gpuguard/jobs", str, "parent of per-job directories for training records; {node} allowed"),
+        "run_dir": ("/run/gpuguard/{node}", str, "second copy of the kernel-log cursor and pending drains on a tmpfs, so a read-only or full state_dir never loses or repeats a drain; empty = off"),
+        "job_dir_root": ("/var/spool/gpuguard/jobs", str, "parent of per-job directories for training records, under its own root apart from the store (users write there; best its own filesystem); {node} allowed"),
+        "job_dir_max_mib": (64.0, (int, float), "per-job size cap of a job directory, checked by the collector every liveness period; files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
         "spool_dir": ("", str, "shared directory for per-(job, node) summaries in cluster mode; empty = off"),
         "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
     },
@@ -54,6 +56,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "xid": {
         "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
         "first_scan_lookback": ("all", str, "on the first scan ever: 'all' reads the whole buffer, 'none' starts at the end"),
+        "kernel_log_kernel_only": (False, bool, "the text file named by kernel_log holds kernel messages only (e.g. rsyslog's kern.* file); only then may its XIDs drain: a syslog file of all facilities can hold any user's `logger -t kernel` line (our choice: refuse what users can fake)"),
     },
     "checks": {
         "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),
@@ -140,6 +143,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+    },
+    "display": {
+        "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
     },
     "policy": {},  # finding code -> action; validated separately
 }

@@ -144,6 +144,9 @@ class GpuState:
     nvlinks: list[NvLinkState] | None = None
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
+    #: NVML nvmlDeviceGpuRecoveryAction_t (0 none, 1 GPU reset, 2 node reboot, 3 drain
+    #: P2P, 4 drain and reset); None = not reported (drivers before R550)
+    recovery_action: int | None = None
     #: field name -> error name ("GpuIsLost", "Timeout", "Unknown", ...) for reads that
     #: failed for a reason other than "not supported".
     read_errors: dict[str, str] = field(default_factory=dict)

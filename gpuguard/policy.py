@@ -28,6 +28,10 @@ DEFAULT_ACTIONS: dict[str, tuple[str, str]] = {
     "gpu.count_mismatch": ("drain", "NHC check_nv_gpu_count / DCGM: fewer GPUs than configured = failed node"),
     "gpu.count_unexpected": ("alert", "more GPUs than configured: config out of date, not a broken node"),
     "gpu.lost": ("drain", "NVML_ERROR_GPU_IS_LOST: GPU off the bus or inaccessible; XID 79 action is reboot"),
+    "gpu.recovery_action.gpu_reset": ("drain", "NVML GPU recovery action 1 (GPU reset); DCGM health watch fails on it, as on XID 154 -> reset"),
+    "gpu.recovery_action.node_reboot": ("drain", "NVML GPU recovery action 2 (node reboot); DCGM health watch fails on it"),
+    "gpu.recovery_action.drain_and_reset": ("drain", "NVML GPU recovery action 4 (drain and reset); DCGM health watch fails on it"),
+    "gpu.recovery_action.drain_p2p": ("alert", "NVML GPU recovery action 3 (drain P2P); DCGM health watch warns on it"),
     "gpu.read_error": ("alert", "a single failed read is not proof of a broken GPU"),
     "ecc.uncorrectable_volatile": ("drain", "DCGM health watch MEM: volatile DBE = fail; XID 48 action reset GPU"),
     "ecc.uncorrectable_aggregate": ("alert", "lifetime count grew: already drained via the volatile count if current"),
@@ -101,8 +105,14 @@ def action_for(f: Finding, policy: dict[str, str] | None = None, xid_policy: dic
     """The action for finding ``f``: config override by code, then (XID) by number, then
     the shipped default; an unknown code falls back by severity (critical -> alert,
     never drain: a new code must be given a drain action on purpose)."""
-    policy = policy or {}
-    xid_policy = xid_policy or {}
+    action = _configured_action(f, policy or {}, xid_policy or {})
+    if f.evidence.get("untrusted_source") and ACTION_RANK[action] > ACTION_RANK["alert"]:
+        # read from a text file any user can write to (logger -t kernel): never drain on it
+        return "alert"
+    return action
+
+
+def _configured_action(f: Finding, policy: dict[str, str], xid_policy: dict[int, str]) -> str:
     if f.code in policy:
         return policy[f.code]
     if f.code.startswith(("xid.", "sxid.")):

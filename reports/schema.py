@@ -1,6 +1,10 @@
-"""The ``sacct_jobs`` cache table of the cluster store (one row per Slurm job).
+"""The reports' store tables, as the named migration set ``reports``
+(:class:`gpuguard.store.MigrationSet`; it requires the ``epilog`` set, whose
+``job_summaries`` its triggers watch): ``sacct_jobs`` (step ``sacct_jobs``) and
+``job_gpu_util`` (step ``job_gpu_util``, :mod:`gpuguard.reports.util_schema`).
 
-Created by the store migration that calls :func:`create_sacct_cache`; the key is
+The ``sacct_jobs`` cache of the cluster store has one row per Slurm job. Created by
+:func:`create_sacct_cache`; the key is
 ``(cluster, job_id_raw)`` (JobIDRaw is unique per cluster, array tasks and het
 components included). Times are UTC epoch seconds (REAL), durations seconds.
 ``usage_end_at`` is ``end_at``, or for a job still running ``start_at + elapsed_s`` as of
@@ -8,12 +12,15 @@ its last sync: the end of the usage the reports may charge. ``charge_s``, ``wait
 ``submit_wait_s`` are derived once at sync (:func:`gpuguard.reports.sacct._finish`) so the
 reports do not recompute them per row.
 
-This is a store migration: once released it is never edited; a change is a new migration.
+This is a store migration: once released it is never edited; a change is a new step.
 """
 
 from __future__ import annotations
 
 import sqlite_utils
+
+import gpuguard.epilog.schema  # noqa: F401  (registers the "epilog" set this one requires)
+from gpuguard.store import MigrationSet, register_set
 
 TABLE = "sacct_jobs"
 
@@ -77,3 +84,19 @@ def create_sacct_cache(db: sqlite_utils.Database) -> None:
     db.execute(DDL)
     for sql in INDEXES:
         db.execute(sql)
+
+
+MIGRATIONS = register_set(MigrationSet("reports", requires=("epilog",),
+                                       legacy={"sacct_jobs": 4, "job_gpu_util": 5}))
+
+
+@MIGRATIONS(name="sacct_jobs")
+def _sacct_jobs(db: sqlite_utils.Database) -> None:
+    create_sacct_cache(db)
+
+
+@MIGRATIONS(name="job_gpu_util")
+def _job_gpu_util(db: sqlite_utils.Database) -> None:
+    from gpuguard.reports.util_schema import create_job_gpu_util
+
+    create_job_gpu_util(db)

@@ -123,6 +123,6 @@ def test_health_run_reads_stores_and_compares(tmp_path, monkeypatch):
         "ib.counter_saturated", "ib.errors_rising", "ib.link_flapping", "ib.port_down", "ib.rate_degraded"]
     assert res.decision.outcome == "drain"
     assert res.decision.reason.startswith("gpuguard: ib.")
-    rows = store.query("select port from fabric_counters where node = 'gn1' order by port")
+    rows = store.query("select distinct port from fabric_counters where node = 'gn1' order by port")
     assert [r["port"] for r in rows] == ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1", "mlx5_4/1"]
     store.close()

@@ -41,8 +41,17 @@ def _job(world, family, seed, job_id):
 def test_communication_slowdown_without_fabric_fault_is_communication(world):
     store, p, _ = world
     rows = _job(world, "communication", 21, "c1")
+    nodes = sorted({s["node"] for s in rows.tables["steps"]})
+    record_probe(store, {"node": nodes[0], "at": rows.start - 600, "hook": "health", "job_id": None,
+                         "gpu_model": "H100", "gpus": 8, "config_key": "k", "state": "ok", "duration_s": 9.0,
+                         "ratio": 0.99, "detail": "{}"}, {1073741824: 331.5}, {})
     v = judge_job(store, "c1", cfg=None, template=p.name, exit_code=0, now=rows.end + 30, record=False)
     assert v.cause == "communication", v.summary
+    assert v.evidence["node_nccl_baseline"] == {
+        nodes[0]: {"last_probe_at": rows.start - 600, "last_state": "ok", "last_ratio": 0.99, "size_b": 1073741824,
+                   "busbw_median_gbs": 331.5, "busbw_mad_gbs": 0.0, "probes": 1},
+        nodes[1]: None}
+    assert v.evidence["fabric_findings"] == []
 
 
 def test_communication_slowdown_with_rising_ib_errors_is_the_machine(world):

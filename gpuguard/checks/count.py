@@ -67,3 +67,29 @@ def gpu_lost(ctx: CheckContext) -> list[Finding]:
                                f"{gpu_label(g)} read errors: " + ", ".join(f"{k}={v}" for k, v in sorted(g.read_errors.items())),
                                g.index, g.uuid, {"read_errors": g.read_errors}))
     return out
+
+
+#: nvmlDeviceGpuRecoveryAction_t value -> finding code suffix (0 = none: no finding)
+RECOVERY_CODES = {1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
+
+@check("gpu_recovery_action")
+def gpu_recovery_action(ctx: CheckContext) -> list[Finding]:
+    """``gpu.recovery_action.<action>`` for a GPU whose driver asks for a recovery action
+    (NVML ``nvmlDeviceGpuRecoveryAction_t``, nvidia-smi ``GPU Recovery Action``; R550+):
+    ``gpu_reset``, ``node_reboot``, ``drain_and_reset`` critical (drain), ``drain_p2p``
+    warning (alert); the same mapping as XID 154 (DCGM health watch: fail on reset /
+    reboot / drain-and-reset, warn on drain P2P). ``None`` (0) or unreported: nothing."""
+    from gpuguard.xid.catalog import RECOVERY_ACTIONS
+
+    out = []
+    for g in ctx.snapshot.gpus:
+        code = RECOVERY_CODES.get(g.recovery_action or 0)
+        if code is None:
+            continue
+        name, action = RECOVERY_ACTIONS[g.recovery_action]
+        out.append(Finding(f"gpu.recovery_action.{code}", "critical" if action == "drain" else "warning",
+                           f"{gpu_label(g)} driver requests recovery action 0x{g.recovery_action:x} {name}",
+                           g.index, g.uuid, {"recovery_action": g.recovery_action, "name": name,
+                                             "pci_bus_id": g.pci_bus_id}))
+    return out

@@ -6,5 +6,8 @@ budget), :mod:`nccl_baseline` (per-node median/MAD, fleet median, findings),
 :mod:`ib_sysfs` (``/sys/class/infiniband`` reader), :mod:`ib_judge` (port findings),
 :mod:`ib_text` (``ibstat`` / ``ibv_devinfo -v`` / ``perfquery -x``), :mod:`nvlink_text`
 (``nvidia-smi nvlink -s`` / ``-e``, ``dcgmi nvlink --link-status``, ``nvidia-smi topo -m``),
-:mod:`triage` (offline ``gpuguard check --from-file``).
+:mod:`triage` (offline ``gpuguard check --from-file``), :mod:`schema` (store tables: the ``net``
+migration set, registered on import like every stage's).
 """
+
+from gpuguard.net import schema  # noqa: F401  (registers the "net" store migration set)

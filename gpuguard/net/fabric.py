@@ -1,10 +1,10 @@
 """Glue between the fabric readers, the store and a health run: read the ports, load
-the previous run's counters, store this run's (``fabric_counters``)."""
+the previous run's reading (the latest ``fabric_counters`` row per port), and the rows
+that store this run's."""
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from gpuguard.net.ib_judge import port_memory
@@ -21,21 +21,16 @@ def read_fabric(cfg: Any) -> list[IbPort]:
 
 
 def load_previous(store: Any, node: str) -> dict[str, dict[str, Any]]:
-    """``port name -> stored memory`` of the node's last run. Raises StoreError."""
-    rows = store.query("select port, counters from fabric_counters where node = ?", [node])
+    """``port name -> stored memory`` of the node's latest reading of each port. Raises
+    StoreError."""
+    rows = store.query(
+        "select f.port, f.counters from fabric_counters f join "
+        "(select port, max(at) as at from fabric_counters where node = ? group by port) l "
+        "on f.port = l.port and f.at = l.at where f.node = ?", [node, node])
     return {r["port"]: json.loads(r["counters"]) for r in rows}
 
 
-def record_fabric(store: Any, node: str, ports: list[IbPort], previous: dict[str, dict[str, Any]],
-                  now: float | None = None) -> None:
-    """Upsert this run's reading of every port. Raises StoreError."""
-    now = time.time() if now is None else now
-    rows = [{"node": node, "port": p.name, "at": now,
+def fabric_rows(node: str, ports: list[IbPort], previous: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """``fabric_counters`` rows for this run's reading of every port."""
+    return [{"node": node, "port": p.name, "at": now,
              "counters": json.dumps(port_memory(p, previous.get(p.name), now))} for p in ports]
-    if not rows:
-        return
-
-    def go() -> None:
-        with store.tx():
-            store.db["fabric_counters"].upsert_all(rows, pk=("node", "port"))
-    store._guard("fabric counter update", go)

@@ -29,7 +29,7 @@ from gpuguard.net.nccl_probe import PROBE_FAILED, ProbeRun, build_argv, probe_ti
 
 @dataclass
 class ProbeOutcome:
-    """What one probe concluded. ``state`` as stored (see :mod:`gpuguard.net.store_tables`);
+    """What one probe concluded. ``state`` as stored (see :mod:`gpuguard.net.schema`);
     ``probe_id`` is set once recorded."""
 
     state: str
