@@ -114,6 +114,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "judge_min_bytes": (67108864, int, "only sizes at least this large are judged against the baseline (our choice: as min_bytes)"),
         "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
         "prolog": ("never", str, "when the Prolog probes: never | multi-node (jobs on more than one node) | always; never past the Prolog budget"),
+        "health": (True, bool, "gpuguard health probes idle nodes (at most every interval_s) when the probe is installed: a missing default binary switches it off, a configured command that is missing is nccl.probe_failed"),
         "baseline_probes": (10, int, "a node's NCCL baseline: median/MAD of its last this-many healthy probes per message size (our choice)"),
         "min_probes": (3, int, "healthy probes a node needs before its readings are judged against its own baseline (same as baseline.min_runs)"),
         "low_frac": (0.20, (int, float), "nccl.busbw_low when busbw is this fraction below the node's median (and robust z <= -3.5) (our choice: Azure's per-SKU pass marks, e.g. 460 GB/s for H100 against ~480 GB/s typical, leave ~5 %; a node-local baseline is tighter but a probe between jobs sees clock noise)"),
