@@ -139,11 +139,12 @@ def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tu
 def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) -> None:
     """An ``events`` row ``kind = "collector_died"`` (source ``epilog``). Raises
     :class:`gpuguard.store.StoreError`."""
-    store.insert("events", {
-        "node": node, "at": time.time(), "kind": "collector_died", "pid": pid, "job_id": job_id,
-        "source": "epilog", "process": "gpuguard-collector",
-        "message": f"collector pid {pid} was gone before the epilog; samples end at its last flush",
-    })
+    from gpuguard.rows import event_row
+
+    store.insert("events", event_row(
+        node=node, at=time.time(), kind="collector_died", pid=pid, job_id=job_id, source="epilog",
+        process="gpuguard-collector",
+        message=f"collector pid {pid} was gone before the epilog; samples end at its last flush"))
 
 
 # -- the hook ---------------------------------------------------------------------------------

@@ -145,6 +145,14 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
     },
+    "job_page": {
+        "advice_file": ("", str, "TOML file of per-cause advice for `gpuguard job show` and end-of-job mail (keys who, check, docs per cause); merged over the shipped gpuguard/data/advice.toml; empty = shipped advice only"),
+        "idle_gpu_pct": (5.0, (int, float), "a GPU whose mean utilisation is under this is flagged idle on the job page (same default as [reports] idle_util_pct)"),
+    },
+    "mail": {
+        "mailer": ("/usr/bin/mail", str, "real mail program the MailProg wrapper (gpuguard-mail) runs with Slurm's arguments (Slurm's default MailProg)"),
+        "store": ("", str, "store the MailProg wrapper reads job summaries from; empty = [paths] cluster_store, else [paths] store"),
+    },
     "display": {
         "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
     },
@@ -372,7 +380,7 @@ def example_toml() -> str:
         out.append("")
     out += [
         "# Policy overrides: finding code -> record | alert | drain | fail-job.",
-        "# Shipped defaults and their sources: gpuguard/policy.py (DEFAULT_ACTIONS) and the XID",
+        "# Shipped defaults and their sources: each family's CODES (gpuguard/checks/*.py) and the XID",
         "# catalog gpuguard/xid/catalog.py. Disputed XIDs (63, 68, 92, 109) are where sites differ.",
         "[policy]",
         '# "pcie.width_degraded" = "drain"',

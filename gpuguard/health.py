@@ -20,6 +20,7 @@ from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
 from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
 from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.rows import event_row, finding_row
 
 CURSOR_NAME = "kernel_log"
 
@@ -263,12 +264,8 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         "tool_errors": json.dumps(res.tool_errors), "gpu_count": len(snap.gpus) if snap else None,
         "source": snap.source if snap else None,
     })
-    store.insert_many("findings", [
-        {"run_id": run_id, "node": node, "at": now, "job_id": job_id, "code": f.code, "severity": f.severity,
-         "action": a, "gpu_index": f.gpu_index, "gpu_uuid": f.gpu_uuid, "message": f.message,
-         "evidence": json.dumps(f.evidence, default=str)}
-        for f, a in res.decision.actions
-    ])
+    store.insert_many("findings", [finding_row(f, a, node=node, at=now, job_id=job_id, run_id=run_id)
+                                   for f, a in res.decision.actions])
     if res.xid_events:
         from gpuguard.xid.catalog import classify
 
@@ -276,12 +273,9 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         rows = []
         for ev in res.xid_events:
             g = by_pci.get(ev.pci_bus_id) if ev.kind != "sxid" and ev.pci_bus_id else None
-            rows.append({
-                "node": node, "at": ev.timestamp or now, "kind": ev.kind, "code": ev.xid,
-                "gpu_index": g.index if g else None, "gpu_uuid": g.uuid if g else None,
-                "pci_bus_id": ev.pci_bus_id, "pid": ev.pid, "process": ev.process, "message": ev.message,
-                "action": classify(ev).action, "job_id": job_id, "source": "kernel_log", "raw": ev.raw[:2000],
-            })
+            rows.append(event_row(node=node, at=ev.timestamp or now, kind=ev.kind, code=ev.xid, gpu=g,
+                                  pci_bus_id=ev.pci_bus_id, pid=ev.pid, process=ev.process, message=ev.message,
+                                  action=classify(ev).action, job_id=job_id, source="kernel_log", raw=ev.raw))
         store.insert_many("events", rows)
     for table, rows in res.records.items():  # rows the checks asked to keep (idle baseline)
         store.insert_many(table, rows)

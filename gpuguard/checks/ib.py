@@ -11,7 +11,25 @@ command is not the dump's).
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+#: The InfiniBand/RoCE family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("ib", {
+    "ib.port_down": ("critical", "drain",
+        "LBNL NHC check_hw_ib / GPUd: an InfiniBand/RoCE port not ACTIVE fails the node for multi-node jobs"),
+    "ib.rate_degraded": ("critical", "drain",
+        "LBNL NHC check_hw_ib RATE: a port below its rate halves the node's fabric bandwidth"),
+    "ib.errors_rising": ("warning", "alert",
+        "IBTA PortCounters: symbol/receive/integrity errors rising = a marginal cable or transceiver, watch"),
+    "ib.link_flapping": ("warning", "alert",
+        "link_downed rising: the link went down and retrained (GPUd flags port flaps); it carries traffic again, "
+        "so watch rather than drain"),
+    "ib.counter_saturated": ("warning", "alert",
+        "IBTA PortCounters saturate at their maximum: growth is unknown until the counters are reset"),
+    "ib.errors_present": ("info", "record",
+        "error counts seen on a first reading: history, not proof of a current fault"),
+    "ib.unreadable": ("warning", "alert", "a port whose state cannot be read is unknown, not healthy"),
+})
 
 
 @check("ib")

@@ -24,7 +24,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding, GpuState
+from gpuguard.model import Finding, GpuState, declare_codes
+
+#: The NVLink family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("nvlink", {
+    "nvlink.link_down": ("critical", "drain",
+        "DCGM health watch NVLINK: a down link fails the GPU"),
+    "nvlink.errors_rising": ("warning", "alert",
+        "DCGM health watch NVLINK warns on CRC/replay/recovery error growth (CRC by rate: dcgm_hardware_limits.h)"),
+    "nvlink.errors_present": ("info", "record",
+        "totals on a first reading: history for the operator, growth is judged from the next run"),
+})
 
 _CRC = (("crc_flit", "crc_flit_errors"), ("crc_data", "crc_data_errors"))
 _COUNTS = (("replay", "replay_errors"), ("recovery", "recovery_errors"))

@@ -21,10 +21,29 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
 from gpuguard.net import nccl_baseline as nb
 from gpuguard.net.nccl_parse import NcclLog
 from gpuguard.net.nccl_probe import PROBE_FAILED, ProbeRun, build_argv, probe_timeout, run_probe
+
+#: The NCCL family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("nccl", {
+    "nccl.busbw_low": ("critical", "drain",
+        "[nccl] consecutive_low re-measured low probes in a row; Azure HPC node health checks fail a node below its "
+        "per-SKU NCCL all-reduce busbw"),
+    "nccl.busbw_low_pending": ("warning", "alert",
+        "one low reading is not a fault yet (azurehpc-health-checks #628/#690: single low readings drained "
+        "healthy nodes)"),
+    "nccl.errors": ("critical", "drain",
+        "#wrong > 0 is data corruption on the GPU/NVLink/NIC path; a failed NCCL test fails the node in Azure HPC "
+        "health checks"),
+    "nccl.warn": ("warning", "alert", "NCCL warned but the probe completed with correct data: look, do not drain"),
+    "nccl.output_unreadable": ("warning", "alert",
+        "a saved nccl-tests log that cannot be read is not evidence of health"),
+    "nccl.probe_failed": ("info", "record",
+        "the probe itself failed (binary missing, hang, unreadable output): gpuguard's or the install's fault, "
+        "never a drain"),
+})
 
 
 @dataclass
