@@ -224,6 +224,9 @@ def _register_subcommands() -> None:
 
     for group in (xid, job, template, baseline, report):
         main.add_command(group)
+    from gpuguard.ops.cli import register
+
+    register(main)
 
 
 _register_subcommands()

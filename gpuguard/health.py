@@ -145,12 +145,15 @@ def write_cursor_file(cfg: Config, cursor: str) -> None:
 def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None = None,
                job_gpus: list[int] | None = None, nvidia_smi_file: str | None = None,
                kernel_log: str | None = None, scan_xid: bool = True, record: bool = True,
-               budget_s: float | None = None) -> HealthResult:
+               budget_s: float | None = None,
+               extra_checks: Any = None) -> HealthResult:
     """Run every enabled check and decide (see the module docstring).
 
     ``store`` is an open :class:`gpuguard.store.Store` or None (no history, nothing
     recorded). ``record=False`` reads history but writes nothing and leaves the kernel-log
     cursor alone (``gpuguard check`` on a live node must not consume the prolog's XIDs).
+    ``extra_checks(snapshot or None) -> (findings, tool_errors)`` adds findings decided
+    and recorded with the checks' own (``gpuguard health``'s registered steps).
     """
     started = time.time()
     tool_errors: list[str] = []
@@ -187,6 +190,10 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         disabled += ["gpu_count", "driver"]
     findings, errs = run_checks(ctx, disabled)
     tool_errors += errs
+    if extra_checks is not None:
+        more, errs = extra_checks(snap)
+        findings += more
+        tool_errors += errs
     if hook in ("prolog", "check") and store is not None and snap is not None and snap.gpus:
         # Node health baseline (issue 4): each idle GPU against its own idle history on
         # this node ("this GPU idles 12 C hotter than it used to"); the prolog records

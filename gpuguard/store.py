@@ -179,8 +179,16 @@ def _m5(db: sqlite_utils.Database) -> None:
     create_job_gpu_util(db)
 
 
+def _m6(db: sqlite_utils.Database) -> None:
+    """Operations: drains/resumes, rate-limited health steps, alerts and their deliveries
+    (``gpuguard.ops.schema``)."""
+    from gpuguard.ops.schema import create
+
+    create(db)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:
