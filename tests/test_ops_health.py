@@ -194,3 +194,32 @@ def test_registered_step_every_s_reports_cached_findings(hc, monkeypatch):
     f = next(f for f, _ in out.result.decision.actions if f.code == "nvlink.link_down")
     assert f.gpu_index == 2 and "cached_at" in f.evidence
     assert out.result.decision.outcome == "drain"
+
+
+def test_parse_node_reason_as_slurm_22_05_prints_it():
+    from gpuguard.ops.nodes import parse_node
+
+    text = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 State=IDLE+DRAIN ThreadsPerCore=1 "
+            "ExtSensorsTemp=n/s Reason=gpuguard: xid.13 pid=77 name=python [y] [root@2026-11-30T18:18:32]\n")
+    n = parse_node(text)
+    assert (n.name, n.state, n.reason, n.stamp) == ("n1", "IDLE+DRAIN", "gpuguard: xid.13 pid=77 name=python [y]",
+                                                    "root@2026-11-30T18:18:32")
+    assert n.drained and n.ours
+    assert parse_node("NodeName=n2 State=MIXED Partitions=gpu").reason is None
+
+
+def test_a_failed_drain_is_retried_by_the_next_run(hc):
+    hc.config()
+    hc.kern.write_text(XID79)
+    real = hc.slurm.bindir / "scontrol"
+    saved = real.read_text()
+    real.write_text("#!/bin/sh\n[ \"$1\" = update ] && { echo 'slurm_update error: Unable to contact slurm controller' >&2; exit 1; }\n"
+                    + saved.split("\n", 1)[1].join(["exec python3 - \"$@\" <<'PY'\n", "\nPY\n"]))
+    real.chmod(0o755)
+    out = healthcheck.main_run(hc.cfg, LOG)
+    assert [(a["action"], a["outcome"]) for a in out.actions] == [("drain", "failed")]
+    assert hc.slurm.node("n1")["state"] == "IDLE"
+    real.write_text(saved)
+    hc.run()  # the kernel log has nothing new, but the failed drain is retried
+    assert hc.slurm.node("n1")["reason"] == REASON79
+    assert [a[:3] for a in hc.actions()] == [("drain", "health", "failed"), ("drain", "health", "done")]

@@ -26,6 +26,7 @@ It always exits 0: slurmd only logs the exit status, and gpuguard's own faults n
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -163,6 +164,15 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
                    slurm_reason=stamped, recovery=recovery, evidence=drains, run_id=res.run_id)
         done.append(dict(row, id=record_action(store, node=node, **row), node=node))
         return done
+    if info is not None and not info.drained and not maint.active:
+        retry = _failed_drain(store, node)
+        if retry is not None:
+            status, why = act.drain(cfg, node, retry["reason"], deadline=deadline, log=log)
+            row = dict(action="drain", by="health", outcome=status, why=why or "retry of a drain that failed",
+                       reason=retry["reason"], recovery=retry["recovery"],
+                       evidence=json.loads(retry["evidence"] or "[]"), run_id=retry["run_id"])
+            done.append(dict(row, id=record_action(store, node=node, **row), node=node))
+            return done
     if not _clean(res) or info is None or not (info.drained and info.ours):
         return done
     rec = _drain_record(store, node, info)
@@ -186,6 +196,23 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
                recovery="auto", evidence={"clean_runs": clean, "drained_at": rec["at"]}, run_id=res.run_id)
     done.append(dict(row, id=record_action(store, node=node, **row), node=node))
     return done
+
+
+#: A drain that failed (Slurm down, no time left) is retried by later runs for this long:
+#: the XID that caused it is already past the kernel-log cursor and would not come back
+#: (our choice: a day; after that the finding in the store and its alert remain).
+DRAIN_RETRY_S = 86400.0
+
+
+def _failed_drain(store: Any, node: str) -> dict[str, Any] | None:
+    """The newest drain of ``node`` that failed, when nothing was done since (no drain
+    or resume succeeded after it) and it is younger than :data:`DRAIN_RETRY_S`."""
+    rows = store.query("select * from node_actions where node = ? and action in ('drain', 'resume') "
+                       "order by at desc, id desc limit 1", [node])
+    if rows and rows[0]["action"] == "drain" and rows[0]["outcome"] == "failed" and rows[0]["reason"] \
+            and time.time() - rows[0]["at"] < DRAIN_RETRY_S:
+        return rows[0]
+    return None
 
 
 def cfg_slurm(cfg: Any) -> Any:

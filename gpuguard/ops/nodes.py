@@ -65,10 +65,12 @@ def parse_node(text: str) -> NodeInfo:
     when there is no ``NodeName=`` field."""
     from gpuguard.slurm import _scontrol_fields
 
-    fields = dict(_scontrol_fields(text))
+    head, sep, reason_text = text.strip().partition(" Reason=")
+    fields = dict(_scontrol_fields(head))
     if "NodeName" not in fields:
         raise ValueError("no NodeName= in scontrol output")
-    reason = fields.get("Reason") or None
+    # Reason is the last field and free text: "pid=7" in it must not start a new field.
+    reason = reason_text.strip() if sep else None
     stamp = None
     if reason:
         m = _STAMP_RE.match(reason)
