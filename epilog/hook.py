@@ -221,6 +221,11 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+    from gpuguard.ops.jobmap import job_ended
+
+    enqueue_from_hook(cfg, node, res.decision.actions, source="epilog", job_id=job_id, log=log)
+    job_ended(cfg, env, log)  # exporters' GPU -> job files; fails open
 
     if store is None or not job_id:
         log.info("epilog done without a summary (%s)", "no store" if store is None else "no job id")

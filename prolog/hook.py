@@ -69,6 +69,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+
+    enqueue_from_hook(cfg, cfg.node_name, res.decision.actions, source="prolog", job_id=job_id, log=log)
     outcome = res.decision.outcome
     if config_error and outcome != "proceed":
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
@@ -110,6 +113,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
+        from gpuguard.ops.jobmap import job_started
+
+        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
     _close(store)
     log.info("proceed (%d finding(s))", len(res.findings))
     return EXIT_OK

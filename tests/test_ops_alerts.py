@@ -30,7 +30,7 @@ class Hook:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server API)
+            def do_POST(self):
                 n = int(self.headers.get("Content-Length", "0"))
                 outer.bodies.append(json.loads(self.rfile.read(min(n, 1 << 20))))
                 code = outer.codes.pop(0) if outer.codes else 200

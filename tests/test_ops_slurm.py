@@ -29,7 +29,7 @@ class Hook:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 n = int(self.headers.get("Content-Length", "0"))
                 outer.bodies.append(json.loads(self.rfile.read(min(n, 1 << 20))))
                 self.send_response(200)
@@ -106,7 +106,7 @@ def test_xid_on_idle_node_drains_at_next_health_run_with_one_alert_count_20(hc):
 
 
 def test_cleared_fault_resumes_after_n_clean_runs_admin_drain_stays(hc):
-    tb, root, hook = hc
+    tb, root, _hook = hc
     hot = node_snapshot(4, gpu1={"clock_event_reasons": ["hw_slowdown"]})
     (root / "n1" / "gpus.json").write_text(dump_snapshot(hot, t0=time.time()))
     tb.drain_node("n2", "admin: fan replacement")

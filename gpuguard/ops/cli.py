@@ -304,7 +304,64 @@ def alert_list(ctx: click.Context, fmt: str) -> None:
     _emit(rows, ["id", "node", "code", "gpu", "severity", "count", "notified", "first", "last", "deliveries"], fmt)
 
 
+# --- metrics ----------------------------------------------------------------------------
+@click.group("metrics")
+def metrics() -> None:
+    """Prometheus metrics: node health and per-job GPU metrics."""
+
+
+def _registry(cfg: Any) -> Any:
+    from gpuguard.ops.metrics import build_registry
+    from gpuguard.store import StoreError, open_store
+
+    try:
+        st = open_store(cfg.store_path, create=False)
+    except StoreError:
+        st = None
+    try:
+        reg, errors = build_registry(cfg, st)
+    finally:
+        if st is not None:
+            st.close()
+    for e in errors:
+        click.echo(f"tool error: {e}", err=True)
+    return reg
+
+
+@metrics.command("show")
+@click.option("--openmetrics", is_flag=True, help="OpenMetrics text instead of the Prometheus text format")
+@click.pass_context
+def metrics_show(ctx: click.Context, openmetrics: bool) -> None:
+    """Print the metrics of this node."""
+    reg = _registry(_cfg(ctx))
+    if openmetrics:
+        from prometheus_client.openmetrics.exposition import generate_latest
+    else:
+        from prometheus_client import generate_latest
+    click.echo(generate_latest(reg).decode(), nl=False)
+
+
+@metrics.command("write")
+@click.pass_context
+def metrics_write(ctx: click.Context) -> None:
+    """Write ``[metrics] textfile_dir/gpuguard_NODE.prom`` atomically (for a timer when
+    ``gpuguard health`` does not run often enough)."""
+    from prometheus_client import write_to_textfile
+
+    from gpuguard.ops.metrics import textfile_path
+
+    cfg = _cfg(ctx)
+    if not cfg.get("metrics", "textfile_dir"):
+        raise click.ClickException("[metrics] textfile_dir is not set")
+    path = textfile_path(cfg)
+    try:
+        write_to_textfile(path, _registry(cfg))
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror or e}") from None
+    click.echo(f"wrote {path}")
+
+
 def register(main: click.Group) -> None:
     """Attach these commands to the ``gpuguard`` group."""
-    for cmd in (health, node, alert):
+    for cmd in (health, node, alert, metrics):
         main.add_command(cmd)
