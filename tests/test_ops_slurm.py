@@ -7,6 +7,7 @@ and alert, and one webhook alert with count 20 for 20 repeats of one XID."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,3 +156,45 @@ def gg_cli(tb, *args):
                         env=tb.env, timeout=60)
     assert cp.returncode == 0, cp.stderr
     return cp.stdout
+
+
+def test_prometheus_text_carries_the_running_jobs_labels(slurm):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    tb = slurm
+    root = tb.root / "gg"
+    tb.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()), extra=f"""
+[alerts]
+syslog_min_severity = ""
+[metrics]
+textfile_dir = "{root}/textfile"
+dcgm_job_map_dir = "{root}/{{node}}/dcgm"
+""")
+    flag = tb.root / "etc" / "healthcheck.on"
+    flag.touch()
+    try:
+        jid = tb.submit(wrap="sleep 60", gres="gpu:2", nodelist="n1", user="gg_alice", account="acct_b")
+        tb.wait_state(jid, "RUNNING")
+        prom = root / "textfile" / "gpuguard_n1.prom"
+
+        def job_samples():
+            if not prom.exists():
+                return None
+            fams = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+            util = fams.get("gpuguard_job_gpu_utilization_ratio")
+            return (fams, util.samples) if util and util.samples else None
+
+        fams, util = wait_for(job_samples, "job samples in the textfile", root=root)
+        info = sorted((s.labels["gpu"], s.labels) for s in fams["gpuguard_job_gpu_info"].samples)
+        assert [g for g, _ in info] == ["0", "1"]
+        assert info[0][1] == {"node": "n1", "job_id": str(jid), "user": "gg_alice", "account": "acct_b", "gpu": "0",
+                              "uuid": "GPU-00000000-0000-0000-0000-000000000000"}
+        assert {s.labels["job_id"] for s in util} == {str(jid)}
+        assert (root / "n1" / "dcgm" / "0").read_text() == f"{jid}\n"
+        assert (root / "n1" / "dcgm" / "1").read_text() == f"{jid}\n"
+        tb.cancel(jid)
+        wait_for(lambda: not tb.run(["squeue", "-h", "-j", str(jid)], check=False).stdout.strip(), "job gone")
+        assert sorted(os.listdir(root / "n1" / "dcgm")) == []
+    finally:
+        flag.unlink(missing_ok=True)
+        time.sleep(1)
