@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.hookrun import is_job_id
+from gpuguard.hookenv import is_job_id, read_hook_env
 
 RUN_MODULE = "gpuguard.collector.run"
 #: Largest pid Linux can hand out (``PID_MAX_LIMIT`` on 64-bit: 2**22). A pid file naming
@@ -416,19 +416,18 @@ def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareRe
     error and lets the job run).
     """
     job_id = _check_job_id(env.get("SLURM_JOB_ID", ""))
+    henv = read_hook_env(env)
     errors: list[str] = []
-    uid: int | None = None
-    gid: int | None = None
-    try:
-        uid_s = env["SLURM_JOB_UID"]
-        if not (uid_s.isascii() and uid_s.isdigit()) or int(uid_s) > 2**32 - 2:
-            raise ValueError(f"SLURM_JOB_UID {uid_s!r} is not a uid")
-        uid = int(uid_s)
-        gid_s = env.get("SLURM_JOB_GID", "")
-        gid = (int(gid_s) if gid_s.isascii() and gid_s.isdigit() and len(gid_s) <= 10 and int(gid_s) <= 2**32 - 2
-               else pwd.getpwuid(uid).pw_gid)
-    except (KeyError, ValueError) as e:
-        errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
+    uid: int | None = henv.job_uid
+    gid: int | None = henv.job_gid
+    if uid is None:
+        errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): SLURM_JOB_UID {env.get('SLURM_JOB_UID')!r} "
+                      "is not a uid")
+    elif gid is None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError as e:
+            errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
     job_dir = None
     if uid is not None and gid is not None:
         try:
@@ -437,7 +436,7 @@ def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareRe
             errors.append(str(e))
     pid = None
     if cfg.get("prolog", "start_collector"):
-        gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or None
+        gpus = henv.gpus_spec
         try:
             pid = start_collector(cfg, job_id, gpus=gpus, uid=uid, env=env, log=log)
         except CollectorRunning as e:

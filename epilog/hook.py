@@ -12,7 +12,7 @@ What it does, in order of importance, inside ``[epilog] time_budget_s``:
 4. run the post-job health checks (:func:`gpuguard.health.run_health` with
    ``hook="epilog"``: new XIDs since the prolog's kernel-log cursor, uncorrectable ECC,
    lost GPUs, ...) and apply the same policy: on ``drain`` call
-   :meth:`gpuguard.slurm.SlurmCli.drain_node` with the ``gpuguard:`` reason. This comes
+   :meth:`gpuguard.actuator.Actuator.drain` with the ``gpuguard:`` reason. This comes
    before the bookkeeping so that a slow store cannot cost the drain;
 5. ingest the training records of ``{job_dir_root}/{job_id}``
    (:func:`gpuguard.collector.ingest.read_job_records`) into ``steps`` and
@@ -39,11 +39,10 @@ directories on the node's disk. The deletion goes through
 ``job_dir_root`` file descriptor opened with ``O_NOFOLLOW`` and never follows a
 symlink (a symlinked job dir or file is unlinked, not its target).
 
-Environment values are validated: ``SLURM_JOB_ID`` must be ASCII digits (at most 20;
-``str.isdigit`` alone would accept ``'١٢٣'``), ``SLURM_JOB_UID`` ASCII digits, and
-``SLURM_JOB_EXIT_CODE`` ASCII digits in ``0 .. 2**32-1`` (Slurm's unsigned 32-bit
-exit code); anything else counts as unset (job id: post-job checks only; exit code:
-``unknown`` in the summary).
+Environment values are read and range-checked by :func:`gpuguard.hookenv.read_hook_env`;
+a rejected value counts as unset and is logged (job id: post-job checks only; exit code:
+``unknown`` in the summary). Drains go through one :class:`gpuguard.actuator.Actuator`
+per run, so the health checks and the verdict drain at most once, within the budget.
 """
 
 from __future__ import annotations
@@ -57,19 +56,6 @@ EXIT_OK = 0
 #: Share of the budget the collector stop may take (SIGTERM wait; SIGKILL adds 1 s).
 COLLECTOR_STOP_SHARE = 0.2
 COLLECTOR_STOP_MAX_S = 5.0
-
-
-#: Largest ``SLURM_JOB_EXIT_CODE`` / ``SLURM_JOB_UID``: Slurm keeps both as uint32.
-UINT32_MAX = 2**32 - 1
-
-
-def _env_int(env: dict[str, str], name: str, maximum: int = UINT32_MAX) -> int | None:
-    """``env[name]`` as an int in ``0..maximum``: ASCII digits only, else ``None``."""
-    v = env.get(name)
-    if not v or not (v.isascii() and v.isdigit()) or len(v) > 20:
-        return None
-    n = int(v)
-    return n if n <= maximum else None
 
 
 # -- seams to the collector (tests replace these) -----------------------------------------
@@ -156,29 +142,34 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
     the config. Used by :func:`main` and the tests."""
     env = dict(os.environ if env is None else env)
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    henv = read_hook_env(env)
     # one reading of the exit code for the summary and the verdict: an out-of-range or
-    # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
-    exit_raw = _env_int(env, "SLURM_JOB_EXIT_CODE")
+    # non-ASCII value is unknown
+    exit_raw = henv.exit_status_raw
     if exit_raw is None:
         env.pop("SLURM_JOB_EXIT_CODE", None)
     else:
         env["SLURM_JOB_EXIT_CODE"] = str(exit_raw)
-    from gpuguard import log as log_mod
-    from gpuguard.hookrun import load_config
-
-    job_id = env.get("SLURM_JOB_ID") or None
     cfg, config_error = loaded or load_config()
     if config_error:
-        log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id).error("tool error: config: %s", config_error)
+        log_mod.setup(cfg.get("paths", "log_file"), "epilog", henv.job_id).error("tool error: config: %s", config_error)
         return EXIT_OK
-    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
-    from gpuguard.hookrun import is_job_id
-
-    if job_id is not None and not is_job_id(job_id):
-        log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
-        job_id = None
+    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", henv.job_id or env.get("SLURM_JOB_ID"))
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; post-job checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    job_id = henv.job_id
     budget = float(cfg.get("epilog", "time_budget_s"))
     node = cfg.node_name
+    from gpuguard.actuator import Actuator
+
+    act = Actuator.from_config(cfg, deadline=time.monotonic() + budget, log=log)
 
     # 2. the collector
     stop = None
@@ -208,16 +199,15 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
                 log.error("tool error: %s", e)
 
     # 4. post-job checks and the drain
-    from gpuguard.health import parse_job_gpus, run_health
+    from gpuguard.health import run_health
 
-    res = run_health(cfg, hook="epilog", store=store, job_id=job_id,
-                     job_gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")), budget_s=budget * 0.4)
+    res = run_health(cfg, hook="epilog", store=store, job_id=job_id, job_gpus=henv.job_gpus, budget_s=budget * 0.4)
     for err in res.tool_errors:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
     if res.decision.outcome == "drain":
-        _drain(cfg, node, res.decision.reason, log)
+        act.drain(node, res.decision.reason)
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
@@ -236,7 +226,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     ingest = None
     keep_dir = False
     job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
-    uid = _env_int(env, "SLURM_JOB_UID")
+    uid = henv.job_uid
     if uid is None:
         log.error("tool error: SLURM_JOB_UID unset: training records not read")
         keep_dir = True
@@ -273,7 +263,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
         summary = None
     if summary is not None:
-        _judge(store, job_id, cfg, env, node, log)
+        _judge(store, job_id, cfg, env, node, log, act)
     spool = cfg.get("paths", "spool_dir")
     if spool and summary is not None:
         # cluster mode: EpilogSlurmctld merges these into the job's AdminComment
@@ -298,8 +288,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     return EXIT_OK
 
 
-def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any) -> None:
-    """Compare the job with its template's baseline and act on the verdict (issue 4):
+def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, act: Any) -> None:
+    """Compare the job with its template's baseline and act on the verdict through
+    ``act`` (the run's :class:`gpuguard.actuator.Actuator`, which drains at most once):
     template, verdict, comparisons, baseline update, policy with escalation. Our errors
     here are tool errors; they never drain."""
     try:
@@ -313,20 +304,7 @@ def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, lo
         return
     log.info("verdict %s (template %s): %s", verdict.cause, verdict.template, verdict.summary)
     if decision.outcome == "drain":
-        _drain(cfg, node, decision.reason, log)
-
-
-def _drain(cfg: Any, node: str, reason: str, log: Any) -> None:
-    if not cfg.get("slurm", "drain"):
-        log.warning("dry run: would drain %s: %s", node, reason)
-        return
-    from gpuguard.slurm import SlurmCli, SlurmError
-
-    try:
-        SlurmCli(cfg.get("slurm", "bin_dir")).drain_node(node, reason)
-        log.warning("drained %s: %s", node, reason)
-    except (SlurmError, ValueError) as e:
-        log.error("tool error: drain failed: %s", e)
+        act.drain(node, decision.reason)
 
 
 def _close(store: Any) -> None:

@@ -148,6 +148,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "windows": ([], list, "maintenance windows: [{nodes = \"gpu[01-04]\", start = \"2026-12-01T08:00:00Z\", end = \"...\", reason = \"...\"}]; inside one a node records findings but sends no alert and is neither drained nor resumed"),
         "slurm_reservations": (True, bool, "also treat nodes in a Slurm reservation with the MAINT flag (`scontrol show reservation`) as in maintenance"),
     },
+    "display": {
+        "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
+    },
     "policy": {},  # finding code -> action; validated separately
 }
 

@@ -18,6 +18,7 @@ from typing import Any
 from gpuguard import policy as policy_mod
 from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
+from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
 from gpuguard.model import Finding, NodeSnapshot
 
 CURSOR_NAME = "kernel_log"
@@ -47,15 +48,6 @@ class HealthResult:
 def gpus_expected(cfg: Config, job_gpus: list[int] | None) -> bool:
     """True when this node should have GPUs: configured count, job gres, or device files."""
     return bool(cfg.get("node", "gpu_count") or job_gpus or glob.glob("/dev/nvidia[0-9]*"))
-
-
-def parse_job_gpus(value: str | None) -> list[int] | None:
-    """``SLURM_JOB_GPUS`` (``"0,1"``, gres indices; SLURM-FACTS §4) -> ``[0, 1]``;
-    unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored."""
-    if not value:
-        return None
-    out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
-    return out or None
 
 
 def take_snapshot(cfg: Config, *, budget_s: float | None = None,
@@ -183,7 +175,8 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         snapshot=snap_for_checks, previous=previous, previous_inventory=inventory,
         expected_gpu_count=cfg.get("node", "gpu_count") or None, job_gpu_indices=job_gpus,
         xid_events=events, settings=cfg.values["checks"],
-        gpu_nodes_expected=gpus_expected(cfg, job_gpus),
+        gpu_nodes_expected=gpus_expected(cfg, job_gpus), hook=hook, node=node, job_id=job_id,
+        store=store if snap is not None else None, config=cfg,
     )
     disabled = list(cfg.get("checks", "disabled"))
     if snap is None:
@@ -194,16 +187,6 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
         more, errs = extra_checks(snap)
         findings += more
         tool_errors += errs
-    if hook in ("prolog", "check") and store is not None and snap is not None and snap.gpus:
-        # Node health baseline (issue 4): each idle GPU against its own idle history on
-        # this node ("this GPU idles 12 C hotter than it used to"); the prolog records
-        # the reading, `gpuguard check` only compares.
-        try:
-            from gpuguard.epilog.baseline import judge_idle
-
-            findings += judge_idle(store, node, snap, cfg=cfg, job_id=job_id, record=record)
-        except Exception as e:  # our fault: a missing table, a store error
-            tool_errors.append(f"idle baseline: {type(e).__name__}: {e}")
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
     result = HealthResult(snap, findings, decision, tool_errors, events)
     if store is not None and record:
@@ -211,6 +194,12 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
             result.run_id = record_run(store, cfg, hook, job_id, started, result, new_cursor)
         except Exception as e:
             result.tool_errors.append(f"store: {e}")
+    if store is not None and record:
+        for table, rows in ctx.records.items():  # e.g. the idle-baseline readings
+            try:
+                store.insert_many(table, rows)
+            except Exception as e:
+                result.tool_errors.append(f"store: {e}")
     if record and new_cursor is not None:
         # The decision above has acted on these events: move on even if the store failed.
         try:

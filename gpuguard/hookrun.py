@@ -15,11 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
-def is_job_id(value: str | None) -> bool:
-    """A Slurm job id as the hooks get it: 1 to 20 ASCII digits (``str.isdigit`` alone
-    accepts other scripts' digits). Every hook and path builder checks ids with this."""
-    return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
+from gpuguard.hookenv import is_job_id  # noqa: F401  (re-exported: hooks and path builders)
 
 
 def load_config() -> tuple[Any, str | None]:

@@ -14,9 +14,11 @@ What it does, in order, inside ``[prolog] time_budget_s``:
    ``proceed`` -> create the job's record directory and start the collector
    (:func:`gpuguard.collector.launch.prepare_job`) and exit 0.
 
-``SLURM_JOB_ID`` must be 1 to 20 ASCII digits (``str.isdigit`` alone accepts ``'١٢٣'``);
-anything else is logged as a tool error and the run is node checks only: no job is
-failed, no job directory or collector is set up.
+The Slurm variables are read and range-checked by :func:`gpuguard.hookenv.read_hook_env`;
+a ``SLURM_JOB_ID`` that is not 1 to 20 ASCII digits is logged as a tool error and the run
+is node checks only: no job is failed, no job directory or collector is set up. Drain and
+fail-job go through :class:`gpuguard.actuator.Actuator`, whose Slurm calls are capped by
+what is left of the budget.
 
 Whatever hangs, the process exits when the budget runs out: the work runs in a daemon
 thread and the main thread leaves with ``os._exit`` (a hung NVML call cannot be
@@ -26,6 +28,7 @@ interrupted otherwise). Running out of budget is our fault: exit 0, no drain.
 from __future__ import annotations
 
 import os
+import time
 
 EXIT_OK = 0
 EXIT_DRAIN = 1
@@ -37,24 +40,28 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`main` and the tests."""
     env = dict(os.environ) if env is None else env
     from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
     from gpuguard.hookrun import load_config
 
-    job_id = env.get("SLURM_JOB_ID")
     cfg, config_error = loaded or load_config()
+    budget = float(cfg.get("prolog", "time_budget_s"))
+    deadline = time.monotonic() + budget
     if config_error:
         # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
         # config must not silently switch off every check either: run them on the
         # defaults, log what they find, and act on nothing.
         cfg.values["slurm"]["drain"] = False
-    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", job_id)
+    henv = read_hook_env(env)
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
     if config_error:
         log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    from gpuguard.hookrun import is_job_id
-
-    if job_id is not None and not is_job_id(job_id):
-        log.error("tool error: SLURM_JOB_ID %r is not a job id; node checks only", job_id)
-        job_id = None
-    from gpuguard.health import parse_job_gpus, run_health
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; node checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    job_id = henv.job_id
+    from gpuguard.health import run_health
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -62,9 +69,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         store = open_store(cfg.store_path)
     except StoreError as e:
         log.error("tool error: %s", e)
-    job_gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
-    res = run_health(cfg, hook="prolog", store=store, job_id=job_id, job_gpus=job_gpus,
-                     budget_s=cfg.get("prolog", "time_budget_s") * 0.5)
+    res = run_health(cfg, hook="prolog", store=store, job_id=job_id, job_gpus=henv.job_gpus,
+                     budget_s=budget * 0.5)
     for err in res.tool_errors:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
@@ -77,33 +83,21 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         _close(store)
         return EXIT_OK
-    if outcome == "drain":
-        node = cfg.node_name
-        if cfg.get("slurm", "drain"):
-            from gpuguard.slurm import SlurmCli, SlurmError
+    if outcome in ("drain", "fail-job"):
+        from gpuguard.actuator import Actuator
 
-            try:
-                SlurmCli(cfg.get("slurm", "bin_dir")).drain_node(node, res.decision.reason)
-                log.warning("drained %s: %s", node, res.decision.reason)
-            except SlurmError as e:
-                log.error("tool error: drain failed (Slurm will drain with 'Prolog error'): %s", e)
-        else:
-            log.warning("dry run: would drain %s: %s", node, res.decision.reason)
-        _close(store)
-        return EXIT_DRAIN
-    if outcome == "fail-job":
+        act = Actuator.from_config(cfg, deadline=deadline, log=log)
+        if outcome == "drain":
+            if act.drain(cfg.node_name, res.decision.reason).status == "failed":
+                log.error("tool error: Slurm will drain with 'Prolog error' when this prolog exits %d", EXIT_DRAIN)
+            _close(store)
+            return EXIT_DRAIN
         # Slurm 22.05 drains the node on any non-zero Prolog exit, so the job is failed
         # through Slurm instead and the Prolog exits 0: the node keeps serving.
-        if cfg.get("slurm", "drain") and job_id:
-            from gpuguard.slurm import SlurmCli, SlurmError
-
-            try:
-                SlurmCli(cfg.get("slurm", "bin_dir")).fail_job(job_id, res.decision.reason)
-                log.warning("failed job %s (node not drained): %s", job_id, res.decision.reason)
-            except SlurmError as e:
-                log.error("tool error: failing job %s: %s", job_id, e)
+        if job_id:
+            act.fail_job(job_id, res.decision.reason)
         else:
-            log.warning("dry run: would fail job %s: %s", job_id, res.decision.reason)
+            log.warning("no job id: cannot fail the job: %s", res.decision.reason)
         _close(store)
         return EXIT_OK
     if job_id and not config_error:

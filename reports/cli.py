@@ -16,6 +16,8 @@ from datetime import datetime, timedelta, tzinfo
 
 import click
 
+from gpuguard.output import ZoneError, display_tz, output_options, resolve_zone
+
 DATE_HELP = "YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], 'now' or -Nd (N days ago), in the report timezone"
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([dh])$")
 
@@ -40,12 +42,12 @@ def parse_when(text: str, tz: tzinfo, now: float | None = None) -> float:
 
 
 def _tz(obj, override: str | None) -> tzinfo:
-    from gpuguard.reports.sacct import SacctParseError, resolve_timezone
-
+    """``--timezone``, else the display zone (:func:`gpuguard.output.display_tz`)."""
     try:
-        return resolve_timezone(override or obj.cfg.get("reports", "timezone") or None)
-    except SacctParseError as e:
-        raise click.BadParameter(str(e), param_hint="--timezone") from None
+        return resolve_zone(override) if override else display_tz(obj.cfg)
+    except ZoneError as e:
+        raise click.BadParameter(str(e), param_hint="--timezone" if override else "[display]/[reports] timezone") \
+            from None
 
 
 def _open_store(obj, *, create: bool):
@@ -139,8 +141,7 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
 def _report_options(f):
     f = click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False),
                      help="write to FILE instead of stdout")(f)
-    f = click.option("--format", "fmt", type=click.Choice(["text", "csv", "json", "html"]), default="text",
-                     show_default=True)(f)
+    f = output_options(formats=("text", "csv", "json", "html"))(f)
     f = click.option("--cluster", metavar="NAME", help="only this cluster's jobs (default: all)")(f)
     f = click.option("--timezone", "tz_name", metavar="ZONE",
                      help="zone of --since/--until and of printed times (default: [reports] timezone, $TZ, system)")(f)

@@ -55,12 +55,12 @@ import csv
 import itertools
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime, tzinfo
+
+from gpuguard.output import ZoneError, iso_time, resolve_zone
 
 #: Columns of the ``sacct_jobs`` cache table, in order (see :mod:`gpuguard.reports.schema`).
 COLUMNS = (
@@ -171,32 +171,15 @@ def check_int(n: int, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX, shown
 # --- time -------------------------------------------------------------------------------
 def resolve_timezone(name: str | None = None) -> tzinfo:
     """The zone sacct printed its times in: ``name`` (an IANA name such as
-    ``Europe/Berlin`` or ``UTC``), else ``$TZ``, else ``/etc/localtime``, else UTC.
+    ``Europe/Berlin`` or ``UTC``), else ``$TZ``, else ``/etc/localtime``, else UTC
+    (:func:`gpuguard.output.resolve_zone`).
 
     Raises :class:`SacctParseError` for an unknown zone name.
     """
-    if name:
-        try:
-            return ZoneInfo(name)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise SacctParseError(f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)") from None
-    env = os.environ.get("TZ", "").lstrip(":")
-    if env:
-        try:
-            return ZoneInfo(env)
-        except (ZoneInfoNotFoundError, ValueError):
-            pass  # a POSIX TZ string like "CET-1CEST": fall through to the system zone
     try:
-        target = os.path.realpath("/etc/localtime")
-        if "/zoneinfo/" in target:
-            return ZoneInfo(target.split("/zoneinfo/", 1)[1])
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        pass  # not a link into the zone database: read the file itself
-    try:
-        with open("/etc/localtime", "rb") as fh:
-            return ZoneInfo.from_file(fh, key="localtime")
-    except (OSError, ValueError):
-        return ZoneInfo("UTC")
+        return resolve_zone(name)
+    except ZoneError as e:
+        raise SacctParseError(str(e)) from None
 
 
 class TimeConverter:
@@ -359,7 +342,7 @@ _TIME_COLUMNS = ("submit_at", "eligible_at", "start_at", "end_at")
 
 
 def _iso_utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_time(ts) or "-"
 
 
 def _validate(job: dict) -> None:

@@ -41,7 +41,7 @@ def test_check_8gpu_dump_only_gpu_75_power_brake():
 def test_check_row_remap_pending_dump():
     r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-q-a100-510.73.08-row-remap-pending-partial.txt"))
     assert r.exit_code == 2
-    assert "critical  drain   ecc.row_remap_pending  0    gpu0 (0000:10:1c.0) row remap pending" in r.output
+    assert "critical  drain   ecc.row_remap_pending    0  gpu0 (0000:10:1c.0) row remap pending" in r.output
 
 
 CORPUS_DECISIONS = {

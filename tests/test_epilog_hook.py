@@ -307,7 +307,7 @@ def test_scontrol_failure_still_exit_0(node):
     node["kl"].write_text(XID79)
     (node["tmp"] / "bin" / "scontrol").write_text("#!/bin/sh\necho 'slurm_update error: Access denied' >&2\nexit 1\n")
     assert hook.run(EPILOG_ENV) == 0
-    assert "tool error: drain failed: scontrol update nodename=n1 state=drain: exit 1: slurm_update error: " \
+    assert "tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: slurm_update error: " \
            "Access denied" in node["log"].read_text()
 
 

@@ -127,8 +127,10 @@ def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
     sc = tmp_path / "bin" / "scontrol"
     sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
     assert hook.run(ENV) == 1
-    assert "drain failed (Slurm will drain with 'Prolog error'): scontrol update nodename=n1 state=drain: exit 1: " \
-           "slurm_update error: Invalid node name specified" in (tmp_path / "gpuguard.log").read_text()
+    log = (tmp_path / "gpuguard.log").read_text()
+    assert "ERROR tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified\n" in log
+    assert "ERROR tool error: Slurm will drain with 'Prolog error' when this prolog exits 1\n" in log
 
 
 def test_budget_exceeded_proceeds(monkeypatch):
@@ -278,8 +280,8 @@ def test_odd_job_gpu_values_are_ignored_not_fatal():
 
 
 def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_config, write_replay):
-    """Issue 4's node baseline through the real prolog: five normal idle readings, then
-    GPU 1 idles 14 C hotter than its own median."""
+    """The registered idle_baseline check through the real prolog: five normal idle
+    readings, then GPU 1 idles 14 C hotter than its own median."""
     for i in range(5):
         assert hook.run(dict(ENV, SLURM_JOB_ID=str(100 + i))) == 0
     make_config('[prolog]\nstart_collector = false\n',
@@ -288,6 +290,10 @@ def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_co
     rows = open_store(node["db"]).query(
         "select code, severity, action, gpu_index from findings where job_id = '200'")
     assert rows == [{"code": "baseline.idle_temp_up", "severity": "warning", "action": "alert", "gpu_index": 1}]
+    # every run stored its 4 readings through ctx.records; only the hot one is flagged
+    idle = open_store(node["db"]).query("select gpu_index, flagged from node_idle where job_id = '200'")
+    assert sorted((r["gpu_index"], r["flagged"]) for r in idle) == [(0, 0), (1, 1), (2, 0), (3, 0)]
+    assert open_store(node["db"]).query("select count(*) as n from node_idle")[0]["n"] == 24
 
 
 @pytest.mark.parametrize("job_id", ["\u0664\u0662", "\u00b2", "42/../1", "1" * 21])

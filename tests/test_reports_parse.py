@@ -429,7 +429,7 @@ def test_json_oversized_and_impossible_values_are_malformed_jobs():
     assert [(r.line, r.error) for r in rows if r.error] == [
         (2, "jobs[1]: job_id_raw 1000000000000000000000000000000 is out of range (at most 9223372036854775807)"),
         (3, "jobs[2]: AllocTRES gres/gpu=-4: GPU count is negative"),
-        (4, "jobs[3]: Start 9999-12-31T23:59:59Z is after End 2025-11-01T14:26:40Z"),
+        (4, "jobs[3]: Start 9999-12-31T23:59:59+00:00 is after End 2025-11-01T14:26:40+00:00"),
         (5, "jobs[4]: time 10000000000000000000000000000000... is out of range"),
         (6, "jobs[5]: nnodes 1000000000000000000000000000000 is out of range (at most 1000000)"),
         (7, "jobs[6]: elapsed_s -5 is negative"),

@@ -24,10 +24,10 @@ def test_scan_table():
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["TIME", "PCI", "KIND", "XID", "NAME", "PID", "PROCESS", "ACTION", "MESSAGE"]
-    assert len(lines) == 7
-    assert lines[1].split()[:4] == ["+6781741.548779s", "0000:91:00", "xid", "79"]
-    assert lines[1].rstrip().endswith("drain   GPU has fallen off the bus.")
-    assert lines[2].split()[:4] == ["+6781753.400584s", "0000:06:00.0", "sxid", "20034"]
+    assert len(lines) == 8
+    assert lines[2].split()[:4] == ["+6781741.548779s", "0000:91:00", "xid", "79"]
+    assert lines[2].rstrip().endswith("drain   GPU has fallen off the bus.")
+    assert lines[3].split()[:4] == ["+6781753.400584s", "0000:06:00.0", "sxid", "20034"]
     assert result.stderr.strip() == "unparsed NVRM lines: 0"
 
 
@@ -51,7 +51,7 @@ def test_scan_counts_unparsed_on_stderr_and_truncates_message():
             "NVRM: Xid (PCI:0000:01:00): 31, pid=9, name=p, " + "x" * 100 + "\n")
     result = runner().invoke(xid, ["scan"], input=text)
     assert result.exit_code == 0
-    row = result.stdout.splitlines()[1]
+    row = result.stdout.splitlines()[2]
     assert row.endswith("x" * 57 + "...")
     assert result.stderr.splitlines() == ["unparsed NVRM lines: 1", "  NVRM: Xid (PCI:0000:01:00): abc"]
 
