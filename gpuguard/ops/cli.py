@@ -3,41 +3,23 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from typing import Any
 
 import click
 
+from gpuguard.output import emit, output_options
+
 
 def _cfg(ctx: click.Context) -> Any:
     return ctx.find_root().obj.cfg
 
 
-def _iso(t: float | None) -> str:
-    return "" if t is None else dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _iso(cfg: Any, t: float | None) -> str | None:
+    from gpuguard.output import display_tz, iso_time
 
-
-def _emit(rows: list[dict[str, Any]], columns: list[str], fmt: str) -> None:
-    """Print ``rows`` as a text table, JSON or CSV."""
-    if fmt == "json":
-        click.echo(json.dumps(rows, indent=2, default=str))
-        return
-    if fmt == "csv":
-        import csv
-
-        w = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-        return
-    from gpuguard.cli import _table
-
-    click.echo(_table([[r.get(c, "") for c in columns] for r in rows], [c.upper() for c in columns]))
-
-
-_FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text",
-                       help="output format")
+    return iso_time(t, display_tz(cfg))
 
 
 def _store_for(cfg: Any, node: str, create: bool = False) -> Any:
@@ -56,9 +38,9 @@ def _store_for(cfg: Any, node: str, create: bool = False) -> Any:
 @click.command("health")
 @click.option("--kernel-log", metavar="SRC", help="kernel log to scan (default: the config's)")
 @click.option("--list", "list_steps", is_flag=True, help="list the registered health steps and exit")
-@click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")
+@output_options(("text", "json"))
 @click.pass_context
-def health(ctx: click.Context, kernel_log: str | None, list_steps: bool, as_json: bool) -> None:
+def health(ctx: click.Context, kernel_log: str | None, list_steps: bool, fmt: str) -> None:
     """Run the node health check once, as Slurm's HealthCheckProgram does
     (``gpuguard-health``): node checks and registered steps, drain on a hardware fault,
     resume a node gpuguard drained once it is clean, queue and send alerts, write metrics.
@@ -89,8 +71,8 @@ def health(ctx: click.Context, kernel_log: str | None, list_steps: bool, as_json
            "findings": [dict(f.to_dict(), action=a) for f, a in out.result.decision.actions],
            "actions": [{k: a.get(k) for k in ("action", "by", "outcome", "why", "reason", "recovery")} for a in out.actions],
            "tool_errors": out.tool_errors}
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, default=str))
+    if fmt == "json":
+        emit(fmt, doc)
         return
     click.echo(f"{doc['node']}: {doc['decision']}" + (f" ({doc['reason']})" if doc["reason"] else "")
                + f"; {doc['maintenance']}")
@@ -108,7 +90,7 @@ def node() -> None:
 
 @node.command("list")
 @click.option("--all", "show_all", is_flag=True, help="also list drains that are not gpuguard's")
-@_FORMAT
+@output_options()
 @click.pass_context
 def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """Nodes drained by gpuguard now (from ``sinfo -R``), with reason, time, who drained
@@ -146,13 +128,13 @@ def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
                     ev = json.loads(rec["evidence"] or "[]")
                     row["evidence"] = "; ".join(f"{e['code']}: {e['message']}" for e in ev if isinstance(e, dict))[:200]
             rows.append(row)
-    _emit(rows, ["node", "since", "by", "reason", "recovery"] + (["ours"] if show_all else []), fmt)
+    emit(fmt, rows, headers=["node", "since", "by", "reason", "recovery"] + (["ours"] if show_all else []))
 
 
 @node.command("show")
 @click.argument("name")
 @click.option("--since", metavar="DAYS", type=float, default=30.0, show_default=True, help="history window in days")
-@_FORMAT
+@output_options()
 @click.pass_context
 def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     """A node's Slurm state and reason, maintenance, and its history of findings (above
@@ -179,17 +161,21 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     finally:
         st.close()
     for r in rows:
-        r["time"] = _iso(r["at"])
+        r["at"] = _iso(cfg, r["at"])
     if fmt != "text":
-        _emit(rows, ["time", "kind", "what", "detail", "recovery"], fmt)
+        doc = {"node": name, "state": state, "reason": reason, "maintenance": maint.line(),
+               "drain": {"by": rec["by"], "at": _iso(cfg, rec["at"]), "recovery": rec["recovery"]}
+               if (info is not None and info.drained and info.ours and rec) else None,
+               "history": rows}
+        emit(fmt, doc, rows=rows, headers=["at", "kind", "what", "detail", "recovery"])
         return
     click.echo(f"node {name}: {state}" + (f"  reason: {reason}" if reason else ""))
     click.echo(f"maintenance: {maint.line()}")
     if info is not None and info.drained and info.ours and rec:
-        click.echo(f"drained by {rec['by']} at {_iso(rec['at'])}: "
+        click.echo(f"drained by {rec['by']} at {_iso(cfg, rec['at'])}: "
                    f"{RECOVERY_TEXT.get(rec['recovery'] or 'manual', rec['recovery'])}")
     if rows:
-        _emit(rows, ["time", "kind", "what", "detail"], "text")
+        emit("text", rows, headers=["at", "kind", "what", "detail"])
     else:
         click.echo("no history in the window")
 
@@ -286,7 +272,7 @@ def alert_send(ctx: click.Context, timeout_s: float) -> None:
 
 
 @alert.command("list")
-@_FORMAT
+@output_options()
 @click.pass_context
 def alert_list(ctx: click.Context, fmt: str) -> None:
     """Alert groups (code, node, GPU) with their counts and delivery state."""
@@ -300,8 +286,9 @@ def alert_list(ctx: click.Context, fmt: str) -> None:
     finally:
         st.close()
     for r in rows:
-        r["first"], r["last"] = _iso(r.pop("first_at")), _iso(r.pop("last_at"))
-    _emit(rows, ["id", "node", "code", "gpu", "severity", "count", "notified", "first", "last", "deliveries"], fmt)
+        r["first_at"], r["last_at"] = _iso(cfg, r["first_at"]), _iso(cfg, r["last_at"])
+    emit(fmt, rows, headers=["id", "node", "code", "gpu", "severity", "count", "notified", "first_at", "last_at",
+                             "deliveries"])
 
 
 # --- metrics ----------------------------------------------------------------------------
