@@ -45,7 +45,7 @@ def test_drain_by_hand_is_recorded_and_never_auto_resumed(env):
 
 
 def test_resume_by_hand_only_ours_unless_forced(env):
-    fake, cfg, gg = env
+    fake, _cfg, gg = env
     fake.admin_drain("n2", "admin: PSU")
     r = gg("node", "resume", "n2")
     assert r.exit_code == 1
@@ -79,7 +79,7 @@ def test_resume_by_hand_of_an_xid79_drain(env, tmp_path):
 
 
 def test_list_all_and_csv(env):
-    fake, cfg, gg = env
+    fake, _cfg, gg = env
     fake.admin_drain("n2", "admin: PSU")
     gg("node", "drain", "n1", "--reason", "test")
     assert [r["node"] for r in json.loads(gg("node", "list", "--json").output)] == ["n1"]
