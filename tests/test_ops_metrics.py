@@ -131,3 +131,26 @@ def test_textfile_is_written_atomically(cfg, tmp_path):
     assert os.listdir(d) == ["gpuguard_n1.prom"]
     names = {f.name for f in text_string_to_metric_families((d / "gpuguard_n1.prom").read_text())}
     assert "gpuguard_node_maintenance" in names
+
+
+def test_grafana_dashboard_queries_only_metrics_gpuguard_writes(cfg):
+    import json
+    import pathlib
+    import re
+
+    now = time.time()
+    jobmap.job_started(cfg, ENV, LOG)
+    st = open_store(cfg.store_path)
+    _samples(st, now)
+    st.insert_many("events", [{"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0}])
+    run = st.insert("health_runs", {"node": "n1", "hook": "health", "started_at": 1.0, "finished_at": 2.0,
+                                    "decision": "proceed", "reason": "", "tool_errors": "[]"})
+    st.insert("findings", {"run_id": run, "node": "n1", "at": 2.0, "code": "pcie.width_degraded",
+                           "severity": "warning", "action": "alert", "gpu_index": 1, "message": "x8", "evidence": "{}"})
+    reg, _ = metrics.build_registry(cfg, st, now=now)
+    written = {s.name for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples}
+    dash = json.loads((pathlib.Path(__file__).parents[1] / "slurm-conf-examples" / "grafana-gpuguard.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"gpuguard_[a-z_]+", t["expr"])}
+    used |= {m for v in dash["templating"]["list"] for m in re.findall(r"gpuguard_[a-z_]+", str(v.get("query", "")))}
+    assert len(used) >= 12
+    assert used - written == set()
