@@ -43,7 +43,7 @@ def test_prometheus_scrapes_the_textfile_and_sees_job_labels(tmp_path, make_conf
     body = (tmp_path / "textfile" / "gpuguard_n1.prom").read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.end_headers()
