@@ -206,8 +206,11 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
+    from gpuguard.ops.maintenance import suppresses
+
     if res.decision.outcome == "drain":
-        act.drain(node, res.decision.reason)
+        if not suppresses(cfg, node, "drain", res.decision.reason, log, store=store, by="epilog"):
+            act.drain(node, res.decision.reason)
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
@@ -304,7 +307,10 @@ def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, lo
         return
     log.info("verdict %s (template %s): %s", verdict.cause, verdict.template, verdict.summary)
     if decision.outcome == "drain":
-        act.drain(node, decision.reason)
+        from gpuguard.ops.maintenance import suppresses
+
+        if not suppresses(cfg, node, "drain", decision.reason, log, store=store, by="epilog"):
+            act.drain(node, decision.reason)
 
 
 def _close(store: Any) -> None:

@@ -79,6 +79,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
 
     enqueue_from_hook(cfg, cfg.node_name, res.decision.actions, source="prolog", job_id=job_id, log=log)
     outcome = res.decision.outcome
+    from gpuguard.ops.maintenance import suppresses
+
+    if suppresses(cfg, cfg.node_name, outcome, res.decision.reason, log, store=store, by="prolog"):
+        outcome = "proceed"  # a node in maintenance is neither drained nor failing jobs
     if config_error and outcome != "proceed":
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         _close(store)

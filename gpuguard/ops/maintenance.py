@@ -191,3 +191,27 @@ def cached(cfg: Any, node: str, now: float | None = None) -> Maintenance:
         return status(cfg, node, now=now)[0]
     except MaintenanceError:
         return Maintenance(False)
+
+
+def suppresses(cfg: Any, node: str, outcome: str, reason: str, log: Any, *, store: Any = None,
+               by: str = "prolog") -> bool:
+    """For a hook about to act: True when ``node`` is in maintenance (:func:`cached`: the
+    last health run's view of MAINT reservations, and the config windows) and ``outcome``
+    (``drain``/``fail-job``) must therefore not happen. Logs it and records a
+    ``suppressed`` node action when ``store`` is given. Never raises (our fault: act)."""
+    if outcome not in ("drain", "fail-job"):
+        return False
+    try:
+        m = cached(cfg, node)
+        if not m.active:
+            return False
+        log.warning("%s: would %s: %s", m.line(), outcome, reason)
+        if store is not None:
+            from gpuguard.ops.nodes import record_action
+
+            record_action(store, node=node, action="suppressed", by=by, outcome="refused",
+                          why=f"would {outcome}: {m.line()}", reason=reason)
+        return True
+    except Exception as e:
+        log.error("tool error: maintenance check: %s: %s", type(e).__name__, e)
+        return False
