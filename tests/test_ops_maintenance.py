@@ -85,7 +85,7 @@ def test_prolog_in_a_window_records_but_neither_drains_nor_alerts(prolog_node, t
 def test_epilog_in_a_window_does_not_drain(prolog_node):
     from gpuguard.epilog.hook import run
 
-    cfg, calls = prolog_node
+    _cfg, calls = prolog_node
     assert run({"SLURM_JOB_ID": "8", "SLURMD_NODENAME": "n1", "SLURM_JOB_GPUS": "0"}) == 0
     assert [c for c in calls() if c[:2] == ["scontrol", "update"]] == []
 
