@@ -92,3 +92,17 @@ def test_bad_reason_is_refused(env):
     _, _, gg = env
     r = gg("node", "drain", "n1", "--reason", "  ")
     assert r.exit_code == 2 and "--reason" in r.output
+
+
+def test_shell_completion_as_documented():
+    import os
+    import subprocess
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "gpuguard")
+    env = dict(os.environ, COMP_WORDS="gpuguard node re", COMP_CWORD="2", _GPUGUARD_COMPLETE="bash_complete")
+    out = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == ["plain,resume"]
+    script = subprocess.run([exe], env=dict(os.environ, _GPUGUARD_COMPLETE="bash_source"), capture_output=True,
+                            text=True, timeout=60).stdout
+    assert "complete -o nosort -F _gpuguard_completion gpuguard" in script
