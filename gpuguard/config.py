@@ -113,7 +113,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
     },
     "health": {
-        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below slurmd's 60 s wait for the HealthCheckProgram and well below any sane HealthCheckInterval)"),
+        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below the 60 s slurmd waits for its HealthCheckProgram, slurmd.c run_script_health_check max_wait)"),
         "resume": (True, bool, "resume a node gpuguard drained once its fault has cleared (only faults whose recovery kind is 'auto'; never an admin's drain)"),
         "resume_after_clean_runs": (3, int, "consecutive clean health runs before such a resume (our choice: an intermittent fault must stay away for 3 HealthCheckIntervals; NHC resumes at the first pass)"),
         "disabled_steps": ([], list, "registered health steps to switch off (see `gpuguard health --list`)"),

@@ -19,7 +19,8 @@ XID79 = "[  912.345678] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<u
 @pytest.fixture
 def env(tmp_path, make_config, write_replay, monkeypatch):
     fake = FakeSlurm(tmp_path)
-    path, cfg = make_config("[health]\nsend_alerts = false\nresume_after_clean_runs = 1\n",
+    path, cfg = make_config("[health]\nsend_alerts = false\nresume_after_clean_runs = 1\n"
+                            f'[alerts]\nsyslog_address = "{tmp_path}/no-such-socket"\n',  # an absent syslog
                             replay=write_replay(node_snapshot(4)))
     monkeypatch.setenv("SUDO_USER", "alice")
 
@@ -106,3 +107,19 @@ def test_shell_completion_as_documented():
     script = subprocess.run([exe], env=dict(os.environ, _GPUGUARD_COMPLETE="bash_source"), capture_output=True,
                             text=True, timeout=60).stdout
     assert "complete -o nosort -F _gpuguard_completion gpuguard" in script
+
+
+def test_alert_list_and_health_list(env, utc):
+    from gpuguard.ops import alert_spool
+    from gpuguard.ops.alert_spool import Alert
+
+    _fake, cfg, gg = env
+    alert_spool.enqueue_many(cfg, [Alert(node="n1", code="xid.63", severity="warning", message="remap", gpu_index=2,
+                                         at=1_790_000_000.0)] * 2)
+    r = gg("alert", "send")
+    assert r.output == "ingested 2, notified 1, sent 0, retrying 1, given up 0, held 0\n"
+    rows = json.loads(gg("alert", "list", "--json").output)
+    assert [(x["code"], x["gpu"], x["count"], x["notified"], x["first_at"]) for x in rows] == [
+        ("xid.63", 2, 2, 2, "2026-09-21T14:13:20+00:00")]
+    assert rows[0]["deliveries"] == "syslog:pending"
+    assert gg("health", "--list").exit_code == 0

@@ -111,6 +111,8 @@ def enqueue_from_hook(cfg: Any, node: str, actions: list[tuple[Any, str]], *, so
                       job_id: str | None, log: Any) -> None:
     """What a Prolog/Epilog calls: queue, fail open (any error is logged as a tool error),
     nothing in maintenance (:func:`gpuguard.ops.maintenance.cached`)."""
+    if not any(a in ALERTING_ACTIONS for _f, a in actions):
+        return
     try:
         from gpuguard.ops.maintenance import cached
 

@@ -1,8 +1,9 @@
 """``gpuguard health`` / ``gpuguard-health``: Slurm's ``HealthCheckProgram``.
 
-slurmd runs it as root every ``HealthCheckInterval`` seconds with an almost empty
-environment (no ``PATH``; slurm.conf man page, HealthCheckProgram), whether or not a job
-is on the node. One run, inside ``[health] time_budget_s``:
+slurmd runs it as root every ``HealthCheckInterval`` seconds, whether or not a job is on
+the node, with ``SLURMD_NODENAME`` as its whole environment (no ``PATH``, no
+``SLURM_CONF``), and waits at most 60 s for it (slurmd.c ``run_script_health_check``:
+``max_wait = 60 * 1000``; both seen on the testbed). One run, inside ``[health] time_budget_s``:
 
 1. takes a lock, so a slow run never overlaps the next one;
 2. reads the node's Slurm state and maintenance (:mod:`gpuguard.ops.maintenance`);

@@ -74,9 +74,11 @@ def _when(v: Any, what: str) -> float:
 def parse_windows(raw: list[Any]) -> list[Window]:
     """Validate ``[maintenance] windows`` (tables with ``nodes``, ``start``, ``end`` and
     an optional ``reason``). Raises :class:`MaintenanceError`."""
+    out: list[Window] = []
+    if not raw:
+        return out
     import hostlist
 
-    out = []
     for i, w in enumerate(raw):
         where = f"window {i + 1}"
         if not isinstance(w, dict):
