@@ -128,13 +128,16 @@ class SlurmCli:
     # -- accounting -------------------------------------------------------------------
     def sacct(self, *, fields: tuple[str, ...] | list[str], start: str | None = None, end: str | None = None,
               all_users: bool = True, allocations_only: bool = True, delimiter: str = "|",
-              timeout_s: float | None = None) -> str:
-        """``sacct [-a] [-X] -P -n --delimiter=D --format=F1,F2,... [-S start] [-E end]``;
+              timeout_s: float | None = None, duplicates: bool = False) -> str:
+        """``sacct [-a] [-X] [-D] -P -n --delimiter=D --format=F1,F2,... [-S start] [-E end]``;
         returns its stdout: one job per line, ``fields`` in order, no header. ``start``/
         ``end`` are sacct time specs (``YYYY-MM-DDTHH:MM:SS`` in sacct's local zone).
         Without ``-s`` sacct returns the jobs eligible or running in the window (sacct
-        man page, ``--starttime``). Raises :class:`SlurmError`."""
+        man page, ``--starttime``). ``duplicates``: ``-D``, every attempt of a requeued job
+        (without it sacct prints only the last). Raises :class:`SlurmError`."""
         args = ["-P", "-n", f"--delimiter={delimiter}", f"--format={','.join(fields)}"]
+        if duplicates:
+            args.insert(0, "-D")
         if all_users:
             args.insert(0, "-a")
         if allocations_only:

@@ -72,7 +72,7 @@ def test_store_unwritable_still_decides_from_live_checks(node, write_replay, mon
     replay = write_replay(node_snapshot(4, gpu1={"read_errors": {"temp_c": "GpuIsLost"}}))
     p = node["tmp"] / "broken-store.toml"
     p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['tmp']}/g.log"
-[gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"
+[gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n[prolog]\nstart_collector = false\n""")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
     assert hook.run(ENV) == 1
@@ -122,15 +122,26 @@ def test_dry_run_does_not_call_scontrol(node):
     assert f"dry run: would drain n1: {DRAIN_79}" in (node["tmp"] / "gpuguard.log").read_text()
 
 
-def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
+def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path, fake_slurm_bin):
     node["kl"].write_text(XID79)
     sc = tmp_path / "bin" / "scontrol"
+    good = sc.read_text()
     sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
     assert hook.run(ENV) == 1
     log = (tmp_path / "gpuguard.log").read_text()
     assert "ERROR tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: " \
            "slurm_update error: Invalid node name specified\n" in log
-    assert "ERROR tool error: Slurm will drain with 'Prolog error' when this prolog exits 1\n" in log
+    assert "ERROR tool error: drain not confirmed (drain failed: scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified); Slurm will drain with 'Prolog error' when this " \
+           "prolog exits 1, and the drain stays pending\n" in log
+    # the drain stays pending and the next hook run (slurmctld back) drains and confirms it
+    from gpuguard.drainq import PendingDrains
+    pend = PendingDrains(node["cfg"], None)
+    assert list(pend.entries()) == ["n1"] and pend.entries()["n1"]["reason"] == DRAIN_79
+    sc.write_text(good)
+    assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0  # the XID itself was consumed once
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
+    assert pend.entries() == {}
 
 
 def test_budget_exceeded_proceeds(monkeypatch):

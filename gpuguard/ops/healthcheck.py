@@ -27,7 +27,6 @@ It always exits 0: slurmd only logs the exit status, and gpuguard's own faults n
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -66,8 +65,14 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
         kernel_log: str | None = None, now: float | None = None) -> HealthOutcome:
     """One health run (see the module docstring). ``slurm``: a
     :class:`gpuguard.slurm.SlurmCli` (built from the config when None); ``store``: an
-    open store or None (then nothing is recorded and nothing resumed)."""
+    open store or None (then nothing is recorded and nothing resumed).
+
+    Drains go through the hooks' pending-drain list (:mod:`gpuguard.drainq`): the
+    decision is kept before the kernel-log cursor moves past its events, and a drain that
+    could not be confirmed is retried by every later run and hook."""
     from gpuguard import health as health_mod
+    from gpuguard import policy as policy_mod
+    from gpuguard.nodecheck import commit_cursor, pending_drains
     from gpuguard.ops import maintenance as maint_mod
     from gpuguard.ops.nodes import read_node
     from gpuguard.ops.steps import StepContext, run_steps
@@ -89,19 +94,38 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     except (maint_mod.MaintenanceError, OSError) as e:
         errors.append(f"maintenance: {e}")
         maint = maint_mod.Maintenance(False)
+    pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
+    retried = pend.retry()
     busy = bool(info and info.flags & BUSY_FLAGS)
-
-    def extra(snap: Any) -> tuple[list[Any], list[str]]:
-        ctx = StepContext(cfg, store, node, snap, deadline, log)
-        return run_steps(ctx, cfg.get("health", "disabled_steps"), now=now)
-
-    left = deadline - time.monotonic()
-    res = health_mod.run_health(cfg, hook="health", store=store, kernel_log=kernel_log, scan_xid=not busy,
-                                budget_s=max(1.0, left * 0.5), extra_checks=extra)
+    col = health_mod.collect(cfg, budget_s=max(1.0, (deadline - time.monotonic()) * 0.5), kernel_log=kernel_log,
+                             scan_xid=not busy, store=store)
+    res = health_mod.judge(cfg, col, hook="health", store=store)
+    more, errs = run_steps(StepContext(cfg, store, node, col.snapshot, deadline, log),
+                           cfg.get("health", "disabled_steps"), now=now)
+    if more or errs:
+        res.findings += more
+        res.tool_errors += errs
+        res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
+    drained = None
+    if res.decision.outcome == "drain" and not maint.active:
+        if pend.add(node, res.decision.reason):
+            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+        else:
+            res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
+                                   "so these events are read again next run")
+        drained = pend.settle(node, res.decision.reason)
+    else:
+        commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    if store is not None:
+        try:
+            res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
+        except Exception as e:
+            res.tool_errors.append(f"store: {e}")
     out = HealthOutcome(res, maint, tool_errors=errors + res.tool_errors)
     if store is not None:
         try:
-            out.actions = act_on(cfg, store, node, info, res, maint, deadline=deadline, log=log)
+            out.actions = act_on(cfg, store, node, info, res, maint, drained=drained,
+                                 retried=[o for o in retried if o.node == node], deadline=deadline, log=log)
         except Exception as e:  # the store or a bug: never leave the hook on it
             out.tool_errors.append(f"acting: {type(e).__name__}: {e}")
     _alerts_and_metrics(cfg, store, node, res, maint, out, deadline, log)
@@ -129,16 +153,29 @@ def _record_once(store: Any, node: str, **row: Any) -> dict[str, Any] | None:
     return dict(row, id=row_id, node=node)
 
 
+#: drain outcome of :mod:`gpuguard.drainq` -> ``node_actions.outcome``
+_DRAIN_OUTCOME = {"confirmed": "done", "pending": "failed", "refused": "refused", "dry-run": "refused"}
+
+
 def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, deadline: float,
-           log: Any = None) -> list[dict[str, Any]]:
-    """Drain or resume ``node`` after health result ``res`` (see the module docstring).
-    ``info``: the node's :class:`gpuguard.ops.nodes.NodeInfo` (None when Slurm could not
-    be read: then a fault still drains — a dying GPU outweighs the doubt — and nothing is
-    resumed). Returns the ``node_actions`` rows written."""
-    from gpuguard.ops import act
-    from gpuguard.ops.nodes import read_node, record_action
+           drained: Any = None, retried: list[Any] | None = None, log: Any = None) -> list[dict[str, Any]]:
+    """Record the drain of this run (``drained``: its :class:`gpuguard.drainq.Outcome`)
+    and earlier drains confirmed now (``retried``), or resume ``node`` (see the module
+    docstring). ``info``: the node's :class:`gpuguard.ops.nodes.NodeInfo` as it was
+    before this run (None when Slurm could not be read: nothing is resumed). Returns the
+    ``node_actions`` rows written."""
+    from gpuguard.ops.nodes import drain_run, record_action, run_findings
 
     done: list[dict[str, Any]] = []
+    for o in retried or []:
+        if o.status == "confirmed":
+            run = drain_run(store, node, o.reason)
+            findings = [f for f in run_findings(store, run["id"]) if f["action"] == "drain"] if run else []
+            row = dict(action="drain", by="health", outcome="done", why="pending drain retried and confirmed",
+                       reason=o.reason, slurm_reason=_stamped(cfg, node),
+                       recovery=recovery_of_findings(findings) if findings else "manual", evidence=findings,
+                       run_id=run["id"] if run else None)
+            done.append(dict(row, id=record_action(store, node=node, **row), node=node))
     if res.decision.outcome == "drain":
         drains = [dict(f.to_dict(), action=a) for f, a in res.decision.actions if a == "drain"]
         recovery = recovery_of_findings(drains)
@@ -146,34 +183,19 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
             r = _record_once(store, node, action="suppressed", by="health", outcome="refused",
                              why=f"would drain: {maint.line()}", reason=res.decision.reason,
                              recovery=recovery, evidence=drains, run_id=res.run_id)
-            return [r] if r else []
-        if info is not None and info.drained and not info.ours:
-            r = _record_once(store, node, action="drain", by="health", outcome="refused",
-                             why=f"already drained by someone else: {info.full_reason}",
-                             reason=res.decision.reason, recovery=recovery, evidence=drains, run_id=res.run_id)
-            return [r] if r else []
-        if info is not None and info.drained and info.ours:
-            return []  # still faulty; the drain on record stands
-        status, why = act.drain(cfg, node, res.decision.reason, deadline=deadline, log=log)
-        stamped = None
+            return done + ([r] if r else [])
+        if drained is None or (drained.status == "confirmed" and info is not None and info.drained and info.ours):
+            return done  # still faulty; the drain on record stands
+        status = _DRAIN_OUTCOME.get(drained.status, "failed")
+        row = dict(action="drain", by="health", outcome=status, why=drained.why, reason=res.decision.reason,
+                   slurm_reason=_stamped(cfg, node) if status == "done" else None, recovery=recovery,
+                   evidence=drains, run_id=res.run_id)
         if status == "done":
-            try:
-                stamped = read_node(cfg_slurm(cfg), node).full_reason
-            except Exception:  # the drain is done; without the stamp a resume compares text only
-                stamped = None
-        row = dict(action="drain", by="health", outcome=status, why=why, reason=res.decision.reason,
-                   slurm_reason=stamped, recovery=recovery, evidence=drains, run_id=res.run_id)
-        done.append(dict(row, id=record_action(store, node=node, **row), node=node))
-        return done
-    if info is not None and not info.drained and not maint.active:
-        retry = _failed_drain(store, node)
-        if retry is not None:
-            status, why = act.drain(cfg, node, retry["reason"], deadline=deadline, log=log)
-            row = dict(action="drain", by="health", outcome=status, why=why or "retry of a drain that failed",
-                       reason=retry["reason"], recovery=retry["recovery"],
-                       evidence=json.loads(retry["evidence"] or "[]"), run_id=retry["run_id"])
             done.append(dict(row, id=record_action(store, node=node, **row), node=node))
-            return done
+        else:
+            r = _record_once(store, node, **row)
+            done += [r] if r else []
+        return done
     if not _clean(res) or info is None or not (info.drained and info.ours):
         return done
     rec = _drain_record(store, node, info)
@@ -183,7 +205,7 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
         r = _record_once(store, node, action="resume", by="health", outcome="refused",
                          why=f"the reason was set again since gpuguard's drain ({info.full_reason})",
                          reason=info.reason or "", recovery=rec.get("recovery", ""))
-        return [r] if r else []
+        return done + ([r] if r else [])
     need = cfg.get("health", "resume_after_clean_runs")
     clean = _clean_runs(store, node, rec["at"])
     if clean < need:
@@ -191,7 +213,9 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     if maint.active:
         r = _record_once(store, node, action="suppressed", by="health", outcome="refused",
                          why=f"would resume: {maint.line()}", reason=info.reason or "", recovery="auto")
-        return [r] if r else []
+        return done + ([r] if r else [])
+    from gpuguard.ops import act
+
     status, why = act.resume(cfg, node, deadline=deadline, log=log)
     row = dict(action="resume", by="health", outcome=status, why=why, reason=info.reason or "",
                recovery="auto", evidence={"clean_runs": clean, "drained_at": rec["at"]}, run_id=res.run_id)
@@ -199,21 +223,15 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     return done
 
 
-#: A drain that failed (Slurm down, no time left) is retried by later runs for this long:
-#: the XID that caused it is already past the kernel-log cursor and would not come back
-#: (our choice: a day; after that the finding in the store and its alert remain).
-DRAIN_RETRY_S = 86400.0
+def _stamped(cfg: Any, node: str) -> str | None:
+    """The node's reason with Slurm's ``[user@time]`` stamp, read right after our drain
+    (None when it cannot be read: a later resume then compares the text only)."""
+    from gpuguard.ops.nodes import read_node
 
-
-def _failed_drain(store: Any, node: str) -> dict[str, Any] | None:
-    """The newest drain of ``node`` that failed, when nothing was done since (no drain
-    or resume succeeded after it) and it is younger than :data:`DRAIN_RETRY_S`."""
-    rows = store.query("select * from node_actions where node = ? and action in ('drain', 'resume') "
-                       "order by at desc, id desc limit 1", [node])
-    if rows and rows[0]["action"] == "drain" and rows[0]["outcome"] == "failed" and rows[0]["reason"] \
-            and time.time() - rows[0]["at"] < DRAIN_RETRY_S:
-        return rows[0]
-    return None
+    try:
+        return read_node(cfg_slurm(cfg), node).full_reason
+    except Exception:
+        return None
 
 
 def cfg_slurm(cfg: Any) -> Any:

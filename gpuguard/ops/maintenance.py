@@ -195,25 +195,20 @@ def cached(cfg: Any, node: str, now: float | None = None) -> Maintenance:
         return Maintenance(False)
 
 
-def suppresses(cfg: Any, node: str, outcome: str, reason: str, log: Any, *, store: Any = None,
-               by: str = "prolog") -> bool:
-    """For a hook about to act: True when ``node`` is in maintenance (:func:`cached`: the
-    last health run's view of MAINT reservations, and the config windows) and ``outcome``
-    (``drain``/``fail-job``) must therefore not happen. Logs it and records a
-    ``suppressed`` node action when ``store`` is given. Never raises (our fault: act)."""
-    if outcome not in ("drain", "fail-job"):
-        return False
+def record_suppressed(cfg: Any, m: Maintenance, outcome: str, reason: str, *, by: str, log: Any) -> None:
+    """A hook kept from ``outcome`` (``drain``/``fail-job``) by maintenance ``m``: log it
+    and record a ``suppressed`` node action (so ``gpuguard node show`` says so). Opens the
+    store itself, only on this rare path; never raises."""
+    log.warning("%s: would %s: %s", m.line(), outcome, reason)
     try:
-        m = cached(cfg, node)
-        if not m.active:
-            return False
-        log.warning("%s: would %s: %s", m.line(), outcome, reason)
-        if store is not None:
-            from gpuguard.ops.nodes import record_action
+        from gpuguard.ops.nodes import record_action
+        from gpuguard.store import open_store
 
-            record_action(store, node=node, action="suppressed", by=by, outcome="refused",
+        st = open_store(cfg.store_path)
+        try:
+            record_action(st, node=cfg.node_name, action="suppressed", by=by, outcome="refused",
                           why=f"would {outcome}: {m.line()}", reason=reason)
-        return True
+        finally:
+            st.close()
     except Exception as e:
-        log.error("tool error: maintenance check: %s: %s", type(e).__name__, e)
-        return False
+        log.error("tool error: recording the suppressed %s: %s: %s", outcome, type(e).__name__, e)

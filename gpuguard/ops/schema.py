@@ -1,4 +1,5 @@
-"""Store tables of the operations side (one migration, see :func:`create`).
+"""Store tables of the operations side: the ``ops`` migration set (requires ``core``),
+registered when :mod:`gpuguard.ops` is imported.
 
 * ``node_actions``: every drain and resume gpuguard made, refused or observed, by whom
   (``health``, ``prolog``, ``epilog``, ``hand``), with the reason, the reason exactly as
@@ -15,11 +16,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from gpuguard.store import MigrationSet, register_set, sqlite_utils
+
+MIGRATIONS = register_set(MigrationSet("ops", requires=("core",)))
 
 
-def create(db: Any) -> None:
-    """Create the tables above (sqlite-utils ``Database``)."""
+@MIGRATIONS(name="node_actions")
+def _node_actions(db: sqlite_utils.Database) -> None:
     db["node_actions"].create(
         {"id": int, "node": str, "at": float, "action": str, "by": str, "user": str, "outcome": str,
          "why": str, "reason": str, "slurm_reason": str, "recovery": str, "evidence": str,
@@ -31,6 +34,10 @@ def create(db: Any) -> None:
         {"node": str, "name": str, "at": float, "findings": str, "error": str},
         pk=("node", "name"),
     )
+
+
+@MIGRATIONS(name="alerts")
+def _alerts(db: sqlite_utils.Database) -> None:
     db["alerts"].create(
         {"id": int, "key": str, "node": str, "code": str, "gpu_index": int, "severity": str,
          "first_at": float, "last_at": float, "count": int, "notified_count": int,

@@ -88,8 +88,11 @@ def scan(file: str, fmt: str) -> None:
 
     Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k and syslog text.
     The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
-    process, default action and the message; the count of NVRM lines that could not be
-    parsed goes to stderr. Exit status 0; 2 when FILE cannot be read.
+    process, default action and the message. Every line holding an Xid/SXid marker that
+    was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
+    prefix, no PCI address, no code), with the first few lines and their numbers.
+    Any real log-prefix layout is read (:mod:`gpuguard.xid.prefix`). Exit status 0; 2
+    when FILE cannot be read.
     """
     result = parse_lines(_read_lines(file))
     if fmt != "text":
@@ -99,8 +102,10 @@ def scan(file: str, fmt: str) -> None:
     else:
         click.echo("no XID events")
     click.echo(f"unparsed NVRM lines: {result.unparsed}", err=True)
-    for sample in result.unparsed_samples:
-        click.echo(f"  {sample}", err=True)
+    for why, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
+        click.echo(f"  {n} x {why}", err=True)
+    for line_no, _why, sample in result.rejected_samples:
+        click.echo(f"  line {line_no}: {sample}", err=True)
 
 
 if __name__ == "__main__":
