@@ -85,14 +85,25 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     job_id = henv.job_id
     from gpuguard.nodecheck import live_check, pending_drains
 
-    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error)
+    from gpuguard.ops.maintenance import cached as maintenance_now
+
+    maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error and not maint.active)
     # the verdict and the drain come first, from live state only: no store I/O before them
     live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
                       commit=not config_error)
     res = live.result
     outcome = res.decision.outcome
+    if maint.active and outcome in ("drain", "fail-job"):
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, outcome, res.decision.reason, by="prolog", log=log)
+        outcome = "proceed"  # a node in maintenance is neither drained nor failing jobs
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
     _log_result(log, res)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+
+    enqueue_from_hook(cfg, cfg.node_name, res.decision.actions, source="prolog", job_id=job_id, log=log)
     if config_error and outcome != "proceed":
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         return EXIT_OK
@@ -136,11 +147,14 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
+        from gpuguard.ops.jobmap import job_started
+
+        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
     if config_error:  # nothing is written on the shipped defaults' paths
         log.info("proceed (%d finding(s); config broken: nothing recorded)", len(res.findings))
         return EXIT_OK
     later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-    if later is not None and later.decision.outcome == "drain" and not config_error:
+    if later is not None and later.decision.outcome == "drain" and not config_error and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
         return EXIT_DRAIN
