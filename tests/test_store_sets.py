@@ -24,7 +24,7 @@ V5 = pathlib.Path(__file__).parent / "data" / "store-user-version-5.db"
 ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_idle"),
              ("collector", "samples"), ("collector", "samples_by_gpu"),
              ("epilog", "job_records"), ("epilog", "baselines"),
-             ("reports", "sacct_jobs"), ("reports", "job_gpu_util")}
+             ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}
 
 
 def every_registered_step() -> set[tuple[str, str]]:
