@@ -1,4 +1,4 @@
-"""``gpuguard job show JOBID [--format text|json|csv]``: what the store knows about one job.
+"""``gpuguard job show JOBID [--full] [--format text|json|csv|html]``: what the store knows about one job.
 
 A thin layer (STYLE.md): :func:`job_report` gathers, :func:`format_text` formats; the
 click command only parses and prints. Registered in :mod:`gpuguard.cli` with
@@ -151,14 +151,25 @@ def job() -> None:
 
 @job.command("show")
 @click.argument("job_id")
-@output_options()
+@output_options(formats=("text", "json", "csv", "html"))
+@click.option("--full", is_flag=True, help="text: every metric, finding and event after the one-screen page")
+@click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE instead of stdout")
+@click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [display] timezone, "
+              "$TZ, the system zone)")
 @click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
 @click.pass_obj
-def job_show(obj: Any, job_id: str, fmt: str, store_path: str | None) -> None:
-    """Print what the store knows about JOB_ID: nodes, GPUs, the summary, findings and
-    events. JSON is :func:`job_report`'s document; CSV one row per node and summary
-    metric (``node, metric, value, unit``). Exit 2 for an unknown job or an unreadable
-    store."""
+def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz_name: str | None,
+             store_path: str | None) -> None:
+    """Show JOB_ID on one screen: header (user, account, state, exit, elapsed vs limit,
+    nodes, GPUs), the verdict with its evidence, per-GPU utilisation/memory/power bars and
+    what to check; --full adds every table. --format html writes a self-contained page
+    with per-GPU and per-rank time-series plots. JSON is :func:`job_report`'s document plus
+    ``job`` (the header); CSV one row per node and summary metric (``node, metric, value,
+    unit``). Exit 2 for an unknown job, an unreadable store or a bad option."""
+    from gpuguard.epilog.advice import AdviceError, load_advice
+    from gpuguard.epilog.jobpage import format_page, job_header
+    from gpuguard.output import resolve_zone
+
     cfg = None
     if obj is not None and hasattr(obj, "cfg"):
         try:
@@ -176,21 +187,58 @@ def job_show(obj: Any, job_id: str, fmt: str, store_path: str | None) -> None:
     if store_path is None:
         store_path = cfg.store_path
     try:
-        tz = display_tz(cfg)
+        tz = resolve_zone(tz_name) if tz_name else display_tz(cfg)
+        advice = load_advice(cfg.get("job_page", "advice_file") if cfg is not None else "")
         store = open_store(store_path, create=False)
-    except (StoreError, ValueError) as e:
+    except (StoreError, ValueError, AdviceError) as e:
         _fail(str(e))
     try:
         rep = job_report(store, job_id, tz)
+        rep.setdefault("job", job_header(store, rep))
+        series = None
+        if fmt == "html":
+            from gpuguard.epilog.jobpage_html import load_series
+
+            series = load_series(store, job_id)
     except JobNotFound:
         _fail(f"job {job_id}: not found in store {store_path}")
     except StoreError as e:
         _fail(str(e))
     finally:
         store.close()
+    idle = cfg.get("job_page", "idle_gpu_pct") if cfg is not None else 5.0
     rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
             for s in rep["summaries"] for m, v, u in summary_rows(s)]
-    emit(fmt, rep, rows=rows, headers=["node", "metric", "value", "unit"], text=lambda: format_text(rep))
+    headers = ["node", "metric", "value", "unit"]
+    if fmt in ("json", "csv") and not output:
+        emit(fmt, dict(rep, job=isoify(rep["job"], tz)), rows=rows, headers=headers)
+        return
+    if fmt == "csv":
+        from gpuguard.output import to_csv
+
+        text = to_csv(rows, headers)
+    elif fmt == "html":
+        from gpuguard.epilog.jobpage_html import render_html
+
+        text = render_html(rep, series, tz=tz, advice=advice, idle_gpu_pct=idle)
+    elif fmt == "json":
+        from gpuguard.output import to_json
+
+        text = to_json(dict(rep, job=isoify(rep["job"], tz)))
+    else:
+        text = format_page(rep, tz=tz, advice=advice, idle_gpu_pct=idle)
+        if full:
+            text += "\n\n" + format_text(rep)
+    if output:
+        from gpuguard.inputs import InputError, write_output
+
+        try:
+            write_output(output, text)
+        except InputError as e:
+            _fail(str(e))
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 def _fail(msg: str) -> NoReturn:

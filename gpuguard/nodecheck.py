@@ -104,10 +104,13 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
 
 
 def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains, *, hook: str,
-                      job_id: str | None, job_gpus: list[int] | None) -> HealthResult:
+                      job_id: str | None, job_gpus: list[int] | None,
+                      extra_findings: list[Any] | None = None) -> HealthResult:
     """Step 3 of the module docstring. Returns the result with history (the live result
-    when the store fails)."""
-    res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus)
+    when the store fails). ``extra_findings`` (the Prolog's NCCL probe) are recorded and
+    decided with the run's."""
+    res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus,
+                extra_findings=extra_findings)
     try:
         res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor)
     except Exception as e:  # locked, corrupt, read-only, full: the verdict is already acted on

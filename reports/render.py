@@ -55,9 +55,10 @@ def duration(s: float | None) -> str:
 
 
 def fmt(v: Any, kind: str, tz: tzinfo) -> str:
-    """A value for people (text and HTML tables)."""
+    """A value for people (text and HTML tables). A missing GPU-hour or cost figure is
+    ``unknown`` (the GPU count was not in the accounting), never a dash or 0."""
     if v is None:
-        return "-"
+        return "unknown" if kind in ("hours", "money") else "-"
     if kind == "hours":
         return f"{v:,.2f}"
     if kind == "money":
@@ -73,6 +74,35 @@ def fmt(v: Any, kind: str, tz: tzinfo) -> str:
     if kind == "time":
         return datetime.fromtimestamp(v, tz).strftime("%Y-%m-%d %H:%M")
     return str(v)
+
+
+#: Most columns of one HTML table; wider tables are split into parts that each repeat the
+#: label columns (our choice: 10 columns of numbers fit an A4 page in portrait at 8 pt).
+MAX_HTML_COLUMNS = 10
+_LABEL_KEYS = ("period", "group", "group2", "job_id")
+
+
+def split_columns(columns: list[Column], limit: int = MAX_HTML_COLUMNS) -> list[list[int]]:
+    """Column indexes of each part of a table: the leading label columns (period, group
+    keys, job id) in every part, the others in runs of ``limit - labels``."""
+    labels = [i for i, c in enumerate(columns) if c.key in _LABEL_KEYS]
+    rest = [i for i in range(len(columns)) if i not in labels]
+    if len(columns) <= limit or not rest:
+        return [list(range(len(columns)))]
+    n = max(1, limit - len(labels))
+    return [labels + rest[k:k + n] for k in range(0, len(rest), n)]
+
+
+def total_cells(t: Table, tz: tzinfo) -> list[str]:
+    """The TOTAL row's cells: ``TOTAL`` in the first column, the other label columns
+    (period, second group key) blank."""
+    out = []
+    for i, c in enumerate(t.columns):
+        if c.key in ("period", "group", "group2"):
+            out.append("TOTAL" if i == 0 else "")
+        else:
+            out.append(fmt(t.total.get(c.key), c.kind, tz))
+    return out
 
 
 # --- json -------------------------------------------------------------------------------
@@ -126,7 +156,7 @@ def _text_table(t: Table, tz: tzinfo) -> str:
     if not t.rows:
         return table([], [c.label for c in cols]) + "\n(no jobs)"
     body = [[fmt(r.get(c.key), c.kind, tz) for c in cols] for r in t.rows]
-    total = [fmt(t.total.get(c.key), c.kind, tz) for c in cols] if t.total is not None else None
+    total = total_cells(t, tz) if t.total is not None else None
     return table(body, [c.label for c in cols], right=[c.kind != "text" for c in cols], total=total)
 
 
@@ -158,23 +188,23 @@ def to_html(reports: list[Report], tz: tzinfo, generated_at: float, *, charts: b
     matplotlib with its own XML escaping, is inserted as markup."""
     from markupsafe import Markup
 
-    from gpuguard.reports.charts import chart_svg
+    from gpuguard.reports.charts import charts_svg
 
     view = []
     for r in reports:
-        svg = chart_svg(r) if charts else None
+        svgs = charts_svg(r) if charts else []
         tables = []
         for t in r.tables:
-            tables.append({
-                "title": t.title,
-                "columns": t.columns,
-                "rows": [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows],
-                "total": ([fmt(t.total.get(c.key), c.kind, tz) for c in t.columns]
-                          if t.total is not None and t.rows else None),
-            })
+            rows = [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows]
+            total = total_cells(t, tz) if t.total is not None and t.rows else None
+            tables.append({"title": t.title, "rows": rows,
+                           "parts": [{"columns": [t.columns[i] for i in idx],
+                                      "rows": [[row[i] for i in idx] for row in rows],
+                                      "total": [total[i] for i in idx] if total else None}
+                                     for idx in split_columns(t.columns)]})
         view.append({"name": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
                      "by": r.by, "notes": r.notes, "tables": tables,
-                     "chart": Markup(svg) if svg else None})
+                     "charts": [Markup(x) for x in svgs]})
     return _env().get_template("report.html.j2").render(
         reports=view, generated_at=iso(generated_at, tz), timezone=tz_name(tz),
         window=(iso(reports[0].since, tz), iso(reports[0].until, tz)) if reports else ("", ""),

@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 
+import gpuguard.reports  # noqa: F401  (registers every stage's store migration set, as the CLI does)
 from gpuguard.gpu.replay import dump_snapshot
 from gpuguard.model import GpuState, NodeSnapshot, NvLinkState
 

@@ -39,7 +39,7 @@ def test_json_fields(db):
     r = invoke("job", "show", "7", "--json", "--store", db)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert set(d) == {"job_id", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events"}
+    assert set(d) == {"job_id", "job", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events"}
     assert d["verdict"] is None  # no verdict stored for this hand-made job
     assert (d["job_id"], d["nodes"]) == ("7", ["n1", "n2"])
     assert d["gpus"] == [{"node": "n1", "gpu_index": 0, "gpu_uuid": "GPU-0"},
@@ -66,9 +66,10 @@ def test_json_fields(db):
 
 
 def test_text(db):
-    r = invoke("job", "show", "7", "--store", db)
+    r = invoke("job", "show", "7", "--full", "--store", db)
     assert r.exit_code == 0, r.output
     out = r.output.splitlines()
+    out = out[out.index("job 7 on n1, n2"):]  # --full: every table after the one-screen page
     assert out[:2] == ["job 7 on n1, n2", "  n1: exit 3, collector ok, 2 GPU(s), post-job check: drain "
                        "(gpuguard: ecc.uncorrectable_volatile gpu1 2 errors)"]
     # the sample of job 7 on n2 puts n2 in the node and GPU lists (it has no summary of its own)

@@ -17,7 +17,17 @@ from typing import Any
 
 from gpuguard import robust
 from gpuguard.checks import CheckContext, check
-from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.config import from_dict
+from gpuguard.model import Finding, NodeSnapshot, declare_codes
+
+
+#: The idle baseline family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("baseline", {
+    "baseline.idle_temp_up": ("warning", "alert",
+        "GPU idles >=10 C above its own idle median (robust z >= 3.5): cooling fault before it throttles in jobs"),
+    "baseline.idle_power_up": ("warning", "alert",
+        "idle power >=30 % above the GPU's own median: clocks not dropping at idle or a board fault"),
+})
 
 #: Hooks whose snapshot shows idle GPUs (taken before the job).
 IDLE_HOOKS = ("prolog", "check")
@@ -98,8 +108,6 @@ def judge_idle(store: Any, node: str, snapshot: NodeSnapshot, *, cfg: Any = None
                record: bool = True, now: float | None = None) -> list[Finding]:
     """:func:`idle_findings`, storing the readings in ``node_idle`` when ``record``
     (for callers outside a health run). Raises :class:`gpuguard.store.StoreError`."""
-    from gpuguard.config import from_dict
-
     values = (cfg if cfg is not None else from_dict({})).values
     findings, rows = idle_findings(store, node, snapshot, values, job_id=job_id, now=now)
     if record and rows:
