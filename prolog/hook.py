@@ -205,7 +205,7 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     """Open the store and record the run with history (after the verdict was acted on),
     with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
     when the store could not be opened."""
-    from gpuguard.nodecheck import record_with_store
+    from gpuguard.nodecheck import bound_store_waits, record_with_store
     from gpuguard.store import StoreError, open_store
 
     try:
@@ -213,6 +213,7 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     except StoreError as e:
         log.error("tool error: %s", e)
         return None
+    bound_store_waits(store, pend.deadline)
     try:
         n_err = len(live.result.tool_errors)
         res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
