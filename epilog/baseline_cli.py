@@ -67,7 +67,8 @@ def template() -> None:
 @click.pass_obj
 def template_list(obj: Any, fmt: str) -> None:
     """List templates with their run counts and state (learning until [baseline] min_runs
-    healthy runs)."""
+    healthy runs) and when the baseline last re-learned by itself (after [baseline]
+    relearn_runs consistent job-changed runs; JSON/CSV also name those runs)."""
     store = _open(obj)
     try:
         rows = baseline_mod.list_templates(store, cfg=obj.cfg)
@@ -75,10 +76,13 @@ def template_list(obj: Any, fmt: str) -> None:
         store.close()
     for r in rows:
         r["last_seen"] = _iso(r["last_seen"])
+        r["relearned_at"] = _iso(r["relearned_at"])
+        r["relearned_from"] = ",".join(r["relearned_from"])
     if not rows and fmt == "text":
         click.echo("no templates yet")
         return
-    _emit(rows, ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen"], fmt)
+    _emit(rows, ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen", "relearned_at"]
+          + (["relearned_from"] if fmt != "text" else []), fmt)
 
 
 @click.group("baseline")

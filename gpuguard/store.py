@@ -179,8 +179,15 @@ def _m5(db: sqlite_utils.Database) -> None:
     create_job_gpu_util(db)
 
 
+def _m6(db: sqlite_utils.Database) -> None:
+    """Verdict: when a template's baseline last re-learned by itself
+    (``gpuguard.epilog.relearn``) and from which runs (JSON list of job ids)."""
+    db["templates"].add_column("relearned_at", float)
+    db["templates"].add_column("relearned_jobs", str)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:

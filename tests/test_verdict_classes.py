@@ -125,3 +125,38 @@ def test_power_cap_reason_share_against_history(world):
     assert v.cause == "gpu-throttling", v.summary
     sh = v.evidence["reason_shares"]["sw_power_cap"]
     assert sh["value"] >= 0.6 and sh["median"] == 0.0
+
+
+def test_baseline_relearns_after_consistent_job_changes(tmp_path):
+    """A permanent double batch: job-changed K-1 times, re-learned on the K-th
+    (relearn_runs = 5), healthy afterwards; shown in `template list`."""
+    from gpuguard.epilog.baseline import compute_baseline, list_templates
+
+    wd = World(str(tmp_path / "r.db"))
+    w = workload("relearn", gpn=4)
+    wd.history(w, runs=5)
+    doubled = R.Case("job-changed", 1.0, None, {"batch_f": 2.0})
+    causes = [wd.run(w, doubled, 50 + k) for k in range(5)]
+    assert [v.cause for v in causes] == ["job-changed"] * 5
+    assert [bool(v.evidence.get("relearned")) for v in causes] == [False] * 4 + [True]
+    assert causes[-1].evidence["relearned"]["jobs"] == [v.job_id for v in causes]
+    assert compute_baseline(wd.store, "relearn").jobs == [v.job_id for v in reversed(causes)]
+    row = next(t for t in list_templates(wd.store) if t["name"] == "relearn")
+    assert row["relearned_from"] == [v.job_id for v in causes] and row["relearned_at"] is not None
+    assert wd.run(w, doubled, 60).cause == "healthy"
+    assert wd.run(w, R.Case(), 61).cause == "job-changed"  # the old batch is now the change
+
+
+def test_unrelated_odd_runs_do_not_relearn(tmp_path):
+    """Five job-changed runs that disagree with each other (batch x2, x0.5, compute x0.7,
+    x1.4, ...) keep the old baseline."""
+    from gpuguard.epilog.baseline import list_templates
+
+    wd = World(str(tmp_path / "n.db"))
+    w = workload("norelearn", gpn=4)
+    wd.history(w, runs=5)
+    odd = [{"batch_f": 2.0}, {"batch_f": 0.5}, {"compute_f": 0.7}, {"compute_f": 1.4}, {"batch_f": 2.0}]
+    vs = [wd.run(w, R.Case("job-changed", 0.5, None, d), 70 + k) for k, d in enumerate(odd)]
+    assert [v.cause for v in vs] == ["job-changed"] * 5 and not any("relearned" in v.evidence for v in vs)
+    assert next(t for t in list_templates(wd.store) if t["name"] == "norelearn")["relearned_at"] is None
+    assert wd.run(w, R.Case(), 80).cause == "healthy"
