@@ -270,14 +270,16 @@ def data_pipeline(ctx: Context) -> Found | None:
 
 def communication(ctx: Context) -> Found | None:
     """Slower run with the communication share flagged up. Strength: the share's rise.
-    (A node NCCL baseline is not recorded yet: the evidence says so.)"""
+    The evidence cites each node's NCCL baseline and the fabric findings of the job's
+    nodes during the job (:func:`gpuguard.net.evidence.communication_evidence`)."""
     rise = _share_rise(ctx, "comm_share")
     if rise is None:
         return None
     perf = ctx.perf_lines()
     return Found(f"communication: {fmt(ctx.comps['comm_share'])}; {perf[0]}",
                  {"comm_share": ctx.comps["comm_share"].to_dict(), "performance": perf,
-                  "node_nccl_baseline": None}, rise)
+                  "node_nccl_baseline": ctx.data.net.get("node_nccl_baseline"),
+                  "fabric_findings": ctx.data.net.get("fabric_findings", [])}, rise)
 
 
 def _changed(ctx: Context) -> list[Comparison]:

@@ -31,22 +31,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.model import CLOCK_EVENT_REASONS
+from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
+from gpuguard.net.evidence import FABRIC_CODES
 
-#: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
-#: setting (nvml.h ``nvmlClocksEventReason*``; the DCGM/GPUd "throttle" set).
-SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                    "hw_power_brake_slowdown")
-SLOWDOWN_MASK = 0
-for _r in SLOWDOWN_REASONS:
-    SLOWDOWN_MASK |= CLOCK_EVENT_REASONS[_r][0]
+SLOWDOWN_MASK = reasons_mask(SLOWDOWN_REASONS)
 
 _CKPT_COLS = ("duration_s", "save_s", "write_s", "elapsed_s", "checkpoint_time_s")
 _PHASES = ("data_wait_s", "fwd_bwd_s", "comm_s", "optim_s")
 #: Finding codes that are hardware faults whatever their severity (besides every
-#: critical finding). Verdict/baseline findings are ours and never count.
+#: critical finding), fabric findings included: a job slowed by a degraded link is the
+#: machine's fault. Verdict/baseline findings are ours and never count.
 _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlink.link_down",
-                        "ecc.row_remap", "ecc.retired_pages")
+                        "ecc.row_remap", "ecc.retired_pages", *FABRIC_CODES)
 
 
 @dataclass
@@ -107,6 +103,9 @@ class JobData:
     hw_events: list[dict[str, Any]]
     hw_findings: list[dict[str, Any]]
     mem_total_mib: dict[str, float]
+    #: Interconnect evidence (:func:`gpuguard.net.evidence.communication_evidence`):
+    #: each node's NCCL baseline and the fabric findings of the job's nodes during it.
+    net: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_steps(self) -> bool:
@@ -241,8 +240,11 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
             if cap:
                 caps[g.key] = cap
     gl = sorted(gpus.values(), key=lambda g: (g.node, g.gpu_index))
+    from gpuguard.net.evidence import communication_evidence
+
+    net = communication_evidence(store, job_nodes, start, end) if start is not None else {}
     return JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
-                   hw_events, hw_findings, caps)
+                   hw_events, hw_findings, caps, net)
 
 
 def ecc_growth(g: GpuSeries) -> int:
