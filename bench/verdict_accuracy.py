@@ -155,7 +155,7 @@ def run_real(args: argparse.Namespace) -> None:
     store.close()
 
 
-def _summary(confusion, causes, confusers, confuser_alarms, misses, show, above=None) -> None:  # noqa: ANN001
+def _summary(confusion, causes, confusers, confuser_alarms, misses, show, above=None) -> None:
     print()
     _print_matrix(confusion, causes)
     print()

@@ -12,7 +12,7 @@ metric over the last ``[baseline] runs`` (N, default 20) runs of the template th
 and were judged after the template's last ``baseline reset``. With fewer than
 ``[baseline] min_runs`` (default 3) such runs the template is ``learning`` and nothing
 is judged against it; a metric with fewer than ``min_runs`` values is not judged either
-(e.g. checkpoint time when most runs wrote none). Source of N = 20 and min = 3: issue 4.
+(e.g. checkpoint time when most runs wrote none). Sources of N = 20 and min = 3: :data:`gpuguard.config.SCHEMA`.
 
 Tables (store migration 3, :mod:`gpuguard.store`): ``templates`` (one row per template),
 ``verdicts`` (one row per judged job), ``comparisons`` (one row per job and metric: the

@@ -203,7 +203,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     from gpuguard.nodecheck import live_check, pending_drains
 
     job_gpus = henv.job_gpus
-    pend = pending_drains(cfg, deadline, log)
+    from gpuguard.ops.maintenance import cached as maintenance_now
+
+    maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
     live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
     res = live.result
     for err in res.tool_errors:
@@ -215,6 +218,15 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
+    if maint.active and res.decision.outcome == "drain":
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, "drain", res.decision.reason, by="epilog", log=log)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+    from gpuguard.ops.jobmap import job_ended
+
+    enqueue_from_hook(cfg, node, res.decision.actions, source="epilog", job_id=job_id, log=log)
+    job_ended(cfg, env, log)  # exporters' GPU -> job files; fails open
 
     # 4. one epilog at a time per job: a second or concurrent one never undoes the first
     from gpuguard.epilog.joblock import job_lock
@@ -392,15 +404,17 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
 
 
 def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, pend: Any) -> None:
-    """Compare the job with its template's baseline and act on the verdict (issue 4):
+    """Compare the job with its template's baseline and act on the verdict:
     template, verdict, comparisons, baseline update, policy with escalation. Our errors
     here are tool errors; they never drain."""
     try:
         from gpuguard.epilog.verdict import run_verdict
         from gpuguard.slurm import SlurmCli
 
-        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node,
-                                        slurm=SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0))
+        # the template lookup (scontrol show job) is capped by what is left of the budget
+        slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
+                         deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
+        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node, slurm=slurm)
     except Exception as e:
         log.error("tool error: verdict: %s: %s", type(e).__name__, e)
         return

@@ -270,6 +270,9 @@ def _register_subcommands() -> None:
 
     for group in (xid, job, template, baseline, report, nccl):
         main.add_command(group)
+    from gpuguard.ops.cli import register
+
+    register(main)
 
 
 _register_subcommands()

@@ -80,8 +80,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
     },
     "baseline": {
-        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (issue 4: default 20)"),
-        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (issue 4: default 3)"),
+        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (our choice: 20 runs give a median/MAD stable to a few outliers while a template re-learns within days)"),
+        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (our choice: 3 is the fewest runs with a meaningful median and MAD)"),
         "idle_readings": (20, int, "a GPU's idle baseline: median/MAD of its last this-many prolog idle readings (same N as templates)"),
         "idle_min_readings": (5, int, "idle readings a GPU needs before its idle temperature/power is judged (our choice: a week of daily jobs)"),
         "idle_temp_rise_c": (10.0, (int, float), "baseline.idle_temp_up when a GPU idles this many degC above its own median (our choice: 10 degC is about a third of the idle-to-slowdown margin of H100/A100 at 30 degC idle, 87 degC slowdown)"),
@@ -89,7 +89,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "verdict": {
         "warmup_s": (300.0, (int, float), "start of the job left out of the comparison: CUDA/NCCL init, autotuning, compilation, first data loads (our choice: 5 min)"),
-        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (issue 4: e.g. 10 min); shorter jobs: their whole span after warm-up"),
+        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up"),
         "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide"),
         "z_threshold": (3.5, (int, float), "|robust z| = |x - median| / (1.4826 MAD) at or above this flags a metric (Iglewicz & Hoaglin 1993, modified z-score outlier cut-off 3.5)"),
         "mad_floor_frac": (0.02, (int, float), "MAD is at least this fraction of the median, so a tiny spread does not flag noise (our choice: about the run-to-run jitter of step time on dedicated nodes; checked with bench/verdict_accuracy.py)"),
@@ -144,6 +144,42 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+    },
+    "health": {
+        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below the 60 s slurmd waits for its HealthCheckProgram, slurmd.c run_script_health_check max_wait)"),
+        "resume": (True, bool, "resume a node gpuguard drained once its fault has cleared (only faults whose recovery kind is 'auto'; never an admin's drain)"),
+        "resume_after_clean_runs": (3, int, "consecutive clean health runs before such a resume (our choice: an intermittent fault must stay away for 3 HealthCheckIntervals; NHC resumes at the first pass)"),
+        "disabled_steps": ([], list, "registered health steps to switch off (see `gpuguard health --list`)"),
+        "send_alerts": (True, bool, "each health run ends with `gpuguard alert send` within what is left of its budget"),
+        "write_metrics": (True, bool, "each health run rewrites the Prometheus textfile when [metrics] textfile_dir is set"),
+    },
+    "alerts": {
+        "spool_file": ("", str, "where hooks queue alerts (JSON lines); empty = {state_dir}/alerts.spool; {node} allowed"),
+        "spool_max_bytes": (1048576, int, "hooks stop queueing past this spool size, so a flood cannot fill the disk (our choice: 1 MiB, several thousand alerts)"),
+        "dedup_window_s": (3600.0, (int, float), "same code, node and GPU within this window = one alert with a count; more repeats are sent once when the window closes (our choice: 1 h, Alertmanager's repeat cadence order)"),
+        "group_wait_s": (0.0, (int, float), "an alert waits this long after its first occurrence before it is sent, gathering repeats (Alertmanager group_wait; 0: the sender runs at the end of the producing health run anyway)"),
+        "rate_limit_per_hour": (60, int, "at most this many messages per sink per hour; the rest wait (our choice: a human reads about one a minute)"),
+        "max_attempts": (8, int, "delivery attempts per message before it is given up (logged)"),
+        "retry_base_s": (30.0, (int, float), "first retry delay; doubles each attempt (exponential back-off)"),
+        "retry_max_s": (3600.0, (int, float), "longest retry delay"),
+        "syslog_min_severity": ("warning", str, "syslog/journald sink: lowest severity sent (info | warning | critical; empty = off)"),
+        "syslog_address": ("/dev/log", str, "syslog socket (journald listens on /dev/log) or host:port for UDP"),
+        "syslog_facility": ("daemon", str, "syslog facility name (logging.handlers.SysLogHandler.facility_names)"),
+        "webhook_url": ("", str, "JSON webhook (Slack, Mattermost, Teams incoming webhook: the body's \"text\" is the message); empty = off"),
+        "webhook_min_severity": ("warning", str, "webhook sink: lowest severity sent"),
+        "webhook_timeout_s": (5.0, (int, float), "timeout of one webhook request"),
+        "mail_to": ([], list, "mail recipients; empty = mail off"),
+        "mail_min_severity": ("critical", str, "mail sink: lowest severity sent"),
+        "mail_program": ("", str, "mail program: a sendmail binary (`sendmail -oi -- RCPT`, headers on stdin) or a mail(1)-style one (`PROG -s SUBJECT RCPT`, as Slurm's MailProg is called); empty = Slurm's MailProg from `scontrol show config`"),
+    },
+    "metrics": {
+        "textfile_dir": ("", str, "node_exporter textfile-collector directory (--collector.textfile.directory); empty = no Prometheus file"),
+        "dcgm_job_map_dir": ("", str, "dcgm-exporter HPC job-mapping directory (--hpc-job-mapping-dir): one file per GPU index with the job ids; empty = off"),
+        "gpustat_dir": ("", str, "Princeton jobstats GPU ownership directory (usually /run/gpustat): one file per GPU index with 'JOBID UID'; empty = off"),
+    },
+    "maintenance": {
+        "windows": ([], list, "maintenance windows: [{nodes = \"gpu[01-04]\", start = \"2026-12-01T08:00:00Z\", end = \"...\", reason = \"...\"}]; inside one a node records findings but sends no alert and is neither drained nor resumed"),
+        "slurm_reservations": (True, bool, "also treat nodes in a Slurm reservation with the MAINT flag (`scontrol show reservation`) as in maintenance"),
     },
     "job_page": {
         "advice_file": ("", str, "TOML file of per-cause advice for `gpuguard job show` and end-of-job mail (keys who, check, docs per cause); merged over the shipped gpuguard/data/advice.toml; empty = shipped advice only"),
@@ -225,11 +261,13 @@ def find_config_path(explicit: str | None = None) -> tuple[str | None, bool]:
     if env:
         return env, True
     slurm_conf = os.environ.get("SLURM_CONF")
+    # lexists: a dangling symlink is a broken config (an error), not "no config" (which
+    # would silently run on the shipped defaults: other paths, other sources)
     if slurm_conf:
         cand = os.path.join(os.path.dirname(slurm_conf), "gpuguard.toml")
-        if os.path.exists(cand):
+        if os.path.lexists(cand):
             return cand, True
-    if os.path.exists(DEFAULT_PATH):
+    if os.path.lexists(DEFAULT_PATH):
         return DEFAULT_PATH, True
     return None, False
 
@@ -311,7 +349,23 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         for sec in ("prolog", "epilog"):
             if values[sec][key] <= 0:
                 raise ConfigError(f"{where}: {sec}.{key} must be > 0")
+    _check_ops(values, where)
     return Config(path=path, values=values, origin=origin, policy=policy, xid_policy=xid_policy)
+
+
+def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
+    """Values of the [health], [alerts] and [maintenance] sections that a type cannot check."""
+    from gpuguard.ops.maintenance import MaintenanceError, parse_windows
+
+    for key in ("syslog_min_severity", "webhook_min_severity", "mail_min_severity"):
+        if values["alerts"][key] not in ("", "info", "warning", "critical"):
+            raise ConfigError(f"{where}: alerts.{key} must be info, warning, critical or empty")
+    if values["health"]["resume_after_clean_runs"] < 1:
+        raise ConfigError(f"{where}: health.resume_after_clean_runs must be >= 1")
+    try:
+        parse_windows(values["maintenance"]["windows"])
+    except MaintenanceError as e:
+        raise ConfigError(f"{where}: maintenance.windows: {e}") from None
 
 
 def _policy_from(body: dict[str, Any], where: str) -> tuple[dict[str, str], dict[int, str]]:

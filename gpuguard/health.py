@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import durable
 from gpuguard import policy as policy_mod
 from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
 from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
-from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.checks.inventory import TRACKED
+from gpuguard.model import SEVERITY_RANK, Finding, NodeSnapshot
 from gpuguard.rows import event_row, finding_row
 
 CURSOR_NAME = "kernel_log"
@@ -41,8 +43,6 @@ class HealthResult:
 
     @property
     def worst_severity(self) -> str | None:
-        from gpuguard.model import SEVERITY_RANK
-
         if not self.findings:
             return None
         return max((f.severity for f in self.findings), key=SEVERITY_RANK.__getitem__)
@@ -138,8 +138,6 @@ def read_cursor_file(cfg: Config) -> str | None:
     ``state_dir`` and ``run_dir`` (:mod:`gpuguard.durable`), so a read-only or full
     state directory does not either. A plain ``kernel_log.cursor`` file of earlier
     versions is read when no copy exists."""
-    from gpuguard import durable
-
     value, _seq = durable.read(durable.state_dirs(cfg), CURSOR_FILE)
     if isinstance(value, str) and value:
         return value
@@ -154,8 +152,6 @@ def read_cursor_file(cfg: Config) -> str | None:
 def write_cursor_file(cfg: Config, cursor: str) -> None:
     """Write the cursor to every state directory that takes it. Raises ``OSError``
     only when none does."""
-    from gpuguard import durable
-
     durable.write(durable.state_dirs(cfg), CURSOR_FILE, cursor)
 
 
@@ -288,8 +284,6 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
 
 
 def _record_inventory(store: Any, node: str, snap: NodeSnapshot, now: float) -> None:
-    from gpuguard.checks.inventory import TRACKED
-
     old = {r["uuid"]: r for r in store.query("select * from inventory where node = ?", [node])}
     changes = []
     rows = []

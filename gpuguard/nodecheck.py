@@ -64,8 +64,13 @@ def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
 
 
 def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, job_gpus: list[int] | None,
-               deadline: float | None) -> LiveCheck:
-    """Steps 1-2 of the module docstring. Never touches the store."""
+               deadline: float | None, commit: bool = True) -> LiveCheck:
+    """Steps 1-2 of the module docstring. Never touches the store. ``commit=False``
+    (a broken config: the shipped defaults stand in) decides but writes nothing: no
+    pending drain, no cursor."""
+    if not commit:
+        col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
+        return LiveCheck(col, judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus))
     pend.retry()
     col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
     res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)

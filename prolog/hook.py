@@ -35,6 +35,22 @@ from __future__ import annotations
 import os
 import time
 
+# -- Import budget: the one place that says where gpuguard imports lazily -------------------
+# The hook entry points (this module, gpuguard.hookrun, gpuguard.epilog.hook,
+# gpuguard.epilog.slurmctld, gpuguard.collector.taskprolog) import gpuguard modules inside
+# their functions, because:
+#  * a module-level import runs before the watchdog (gpuguard.hookrun) starts; inside run()
+#    it counts against [prolog] time_budget_s, so a slow or hung import (site-packages on
+#    NFS, a cold page cache) ends with the budget instead of holding the job;
+#  * the healthy path loads only what it uses: the store (sqlite-utils, about half of the
+#    Prolog's import time: bench/prolog_healthy.py) after the verdict was acted on;
+#    gpuguard.collector.launch only when the job proceeds; the NVML binding only for
+#    [gpu] source = "nvml" (gpuguard.gpu.open_source); the XID catalog only when the
+#    kernel log has XID lines (gpuguard.checks.xid, gpuguard.health.record_run).
+# Outside these, modules import at module level; the remaining function-level imports
+# break an import cycle (config <-> checks) or keep a heavy library (matplotlib, jinja2,
+# the epilog's verdict) off CLI commands that do not use it.
+
 EXIT_OK = 0
 EXIT_DRAIN = 1
 
@@ -69,13 +85,25 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     job_id = henv.job_id
     from gpuguard.nodecheck import live_check, pending_drains
 
-    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error)
+    from gpuguard.ops.maintenance import cached as maintenance_now
+
+    maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error and not maint.active)
     # the verdict and the drain come first, from live state only: no store I/O before them
-    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline)
+    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
+                      commit=not config_error)
     res = live.result
     outcome = res.decision.outcome
+    if maint.active and outcome in ("drain", "fail-job"):
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, outcome, res.decision.reason, by="prolog", log=log)
+        outcome = "proceed"  # a node in maintenance is neither drained nor failing jobs
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
     _log_result(log, res)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+
+    enqueue_from_hook(cfg, cfg.node_name, res.decision.actions, source="prolog", job_id=job_id, log=log)
     if config_error and outcome != "proceed":
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         return EXIT_OK
@@ -119,8 +147,14 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
+        from gpuguard.ops.jobmap import job_started
+
+        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
+    if config_error:  # nothing is written on the shipped defaults' paths
+        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(res.findings))
+        return EXIT_OK
     later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-    if later is not None and later.decision.outcome == "drain" and not config_error:
+    if later is not None and later.decision.outcome == "drain" and not config_error and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
         return EXIT_DRAIN

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.config import SCHEMA
 from gpuguard.model import Finding, NodeSnapshot
 
 CheckFn = Callable[["CheckContext"], list[Finding]]
@@ -78,8 +79,6 @@ class CheckContext:
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def setting(self, key: str) -> Any:
-        from gpuguard.config import SCHEMA
-
         return self.settings.get(key, SCHEMA["checks"][key][0])
 
 
