@@ -179,7 +179,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         # stopped (found through /proc, not through the broken config's paths).
         log.error("tool error: config: %s", config_error)
         if job_id:
-            _stop_without_config(job_id, log)
+            from gpuguard.config import find_config_path
+
+            _stop_without_config(job_id, log, node=env.get("SLURMD_NODENAME"), config=find_config_path()[0])
         return EXIT_OK
     budget = float(cfg.get("epilog", "time_budget_s"))
     deadline = started + budget * DEADLINE_SHARE
@@ -195,7 +197,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
         # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
-        _stop_without_config(job_id, log)
+        _stop_without_config(job_id, log, node=node, config=cfg.path)
     status = collector_status(stop)
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
@@ -203,7 +205,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     from gpuguard.nodecheck import live_check, pending_drains
 
     job_gpus = henv.job_gpus
-    pend = pending_drains(cfg, deadline, log)
+    from gpuguard.ops.maintenance import cached as maintenance_now
+
+    maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
     live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
     res = live.result
     for err in res.tool_errors:
@@ -215,6 +220,15 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
+    if maint.active and res.decision.outcome == "drain":
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, "drain", res.decision.reason, by="epilog", log=log)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+    from gpuguard.ops.jobmap import job_ended
+
+    enqueue_from_hook(cfg, node, res.decision.actions, source="epilog", job_id=job_id, log=log)
+    job_ended(cfg, env, log)  # exporters' GPU -> job files; fails open
 
     # 4. one epilog at a time per job: a second or concurrent one never undoes the first
     from gpuguard.epilog.joblock import job_lock
@@ -249,12 +263,30 @@ def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
     return doc
 
 
-def _stop_without_config(job_id: str, log: Any) -> None:
-    """Stop the job's collector found through /proc (config unreadable)."""
+def _load_spill(store: Any, cfg: Any, job_id: str, log: Any) -> None:
+    """Rows the collector could not store at exit (a locked store) go in now."""
+    from gpuguard.collector.spill import load_spill
+    from gpuguard.store import StoreError
+
+    path = os.path.join(cfg.get("paths", "state_dir"), f"collector.{job_id}.spill.jsonl")
+    try:
+        n = load_spill(store, path)
+        if n:
+            log.info("loaded %d row(s) the collector could not store at exit", n)
+    except StoreError as e:
+        log.error("tool error: collector spill %s kept: %s", path, e)
+
+
+def _stop_without_config(job_id: str, log: Any, *, node: str | None, config: str | None) -> None:
+    """Stop the job's collectors found through /proc, those of this node and config
+    file only (``--node`` / ``--config`` on their command line); used when the pid file
+    cannot be trusted or read (a broken config, a killed supervisor)."""
+    if not node:
+        return  # without a node name the scan could hit another slurmd's collector
     try:
         from gpuguard.collector.launch import stop_collector_by_scan
 
-        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S):
+        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S, node=node, config=config):
             log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
                         "exited" if r.exited else "did not exit")
     except Exception as e:
@@ -285,6 +317,9 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
     if store is None:
         log.info("epilog done without a summary (no store)")
         return
+    from gpuguard.nodecheck import bound_store_waits
+
+    bound_store_waits(store, pend.deadline, share=0.3)
     try:
         _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
                         restarts, uid)
@@ -314,6 +349,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     if repeat:
         log.info("epilog of job %s already done: its records and summary are kept", job_id)
         return
+    _load_spill(store, cfg, job_id, log)
     if status == "died":
         log.warning("collector pid %s died before the epilog", stop.pid)
         try:

@@ -182,11 +182,13 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
 
 
 def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: str | None = None,
-          job_gpus: list[int] | None = None, record: bool = True) -> HealthResult:
+          job_gpus: list[int] | None = None, record: bool = True,
+          extra_findings: list[Finding] | None = None) -> HealthResult:
     """Run every enabled check on ``col`` and decide. With ``store`` the checks also see
     the history (counters and inventory of the last run, the idle baseline); without it
     they judge the live state alone, which is all a drain decision needs (every default
-    drain rests on live state: XIDs, volatile ECC, lost GPUs, links)."""
+    drain rests on live state: XIDs, volatile ECC, lost GPUs, links). ``extra_findings``
+    (the Prolog's NCCL probe) are decided and recorded with the checks' findings."""
     node = cfg.node_name
     tool_errors = list(col.tool_errors)
     previous: dict[str, Any] = {}
@@ -213,6 +215,7 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
         disabled += ["gpu_count", "driver"]
     findings, errs = run_checks(ctx, disabled)
     tool_errors += errs
+    findings += extra_findings or []  # found before this run (the Prolog's NCCL probe)
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
     return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records)
 
@@ -274,7 +277,7 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         store.insert_many(table, rows)
     if snap and snap.gpus:
         _record_inventory(store, node, snap, now)
-        store.set_counters(node, counters_of(snap))
+        store.set_counters(node, counters_of(snap, store.get_counters(node)))
     if new_cursor is not None:
         store.set_cursor(CURSOR_NAME, new_cursor)
     return run_id
