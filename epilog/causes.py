@@ -117,9 +117,14 @@ class Context:
         return out or [fmt(self.comps[m]) for m in ("step_time_p50_s", "throughput_per_s") if m in self.comps
                        and self.comps[m].value is not None and self.comps[m].median is not None]
 
+    def records_count(self) -> bool:
+        """Per-rank records may name a straggler: the baseline is ready and the run is
+        slower than it (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
+        return self.once("records_count", lambda: self.judged and self.slower())
+
     def gpu_hits(self) -> list[dict[str, Any]]:
         return self.once("gpu_hits", lambda: peers.stragglers_gpu(
-            self.data, self.wins, self.s, self.base.stats if self.judged else None))
+            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count()))
 
 
 def fmt(c: Comparison) -> str:
@@ -151,7 +156,7 @@ def hardware_fault(ctx: Context) -> Found | None:
 
 def straggler_node(ctx: Context) -> Found | None:
     """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
-    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s)
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count())
     if not hit:
         return None
     return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
