@@ -179,7 +179,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         # stopped (found through /proc, not through the broken config's paths).
         log.error("tool error: config: %s", config_error)
         if job_id:
-            _stop_without_config(job_id, log)
+            from gpuguard.config import find_config_path
+
+            _stop_without_config(job_id, log, node=env.get("SLURMD_NODENAME"), config=find_config_path()[0])
         return EXIT_OK
     budget = float(cfg.get("epilog", "time_budget_s"))
     deadline = started + budget * DEADLINE_SHARE
@@ -195,7 +197,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
         # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
-        _stop_without_config(job_id, log)
+        _stop_without_config(job_id, log, node=node, config=cfg.path)
     status = collector_status(stop)
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
@@ -261,12 +263,30 @@ def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
     return doc
 
 
-def _stop_without_config(job_id: str, log: Any) -> None:
-    """Stop the job's collector found through /proc (config unreadable)."""
+def _load_spill(store: Any, cfg: Any, job_id: str, log: Any) -> None:
+    """Rows the collector could not store at exit (a locked store) go in now."""
+    from gpuguard.collector.spill import load_spill
+    from gpuguard.store import StoreError
+
+    path = os.path.join(cfg.get("paths", "state_dir"), f"collector.{job_id}.spill.jsonl")
+    try:
+        n = load_spill(store, path)
+        if n:
+            log.info("loaded %d row(s) the collector could not store at exit", n)
+    except StoreError as e:
+        log.error("tool error: collector spill %s kept: %s", path, e)
+
+
+def _stop_without_config(job_id: str, log: Any, *, node: str | None, config: str | None) -> None:
+    """Stop the job's collectors found through /proc, those of this node and config
+    file only (``--node`` / ``--config`` on their command line); used when the pid file
+    cannot be trusted or read (a broken config, a killed supervisor)."""
+    if not node:
+        return  # without a node name the scan could hit another slurmd's collector
     try:
         from gpuguard.collector.launch import stop_collector_by_scan
 
-        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S):
+        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S, node=node, config=config):
             log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
                         "exited" if r.exited else "did not exit")
     except Exception as e:
@@ -297,6 +317,9 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
     if store is None:
         log.info("epilog done without a summary (no store)")
         return
+    from gpuguard.nodecheck import bound_store_waits
+
+    bound_store_waits(store, pend.deadline, share=0.3)
     try:
         _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
                         restarts, uid)
@@ -326,6 +349,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     if repeat:
         log.info("epilog of job %s already done: its records and summary are kept", job_id)
         return
+    _load_spill(store, cfg, job_id, log)
     if status == "died":
         log.warning("collector pid %s died before the epilog", stop.pid)
         try:
@@ -404,15 +428,17 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
 
 
 def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, pend: Any) -> None:
-    """Compare the job with its template's baseline and act on the verdict (issue 4):
+    """Compare the job with its template's baseline and act on the verdict:
     template, verdict, comparisons, baseline update, policy with escalation. Our errors
     here are tool errors; they never drain."""
     try:
         from gpuguard.epilog.verdict import run_verdict
         from gpuguard.slurm import SlurmCli
 
-        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node,
-                                        slurm=SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0))
+        # the template lookup (scontrol show job) is capped by what is left of the budget
+        slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
+                         deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
+        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node, slurm=slurm)
     except Exception as e:
         log.error("tool error: verdict: %s: %s", type(e).__name__, e)
         return

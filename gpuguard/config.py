@@ -63,6 +63,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "pcie_require_max_link": (False, bool, "warn when an idle GPU's PCIe link is below max gen/width (idle GPUs downshift, so off by default)"),
         "temp_margin_c": (10.0, (int, float), "warn when idle temperature is within this many degrees of the slowdown threshold"),
         "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks"),
+        "nvlink_expected_links": (0, int, "NVLinks each GPU must have up; 0 = learn: a link counts once it was seen up on this GPU or is up on every other GPU of the same model here (links inactive by design, azurehpc-health-checks #162)"),
+        "nvlink_crc_rate_per_s": (100.0, (int, float), "nvlink.errors_rising when CRC flit/data errors grow at least this fast per link (DCGM dcgm_hardware_limits.h DCGM_LIMIT_MAX_LWLINK_CRC_ERROR: 'CRC errors only matter at rates of 100+ per second')"),
+        "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
     },
     "prolog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout"),
@@ -77,8 +80,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
     },
     "baseline": {
-        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (issue 4: default 20)"),
-        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (issue 4: default 3)"),
+        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (our choice: 20 runs give a median/MAD stable to a few outliers while a template re-learns within days)"),
+        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (our choice: 3 is the fewest runs with a meaningful median and MAD)"),
+        "relearn_runs": (5, int, "a template's baseline re-learns from its last this-many runs when all were judged job-changed (no machine-side cause), agree with each other within [verdict] min_rel_change and completed; 0 = never (our choice: a working week of daily runs; fewer would let a regression of a few days become the normal; must be >= min_runs)"),
         "idle_readings": (20, int, "a GPU's idle baseline: median/MAD of its last this-many prolog idle readings (same N as templates)"),
         "idle_min_readings": (5, int, "idle readings a GPU needs before its idle temperature/power is judged (our choice: a week of daily jobs)"),
         "idle_temp_rise_c": (10.0, (int, float), "baseline.idle_temp_up when a GPU idles this many degC above its own median (our choice: 10 degC is about a third of the idle-to-slowdown margin of H100/A100 at 30 degC idle, 87 degC slowdown)"),
@@ -86,7 +90,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "verdict": {
         "warmup_s": (300.0, (int, float), "start of the job left out of the comparison: CUDA/NCCL init, autotuning, compilation, first data loads (our choice: 5 min)"),
-        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (issue 4: e.g. 10 min); shorter jobs: their whole span after warm-up"),
+        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up"),
         "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide"),
         "z_threshold": (3.5, (int, float), "|robust z| = |x - median| / (1.4826 MAD) at or above this flags a metric (Iglewicz & Hoaglin 1993, modified z-score outlier cut-off 3.5)"),
         "mad_floor_frac": (0.02, (int, float), "MAD is at least this fraction of the median, so a tiny spread does not flag noise (our choice: about the run-to-run jitter of step time on dedicated nodes; checked with bench/verdict_accuracy.py)"),
@@ -98,6 +102,33 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "escalate_codes": (["verdict.straggler_gpu", "verdict.straggler_node"], list, "verdict findings that escalate to drain when they repeat on the same GPU (node)"),
         "escalate_count": (3, int, "escalate after this many jobs with the finding on the same GPU/node (DESIGN.md: 3 jobs within 24 h -> drain)"),
         "escalate_window_s": (86400.0, (int, float), "... within this window (DESIGN.md: 24 h)"),
+    },
+    "nccl": {
+        "binary": ("/usr/local/bin/all_reduce_perf", str, "nccl-tests all_reduce_perf used by the default probe command (hooks have no PATH)"),
+        "command": ([], list, "probe argument list replacing the default (e.g. [\"/opt/nccl-tests/all_reduce_perf\", \"-b\", \"1G\", \"-e\", \"1G\", \"-g\", \"{gpus}\"]); {gpus} = GPUs of the node; never a shell string"),
+        "gpus": (0, int, "GPUs the probe spans (-g); 0 = [node] gpu_count, else the /dev/nvidiaN files"),
+        "min_bytes": (67108864, int, "smallest message of the default probe (-b; our choice: 64 MiB, below it all-reduce is latency-bound and busbw is noise)"),
+        "max_bytes": (1073741824, int, "largest message of the default probe (-e; our choice: 1 GiB, where intra-node busbw has plateaued on A100/H100)"),
+        "iters": (20, int, "timed iterations per size (-n; nccl-tests default 20)"),
+        "warmup_iters": (5, int, "warm-up iterations per size (-w; nccl-tests default 5)"),
+        "timeout_s": (120.0, (int, float), "hard limit of one probe run, also capped by the caller's remaining budget; a hang is nccl.probe_failed"),
+        "judge_min_bytes": (67108864, int, "only sizes at least this large are judged against the baseline (our choice: as min_bytes)"),
+        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
+        "prolog": ("never", str, "when the Prolog probes: never | multi-node (jobs on more than one node) | always; never past the Prolog budget"),
+        "health": (True, bool, "gpuguard health probes idle nodes (at most every interval_s) when the probe is installed: a missing default binary switches it off, a configured command that is missing is nccl.probe_failed"),
+        "baseline_probes": (10, int, "a node's NCCL baseline: median/MAD of its last this-many healthy probes per message size (our choice)"),
+        "min_probes": (3, int, "healthy probes a node needs before its readings are judged against its own baseline (same as baseline.min_runs)"),
+        "low_frac": (0.20, (int, float), "nccl.busbw_low when busbw is this fraction below the node's median (and robust z <= -3.5) (our choice: Azure's per-SKU pass marks, e.g. 460 GB/s for H100 against ~480 GB/s typical, leave ~5 %; a node-local baseline is tighter but a probe between jobs sees clock noise)"),
+        "fleet_low_frac": (0.25, (int, float), "nccl.busbw_low against the fleet: busbw this fraction below the fleet median for the same GPU model and probe (our choice: wider than low_frac, nodes differ in topology and firmware)"),
+        "fleet_min_nodes": (3, int, "nodes with healthy probes a fleet median needs (our choice: a median of fewer says little)"),
+        "consecutive_low": (3, int, "drain after this many consecutive low probes, each already re-measured (azurehpc-health-checks #628/#690: users asked for retries because single low NCCL readings drained healthy nodes)"),
+        "remeasure": (True, bool, "re-run a low probe once before it counts (when the budget allows)"),
+    },
+    "fabric": {
+        "sysfs_root": ("/sys/class/infiniband", str, "InfiniBand/RoCE sysfs root (tests point it at recorded trees)"),
+        "ports": ([], list, "ports to check as \"mlx5_0/1\"; empty = every port found"),
+        "expected_rate_gbps": (0.0, (int, float), "rate every ACTIVE port must run at, Gb/s (e.g. 400 for NDR); 0 = learn: the port's own best and the node's other ports of the same HCA type"),
+        "ignore_link_layers": ([], list, "link layers to skip, e.g. [\"Ethernet\"] on nodes whose RoCE ports are not for jobs"),
     },
     "slurm": {
         "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
@@ -231,11 +262,13 @@ def find_config_path(explicit: str | None = None) -> tuple[str | None, bool]:
     if env:
         return env, True
     slurm_conf = os.environ.get("SLURM_CONF")
+    # lexists: a dangling symlink is a broken config (an error), not "no config" (which
+    # would silently run on the shipped defaults: other paths, other sources)
     if slurm_conf:
         cand = os.path.join(os.path.dirname(slurm_conf), "gpuguard.toml")
-        if os.path.exists(cand):
+        if os.path.lexists(cand):
             return cand, True
-    if os.path.exists(DEFAULT_PATH):
+    if os.path.lexists(DEFAULT_PATH):
         return DEFAULT_PATH, True
     return None, False
 
@@ -307,6 +340,10 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         if bad:
             raise ConfigError(f"{where}: checks.disabled: unknown check(s) {', '.join(map(str, bad))}; "
                               f"known: {', '.join(sorted(known))}")
+    if values["nccl"]["prolog"] not in ("never", "multi-node", "always"):
+        raise ConfigError(f"{where}: nccl.prolog must be 'never', 'multi-node' or 'always'")
+    if not all(isinstance(a, str) for a in values["nccl"]["command"]):
+        raise ConfigError(f"{where}: nccl.command must be a list of strings (an argument list)")
     if values["xid"]["first_scan_lookback"] not in ("all", "none"):
         raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
     for key in ("time_budget_s",):

@@ -5,7 +5,9 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 1. load the config (errors: logged, exit 0 — our fault never blocks a job);
 2. retry drains earlier runs could not confirm, then run the health checks on live state
    and act on a drain, all before any store I/O (:mod:`gpuguard.nodecheck`; a drain is
-   kept in the pending-drain list until Slurm shows it: :mod:`gpuguard.drainq`);
+   kept in the pending-drain list until Slurm shows it: :mod:`gpuguard.drainq`); when
+   ``[nccl] prolog`` asks for it (multi-node jobs, or always) the NCCL probe runs next,
+   within half of the budget, and its findings are decided the same way;
 3. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
    drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> note the
@@ -32,6 +34,22 @@ from __future__ import annotations
 
 import os
 import time
+
+# -- Import budget: the one place that says where gpuguard imports lazily -------------------
+# The hook entry points (this module, gpuguard.hookrun, gpuguard.epilog.hook,
+# gpuguard.epilog.slurmctld, gpuguard.collector.taskprolog) import gpuguard modules inside
+# their functions, because:
+#  * a module-level import runs before the watchdog (gpuguard.hookrun) starts; inside run()
+#    it counts against [prolog] time_budget_s, so a slow or hung import (site-packages on
+#    NFS, a cold page cache) ends with the budget instead of holding the job;
+#  * the healthy path loads only what it uses: the store (sqlite-utils, about half of the
+#    Prolog's import time: bench/prolog_healthy.py) after the verdict was acted on;
+#    gpuguard.collector.launch only when the job proceeds; the NVML binding only for
+#    [gpu] source = "nvml" (gpuguard.gpu.open_source); the XID catalog only when the
+#    kernel log has XID lines (gpuguard.checks.xid, gpuguard.health.record_run).
+# Outside these, modules import at module level; the remaining function-level imports
+# break an import cycle (config <-> checks) or keep a heavy library (matplotlib, jinja2,
+# the epilog's verdict) off CLI commands that do not use it.
 
 EXIT_OK = 0
 EXIT_DRAIN = 1
@@ -72,7 +90,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
     pend = pending_drains(cfg, deadline, log, allow_drain=not config_error and not maint.active)
     # the verdict and the drain come first, from live state only: no store I/O before them
-    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline)
+    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
+                      commit=not config_error)
     res = live.result
     outcome = res.decision.outcome
     if maint.active and outcome in ("drain", "fail-job"):
@@ -103,6 +122,24 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             log.warning("no job id: cannot fail the job: %s", res.decision.reason)
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
+    nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
+    if nccl:
+        from gpuguard.policy import decide
+
+        d = decide(res.findings + nccl, cfg.policy, cfg.xid_policy)
+        if d.outcome == "drain":
+            announce(EXIT_DRAIN)
+            node = cfg.node_name
+            if pend.dry_run:
+                log.warning("dry run: would drain %s: %s", node, d.reason)
+            elif pend.add(node, d.reason):
+                pend.settle(node, d.reason)
+            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+            return EXIT_DRAIN
+        if d.outcome == "fail-job" and job_id:
+            pend.actuator.fail_job(job_id, d.reason)
+            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+            return EXIT_OK
     if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job
@@ -113,7 +150,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         from gpuguard.ops.jobmap import job_started
 
         job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
-    later = _record(cfg, live, pend, job_id, henv.job_gpus, log)
+    if config_error:  # nothing is written on the shipped defaults' paths
+        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(res.findings))
+        return EXIT_OK
+    later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     if later is not None and later.decision.outcome == "drain" and not config_error and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
@@ -134,10 +174,38 @@ def _log_result(log, res) -> None:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
 
 
-def _record(cfg, live, pend, job_id, job_gpus, log):
-    """Open the store and record the run with history (after the verdict was acted on).
-    Returns the result with history, or None when the store could not be opened."""
-    from gpuguard.nodecheck import record_with_store
+def _nccl_probe(cfg, env, job_id, started, log) -> list:
+    """The NCCL probe when ``[nccl] prolog`` asks for it (multi-node jobs, or always),
+    within half of the Prolog budget (:func:`gpuguard.net.nccl_check.prolog_probe`); its
+    findings, [] when not wanted. The store is opened for the node's NCCL baseline only
+    after the live verdict was acted on."""
+    from gpuguard.net.nccl_check import prolog_probe, prolog_wants_probe
+
+    if not prolog_wants_probe(cfg, env):
+        return []
+    from gpuguard.store import StoreError, open_store
+
+    try:
+        store = open_store(cfg.store_path)
+    except StoreError as e:
+        log.error("tool error: %s (NCCL probe judged without its baseline)", e)
+        store = None
+    try:
+        found, errors = prolog_probe(cfg, store, env, job_id, time.monotonic() - started)
+    finally:
+        _close(store)
+    for err in errors:
+        log.error("tool error: %s", err)
+    for f in found:
+        log.info("finding %s %s gpu=%s: %s", f.code, f.severity, f.gpu_index, f.message)
+    return found
+
+
+def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
+    """Open the store and record the run with history (after the verdict was acted on),
+    with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
+    when the store could not be opened."""
+    from gpuguard.nodecheck import bound_store_waits, record_with_store
     from gpuguard.store import StoreError, open_store
 
     try:
@@ -145,9 +213,11 @@ def _record(cfg, live, pend, job_id, job_gpus, log):
     except StoreError as e:
         log.error("tool error: %s", e)
         return None
+    bound_store_waits(store, pend.deadline)
     try:
         n_err = len(live.result.tool_errors)
-        res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus)
+        res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
+                                extra_findings=extra)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
         return res

@@ -478,6 +478,18 @@ class FakeNvml:
     def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
         return list(self._get(self._dev("nvmlDeviceGetMigMode", handle), "mig"))
 
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[int]) -> list[_Struct]:
+        """Only ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (device key ``recovery_action``);
+        other fields answer ``NVML_ERROR_NOT_SUPPORTED`` inside the value, as NVML does."""
+        dev = self._dev("nvmlDeviceGetFieldValues", handle)
+        out = []
+        for fid in field_ids:
+            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "recovery_action" in dev:
+                out.append(_Struct(fieldId=fid, nvmlReturn=0, value=_Struct(uiVal=dev["recovery_action"])))
+            else:
+                out.append(_Struct(fieldId=fid, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED, value=_Struct(uiVal=0)))
+        return out
+
     # -- events ----------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> object:

@@ -53,7 +53,7 @@ from gpuguard.xid.catalog import lookup
 CAUSES = ("healthy", "hardware-fault", "straggler-node", "straggler-gpu", "gpu-throttling", "memory-leak",
           "data-pipeline", "communication", "job-changed")
 #: Healthy runs that look like something else.
-CONFUSERS = ("slow-start", "long-final-checkpoint", "long-eval", "heavy-tail", "allocator-chunk",
+CONFUSERS = ("slow-start", "long-final-checkpoint", "long-eval", "heavy-tail", "wider-tail", "allocator-chunk",
              "low-power-gpu", "job-wide-jitter")
 T_BASE = 1_767_000_000.0  # 2025-12-29: a past time the ingest's range rules accept
 
@@ -232,7 +232,7 @@ class _Sim:
                     self.clock_f[g] = 1.0 / (1.0 + m)
         elif c.cause == "gpu-throttling":
             for g in range(w.n_gpus):
-                self.clock_f[g] = 1.0 - m
+                self.clock_f[g] = c.detail.get("clock_f", 1.0 - m)
                 self.speed[g] = 1.0 / (1.0 - m * 0.85)  # memory-bound kernels feel less of it
                 self.reasons[g] = (c.detail["reason"],)
         elif c.cause == "data-pipeline":
@@ -276,7 +276,8 @@ class _Sim:
             warm = 1.0 + 2.0 * math.exp(-rel / (w.warmup_s / 3.0))
             if rel < slow_start_s:
                 warm *= slow_start_f
-            f = math.exp(rng.gauss(0.0, w.step_sigma)) * warm * (1.0 + jitter * math.sin(rel / 97.0))
+            sigma = min(0.3, 3.0 * w.step_sigma) if c.confuser == "wider-tail" else w.step_sigma
+            f = math.exp(rng.gauss(0.0, sigma)) * warm * (1.0 + jitter * math.sin(rel / 97.0))
             bf = self.batch_f if on else 1.0
             comp = []
             for r in range(n):

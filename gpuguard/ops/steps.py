@@ -25,7 +25,7 @@ from typing import Any
 from gpuguard.model import Finding
 
 #: Modules whose import registers health steps (each adds its own name here).
-STEP_MODULES: list[str] = []
+STEP_MODULES: list[str] = ["gpuguard.net.health_step"]
 
 
 @dataclass
