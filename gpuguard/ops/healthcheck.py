@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.recovery import recovery_of, recovery_of_findings
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 BUSY_FLAGS = {"ALLOCATED", "MIXED", "COMPLETING"}
 

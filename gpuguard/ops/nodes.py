@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.slurm import REASON_PREFIX
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 #: ``Reason=text [user@2026-11-30T18:20:01]`` as ``scontrol show node`` prints it.
 _STAMP_RE = re.compile(r"^(?P<text>.*?)\s*\[(?P<user>[^\]@]+)@(?P<time>[^\]]+)\]$")
