@@ -52,7 +52,7 @@ class StepContext:
 StepFn = Callable[[StepContext], list[Finding]]
 
 
-class Skip(Exception):  # noqa: N818  (a signal, not an error)
+class Skip(Exception):
     """Raised by a step that could not look this time (its GPUs are busy, a tool is
     missing): the last result stands and is reported again; nothing is saved, so the
     step runs again at the next run."""
