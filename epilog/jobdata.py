@@ -2,10 +2,11 @@
 
 Tables read (all keyed by ``job_id``; ``node`` restricts to the given nodes):
 
-* ``samples`` (collector): one row per GPU per interval — ``at`` (epoch s),
-  ``gpu_util_pct``, ``mem_used_mib``, ``power_w``, ``temp_c``, ``sm_clock_mhz``,
-  ``clock_event_mask`` (NVML bit mask, :data:`gpuguard.model.CLOCK_EVENT_REASONS`),
-  ``ecc_volatile_uncorrected``.
+* ``gpu_series``/``gpu_samples``/``gpu_slow`` (collector, :mod:`gpuguard.samples`): one
+  row per GPU per interval — time, ``gpu_util_pct``, ``mem_util_pct``, ``mem_used_mib``,
+  ``power_w``, ``temp_c``, ``sm_clock_mhz``, ``clock_event_mask`` (NVML bit mask,
+  :data:`gpuguard.model.CLOCK_EVENT_REASONS`), and ``ecc_volatile_uncorrected`` where
+  the slow path read it; a long series is read in buckets (:data:`MAX_POINTS_PER_GPU`).
 * ``host_samples`` (collector): ``at``, ``rss_mib`` per node.
 * ``steps`` (epilog ingest of the training API's step records
   ``{"v":1,"kind":"step","rank","t","step","step_time_s","samples","tokens",...,
@@ -31,6 +32,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import samples
+from gpuguard.metrics import BY_NAME, GPU_SAMPLED, stored_column
 from gpuguard.model import CLOCK_EVENT_REASONS
 
 #: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
@@ -58,6 +61,7 @@ class GpuSeries:
     gpu_uuid: str | None
     t: list[float] = field(default_factory=list)
     util: list[float | None] = field(default_factory=list)
+    mem_util: list[float | None] = field(default_factory=list)
     mem: list[float | None] = field(default_factory=list)
     power: list[float | None] = field(default_factory=list)
     temp: list[float | None] = field(default_factory=list)
@@ -158,24 +162,9 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     tables = _tables(store)
     nf, nparams = _node_filter(nodes)
     gpus: dict[tuple[str, int], GpuSeries] = {}
-    if "samples" in tables:
-        rows = store.query(
-            "select node, at, gpu_index, gpu_uuid, gpu_util_pct, mem_used_mib, power_w, temp_c, "
-            f"sm_clock_mhz, clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ?{nf} "
-            "order by at", [job_id, *nparams])
-        for r in rows:
-            key = (r["node"] or "", int(r["gpu_index"] if r["gpu_index"] is not None else -1))
-            g = gpus.get(key)
-            if g is None:
-                g = gpus[key] = GpuSeries(key[0], key[1], r["gpu_uuid"])
-            g.t.append(float(r["at"]))
-            g.util.append(_f(r["gpu_util_pct"]))
-            g.mem.append(_f(r["mem_used_mib"]))
-            g.power.append(_f(r["power_w"]))
-            g.temp.append(_f(r["temp_c"]))
-            g.clock.append(_f(r["sm_clock_mhz"]))
-            g.mask.append(int(r["clock_event_mask"] or 0))
-            g.ecc_unc.append(r["ecc_volatile_uncorrected"])
+    if "gpu_series" in tables:
+        for key, g in _load_gpus(store, job_id, nodes).items():
+            gpus[key] = g
     steps: list[StepRec] = []
     if "steps" in tables:
         for r in store.query(f"select * from steps where job_id = ?{nf}", [job_id, *nparams]):
@@ -243,6 +232,55 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     gl = sorted(gpus.values(), key=lambda g: (g.node, g.gpu_index))
     return JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
                    hw_events, hw_findings, caps)
+
+
+#: At most this many points per GPU come back to Python: a longer series is read as
+#: buckets of whole seconds (SQL averages; memory: max; slowdown bits: set when active in
+#: at least half the bucket's samples; ECC: max), so the verdict's memory does not grow
+#: with the job's length. Our choice: 20,000 points keep a 24 h job at 1 s within 5 s
+#: buckets, far below the 60 s short window the verdict slides by.
+MAX_POINTS_PER_GPU = 20_000
+
+
+def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
+    """The job's GPU series from the compact sample store (``gpuguard.samples``)."""
+    conn = store.db.conn
+    out: dict[tuple[str, int], GpuSeries] = {}
+    col = {m.name: samples.real_expr(m) for m in GPU_SAMPLED}
+    slow = stored_column(BY_NAME["ecc_volatile_uncorrected"])
+    for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
+        n, lo, hi = conn.execute("select count(*), min(t_ms), max(t_ms) from gpu_samples where sid = ?",
+                                 (sid,)).fetchone()
+        g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
+        if not n:
+            continue
+        bucket_ms = 1000 * math.ceil((hi - lo) / 1000 / MAX_POINTS_PER_GPU) if n > MAX_POINTS_PER_GPU else 0
+        ecc = f"w.{slow}"
+        frm = "from gpu_samples s left join gpu_slow w on w.sid = s.sid and w.t_ms = s.t_ms where s.sid = ?"
+        if not bucket_ms:
+            rows = conn.execute(
+                f"select s.t_ms, {col['gpu_util_pct']}, {col['mem_util_pct']}, {col['mem_used_mib']}, "
+                f"{col['power_w']}, {col['temp_c']}, {col['sm_clock_mhz']}, coalesce(clock_event_mask, 0), {ecc} "
+                f"{frm} order by s.t_ms", (sid,))
+        else:
+            bits = " | ".join(f"(case when 2 * sum((clock_event_mask & {b}) != 0) >= count(*) then {b} else 0 end)"
+                              for b in (CLOCK_EVENT_REASONS[r][0] for r in SLOWDOWN_REASONS))
+            rows = conn.execute(
+                f"select min(s.t_ms), avg({col['gpu_util_pct']}), avg({col['mem_util_pct']}), "
+                f"max({col['mem_used_mib']}), avg({col['power_w']}), avg({col['temp_c']}), "
+                f"avg({col['sm_clock_mhz']}), {bits}, max({ecc}) "
+                f"{frm} group by s.t_ms / {bucket_ms} order by 1", (sid,))
+        for t_ms, u, mu, mem, pw, tc, sm, mask, e in rows:
+            g.t.append(t0 + t_ms / 1000.0)
+            g.util.append(u)
+            g.mem_util.append(mu)
+            g.mem.append(mem)
+            g.power.append(pw)
+            g.temp.append(tc)
+            g.clock.append(sm)
+            g.mask.append(mask)
+            g.ecc_unc.append(e)
+    return out
 
 
 def ecc_growth(g: GpuSeries) -> int:

@@ -1,22 +1,11 @@
-"""The summary metrics a run is compared on, computed over a time window of one job.
+"""The values a run is compared on, computed over a time window of one job.
 
-Each metric is one number per window (``None`` when the job has no data for it):
-
-====================  =====  ==========================================================
-metric                unit   definition over the window
-====================  =====  ==========================================================
-step_time_p50_s       s      median ``step_time_s`` of every rank's step records
-step_time_p95_s       s      95th percentile of the same
-throughput_per_s      1/s    sum over ranks of samples (else tokens) / step time
-data_wait_share       0-1    sum ``data_wait_s`` / sum ``step_time_s``
-comm_share            0-1    sum ``comm_s`` / sum ``step_time_s``
-checkpoint_time_s     s      median checkpoint duration (whole job, not windowed)
-gpu_util_pct          %      median GPU utilisation over all GPU samples
-mem_peak_mib          MiB    largest ``mem_used_mib`` of any GPU (whole job, not windowed)
-power_w               W      median board power over all GPU samples
-sm_clock_mhz          MHz    median SM clock over all GPU samples
-temp_c                °C     median GPU temperature over all GPU samples
-====================  =====  ==========================================================
+Which values, their units and which direction is worse are rows of the metric table
+(:data:`gpuguard.metrics.COMPARED`); this module computes them over a window. One number
+per window (``None`` when the job has no data for it). Percentiles are nearest rank
+(:func:`gpuguard.metrics.percentile`), as in the whole-job summary: a value here differs
+from the summary's field of the same statistic only by its window (after the warm-up),
+and is shown labelled so.
 
 Windows: the warm-up at the start of the job is left out (``[verdict] warmup_s``); the
 value compared with the baseline is the one over the rest of the job; the deviation
@@ -32,29 +21,27 @@ from typing import Any
 
 from gpuguard.epilog import robust
 from gpuguard.epilog.jobdata import JobData
+from gpuguard.metrics import compared, compared_gpu, percentile
 
-#: metric -> (unit, windowed, description)
-METRICS: dict[str, tuple[str, bool, str]] = {
-    "step_time_p50_s": ("s", True, "step time, median"),
-    "step_time_p95_s": ("s", True, "step time, 95th percentile"),
-    "throughput_per_s": ("1/s", True, "samples (else tokens) per second, all ranks"),
-    "data_wait_share": ("0-1", True, "share of step time waiting for data"),
-    "comm_share": ("0-1", True, "share of step time in communication"),
-    "checkpoint_time_s": ("s", False, "checkpoint duration, median"),
-    "gpu_util_pct": ("%", True, "GPU utilisation, median"),
-    "mem_peak_mib": ("MiB", False, "GPU memory peak"),
-    "power_w": ("W", True, "GPU power, median"),
-    "sm_clock_mhz": ("MHz", True, "SM clock, median"),
-    "temp_c": ("°C", True, "GPU temperature, median"),
-}
+#: comparison name -> (unit, windowed, description), from the metric table.
+METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.description)
+                                             for c in compared().values()}
+
+#: GpuSeries attribute of each sampled metric the verdict compares per window.
+_SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power",
+                "sm_clock_mhz": "clock", "temp_c": "temp"}
+
+
+def _p(values: list[float | None], p: float) -> float | None:
+    return percentile(sorted(robust.clean(values)), p)
 
 
 def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
     recs = data.steps_between(t0, t1)
     times = [r.step_time_s for r in recs if r.step_time_s]
     out: dict[str, float | None] = {
-        "step_time_p50_s": robust.median(times),
-        "step_time_p95_s": robust.quantile(times, 0.95),
+        "step_time_p50_s": _p(times, 50),
+        "step_time_p95_s": _p(times, 95),
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
     }
     if not times:
@@ -90,10 +77,8 @@ def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> list[float | 
 def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
     """The windowed metrics over ``[t0, t1)`` (epoch seconds)."""
     out = _step_metrics(data, t0, t1)
-    out["gpu_util_pct"] = robust.median(_gpu_values(data, "util", t0, t1))
-    out["power_w"] = robust.median(_gpu_values(data, "power", t0, t1))
-    out["sm_clock_mhz"] = robust.median(_gpu_values(data, "clock", t0, t1))
-    out["temp_c"] = robust.median(_gpu_values(data, "temp", t0, t1))
+    for name, metric in compared_gpu().items():
+        out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
     return out
 
 
@@ -105,7 +90,7 @@ def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     if t0 is None or t1 is None:
         return dict.fromkeys(METRICS)
     out = window_metrics(data, t0, t1)
-    out["checkpoint_time_s"] = robust.median(data.checkpoint_s)
+    out["checkpoint_time_s"] = _p(data.checkpoint_s, 50)
     peaks = [robust.clean(g.mem) for g in data.gpus]
     out["mem_peak_mib"] = max((max(p) for p in peaks if p), default=None)
     return {m: out.get(m) for m in METRICS}

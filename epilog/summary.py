@@ -21,25 +21,33 @@ Conventions:
   ``ended_at`` the Epilog's time. Without a Prolog run the window is open at the start
   and events are matched by job id instead.
 
-Only the standard library is used (``statistics``, ``math``): the Epilog's budget
-(issue 3) is a 1-hour, 4-GPU job at 1 s sampling — 14,400 sample rows, 3,600 steps —
-in at most 2 s; ``bench/epilog_summary.py`` measures it.
+Every statistic is the metric table's (:mod:`gpuguard.metrics`), computed by SQLite
+over the compact sample store (:mod:`gpuguard.samples`): no Python object per sample, so
+memory does not grow with the job (``bench/epilog_summary.py``: 24 h and 7 days x 8 GPUs
+at 1 s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import math
 import signal
 import sqlite3
-import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import samples
+from gpuguard.metrics import (
+    BY_NAME,
+    GPU_SAMPLED,
+    GPU_SLOW,
+    percentile,
+    percentile_hist,
+    stored_column,
+    summary_fields,
+)
+from gpuguard.metrics import METRICS as METRIC_TABLE
 from gpuguard.model import CLOCK_EVENT_REASONS
 from gpuguard.store import StoreError
 
@@ -66,53 +74,9 @@ MAX_GAP_FACTOR = 3.0
 #: At most this many XID events are listed in the summary (all are counted).
 MAX_EVENTS_LISTED = 50
 
-#: Scalar metrics: name -> (unit, description). The order is the display order of
-#: ``gpuguard job show``; issue 4's baselines (median/MAD per template) iterate over it.
-METRICS: dict[str, tuple[str, str]] = {
-    "gpu_util_mean_pct": ("%", "GPU utilisation, mean over all samples of all GPUs"),
-    "gpu_util_p95_pct": ("%", "GPU utilisation, p95 (nearest rank) over all samples"),
-    "mem_used_peak_mib": ("MiB", "GPU memory used, peak over all GPUs"),
-    "power_mean_w": ("W", "GPU power, mean over all samples"),
-    "temp_max_c": ("C", "GPU temperature, maximum"),
-    "sm_clock_mean_mhz": ("MHz", "SM clock, mean over all samples"),
-    "ecc_volatile_uncorrected_increase": ("errors", "volatile uncorrectable ECC errors that appeared during the job"),
-    "xid_event_count": ("events", "XID/SXid events on this node during the job"),
-    "step_time_p50_s": ("s", "step time, median (nearest rank)"),
-    "step_time_p95_s": ("s", "step time, p95 (nearest rank)"),
-    "step_time_p99_s": ("s", "step time, p99 (nearest rank)"),
-    "throughput_samples_per_s": ("samples/s", "training throughput, summed over ranks"),
-    "throughput_tokens_per_s": ("tokens/s", "training throughput, summed over ranks"),
-    "data_wait_share_pct": ("%", "share of step time spent waiting for data"),
-    "comm_share_pct": ("%", "share of step time spent in communication"),
-    "checkpoint_total_s": ("s", "time spent writing checkpoints (busiest rank)"),
-    "host_cpu_mean_pct": ("%", "job CPU use, mean"),
-    "host_rss_peak_mib": ("MiB", "job host memory (RSS), peak"),
-}
-
-
-# -- small statistics ------------------------------------------------------------------
-def percentile(sorted_values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile of an ascending sequence: the value at 1-based rank
-    ``ceil(p / 100 * n)`` (rank 1 for ``p = 0``). ``None`` for an empty sequence.
-
-    Raises ``ValueError`` for ``p`` outside 0..100. Example: p95 of 1..20 is 19,
-    p50 of 1..4 is 2.
-    """
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {p}")
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    rank = max(1, math.ceil(p / 100 * n))
-    return sorted_values[rank - 1]
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _max(values: list[float]) -> float | None:
-    return max(values) if values else None
+#: Scalar metrics: name -> (unit, description), in the display order of ``gpuguard job
+#: show``; generated from the metric table (:func:`gpuguard.metrics.summary_fields`).
+METRICS: dict[str, tuple[str, str]] = {k: (u, d) for k, (u, _f, d) in summary_fields().items()}
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -176,11 +140,13 @@ class GpuSummary:
     gpu_uuid: str | None
     sample_count: int
     gpu_util_mean_pct: float | None = None
+    mem_util_mean_pct: float | None = None
     sm_clock_mean_mhz: float | None = None
     power_mean_w: float | None = None
     temp_max_c: float | None = None
     mem_used_peak_mib: float | None = None
     ecc_volatile_uncorrected_increase: int | None = None
+    pcie_replay_count_increase: int | None = None
     clock_event_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -223,17 +189,22 @@ class JobSummary:
     gpus: list[GpuSummary] = field(default_factory=list)
     gpu_util_mean_pct: float | None = None
     gpu_util_p95_pct: float | None = None
+    mem_util_mean_pct: float | None = None
+    mem_util_p95_pct: float | None = None
     mem_used_peak_mib: float | None = None
     power_mean_w: float | None = None
     temp_max_c: float | None = None
     sm_clock_mean_mhz: float | None = None
     clock_event_gpu_s: dict[str, float] = field(default_factory=dict)
     ecc_volatile_uncorrected_increase: int | None = None
+    pcie_replay_count_increase: int | None = None
     xid_event_count: int = 0
     xid_events: list[dict[str, Any]] = field(default_factory=list)
     host_sample_count: int = 0
     host_cpu_mean_pct: float | None = None
     host_rss_peak_mib: float | None = None
+    host_io_read_increase_mib: float | None = None
+    host_io_write_increase_mib: float | None = None
     step_records: int = 0
     steps: int = 0
     ranks: int = 0
@@ -279,18 +250,14 @@ def _job_window(store: Any, job_id: str, node: str) -> float | None:
     return rows[0]["finished_at"] if rows else None
 
 
-def _integrate_reasons(ats: list[float], masks: list[int | None]) -> dict[str, float]:
-    """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
-    until the next sample (left-point rule; the last sample adds nothing), each interval
-    cut to :data:`MAX_GAP_FACTOR` times the median interval. A ``None`` mask adds nothing."""
-    if len(ats) < 2:
-        return {}
-    diffs = [b - a for a, b in itertools.pairwise(ats)]
-    cap = statistics.median(diffs) * MAX_GAP_FACTOR
+def _integrate_reasons(dt_hist: dict[tuple[int, int], int], cap_ms: float) -> dict[str, float]:
+    """Seconds each clock-event reason was active on one GPU from ``{(dt_ms, mask): n}``
+    (each sample's mask holds until the next sample: left-point rule; the last sample adds
+    nothing), each interval cut to ``cap_ms``. A NULL/0 mask adds nothing."""
     by_mask: dict[int, float] = {}
-    for mask, dt in zip(masks[:-1], diffs, strict=True):
+    for (dt, mask), n in dt_hist.items():
         if mask:
-            by_mask[mask] = by_mask.get(mask, 0.0) + min(dt, cap)
+            by_mask[mask] = by_mask.get(mask, 0.0) + min(dt, cap_ms) * n / 1000.0
     out: dict[str, float] = {}
     for name, (bit, _label) in CLOCK_EVENT_REASONS.items():
         s = sum(v for m, v in by_mask.items() if m & bit)
@@ -299,68 +266,146 @@ def _integrate_reasons(ats: list[float], masks: list[int | None]) -> dict[str, f
     return out
 
 
-def _gpu_part(summary: JobSummary, rows: list[tuple]) -> None:
-    """Fill the GPU fields from sample rows ``(gpu_index, gpu_uuid, at, util, mem, power,
-    temp, sm, mask, ecc)`` ordered by GPU then time."""
-    utils: list[float] = []
-    mems: list[float] = []
-    powers: list[float] = []
-    temps: list[float] = []
-    sms: list[float] = []
-    ecc_total: int | None = None
+_SUMS = [m for m in GPU_SAMPLED if "mean" in m.stats]
+_MAXES = [m for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats)]
+_PCTS = [m for m in GPU_SAMPLED if any(st.startswith("p") and st[1:].isdigit() for st in m.stats)]
+_COL = {m.name: stored_column(m) for m in GPU_SAMPLED}
+
+
+def _gpu_query(conn: Any, sid: int, lo: int, hi: int) -> dict[str, Any]:
+    """One pass per question over one GPU's rows in ``[lo, hi]`` (``t_ms``), all in SQL:
+    sums and counts, maxima, joint histogram of the percentile metrics, interval/mask
+    histogram, slow-counter first and max."""
+    where = "from gpu_samples where sid = ? and t_ms between ? and ?"
+    sel = ["count(*)", "min(t_ms)", "max(t_ms)"]
+    sel += [f"sum({_COL[m.name]}), count({_COL[m.name]})" for m in _SUMS]
+    sel += [f"max({_COL[m.name]})" for m in _MAXES]
+    row = conn.execute(f"select {', '.join(sel)} {where}", (sid, lo, hi)).fetchone()
+    out: dict[str, Any] = {"n": row[0], "t_min": row[1], "t_max": row[2]}
+    i = 3
+    for m in _SUMS:
+        out[("sum", m.name)] = (row[i], row[i + 1])
+        i += 2
+    for m in _MAXES:
+        out[("max", m.name)] = row[i]
+        i += 1
+    if _PCTS and row[0]:
+        cols = ", ".join(_COL[m.name] for m in _PCTS)
+        out["hist"] = conn.execute(f"select {cols}, count(*) {where} group by {cols}", (sid, lo, hi)).fetchall()
+    else:
+        out["hist"] = []
+    mask = _COL["clock_event_mask"]
+    out["dt"] = {(dt, mk): n for dt, mk, n in conn.execute(
+        f"select dt, {mask}, count(*) from (select lead(t_ms) over (order by t_ms) - t_ms as dt, {mask} "
+        f"{where}) where dt is not null group by 1, 2", (sid, lo, hi))}
+    for m in GPU_SLOW:
+        c = stored_column(m)
+        first = conn.execute(f"select {c} from gpu_slow where sid = ? and t_ms between ? and ? and {c} is not null "
+                             "order by t_ms limit 1", (sid, lo, hi)).fetchone()
+        top = conn.execute(f"select max({c}) from gpu_slow where sid = ? and t_ms between ? and ?",
+                           (sid, lo, hi)).fetchone()
+        out[("increase", m.name)] = None if first is None else max(top[0] - first[0], 0)
+    return out
+
+
+def _unscale(m: Any, v: float | None) -> float | None:
+    return None if v is None else v / m.scale
+
+
+def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None) -> None:
+    """Fill the GPU fields from the compact sample store (``gpuguard.samples``): every
+    statistic of the metric table, computed by SQLite over integer-scaled columns, so
+    memory does not grow with the job's length."""
+    pooled_sum = {m.name: [0, 0] for m in _SUMS}
+    pooled_max: dict[str, float | None] = {m.name: None for m in _MAXES}
+    pooled_hist: dict[str, dict[int, int]] = {m.name: {} for m in _PCTS}
+    inc_total: dict[str, int | None] = {m.name: None for m in GPU_SLOW}
     reasons: dict[str, float] = {}
-    intervals: list[float] = []
-    by_gpu: dict[int, list[tuple]] = {}
-    for r in rows:
-        by_gpu.setdefault(r[0], []).append(r)
-    for idx, grows in by_gpu.items():
-        g_util = [r[3] for r in grows if r[3] is not None]
-        g_mem = [r[4] for r in grows if r[4] is not None]
-        g_pow = [r[5] for r in grows if r[5] is not None]
-        g_temp = [r[6] for r in grows if r[6] is not None]
-        g_sm = [r[7] for r in grows if r[7] is not None]
-        g_ecc = [r[9] for r in grows if r[9] is not None]
-        ats = [r[2] for r in grows]
-        g_reasons = _integrate_reasons(ats, [r[8] for r in grows])
-        intervals += [b - a for a, b in itertools.pairwise(ats)]
-        inc = max(max(g_ecc) - g_ecc[0], 0) if g_ecc else None
-        if inc is not None:
-            ecc_total = (ecc_total or 0) + inc
-        uuid = next((r[1] for r in grows if r[1]), None)
-        summary.gpus.append(GpuSummary(
-            gpu_index=idx, gpu_uuid=uuid, sample_count=len(grows),
-            gpu_util_mean_pct=_r(_mean(g_util)), sm_clock_mean_mhz=_r(_mean(g_sm)),
-            power_mean_w=_r(_mean(g_pow)), temp_max_c=_max(g_temp), mem_used_peak_mib=_max(g_mem),
-            ecc_volatile_uncorrected_increase=inc,
-            clock_event_s={k: _r(v) for k, v in g_reasons.items()},
-        ))
-        utils += g_util
-        mems += g_mem
-        powers += g_pow
-        temps += g_temp
-        sms += g_sm
+    all_dt: dict[int, int] = {}
+    t_first: float | None = None
+    t_last: float | None = None
+    for sid, _node, idx, uuid, t0 in series:
+        lo, hi = samples.t_range(t0, start, end)
+        q = _gpu_query(conn, sid, lo, hi)
+        if not q["n"]:
+            continue
+        summary.sample_count += q["n"]
+        a, b = t0 + q["t_min"] / 1000.0, t0 + q["t_max"] / 1000.0
+        t_first = a if t_first is None else min(t_first, a)
+        t_last = b if t_last is None else max(t_last, b)
+        g = GpuSummary(gpu_index=idx, gpu_uuid=uuid, sample_count=q["n"])
+        for m in _SUMS:
+            s, n = q[("sum", m.name)]
+            if n:
+                setattr(g, m.field("mean"), _r(s / n / m.scale))
+                pooled_sum[m.name][0] += s
+                pooled_sum[m.name][1] += n
+        for m in _MAXES:
+            v = _unscale(m, q[("max", m.name)])
+            setattr(g, m.field(m.stats[-1] if m.stats[-1] in ("max", "peak") else "max"), v)
+            if v is not None:
+                pooled_max[m.name] = v if pooled_max[m.name] is None else max(pooled_max[m.name], v)
+        for row in q["hist"]:
+            for k, m in enumerate(_PCTS):
+                if row[k] is not None:
+                    h = pooled_hist[m.name]
+                    h[row[k]] = h.get(row[k], 0) + row[-1]
+        for m in GPU_SLOW:
+            inc = q[("increase", m.name)]
+            setattr(g, m.field("increase"), inc)
+            if inc is not None:
+                inc_total[m.name] = (inc_total[m.name] or 0) + inc
+        dts: dict[int, int] = {}
+        for (dt, _mk), n in q["dt"].items():
+            dts[dt] = dts.get(dt, 0) + n
+            all_dt[dt] = all_dt.get(dt, 0) + n
+        med = _median_hist(dts)
+        g_reasons = _integrate_reasons(q["dt"], med * MAX_GAP_FACTOR) if med is not None else {}
+        g.clock_event_s = {k: _r(v) for k, v in g_reasons.items()}
         for k, v in g_reasons.items():
             reasons[k] = reasons.get(k, 0.0) + v
-    summary.sample_count = len(rows)
-    if rows:
-        ats_all = [r[2] for r in rows]
-        summary.first_sample_at = min(ats_all)
-        summary.last_sample_at = max(ats_all)
-    summary.sample_interval_s = _r(statistics.median(intervals)) if intervals else None
-    utils.sort()
-    summary.gpu_util_mean_pct = _r(_mean(utils))
-    summary.gpu_util_p95_pct = percentile(utils, 95)
-    summary.mem_used_peak_mib = _max(mems)
-    summary.power_mean_w = _r(_mean(powers))
-    summary.temp_max_c = _max(temps)
-    summary.sm_clock_mean_mhz = _r(_mean(sms))
+        summary.gpus.append(g)
+    summary.first_sample_at, summary.last_sample_at = t_first, t_last
+    med = _median_hist(all_dt)
+    summary.sample_interval_s = None if med is None else _r(med / 1000.0)
+    for m in _SUMS:
+        s, n = pooled_sum[m.name]
+        setattr(summary, m.field("mean"), _r(s / n / m.scale) if n else None)
+    for m in _MAXES:
+        setattr(summary, m.field(m.stats[-1] if m.stats[-1] in ("max", "peak") else "max"), pooled_max[m.name])
+    for m in _PCTS:
+        hist = sorted(pooled_hist[m.name].items())
+        for st in m.stats:
+            if st.startswith("p") and st[1:].isdigit():
+                setattr(summary, m.field(st), _unscale(m, percentile_hist(hist, float(st[1:]))))
+    for m in GPU_SLOW:
+        setattr(summary, m.field("increase"), inc_total[m.name])
     summary.clock_event_gpu_s = {k: _r(v) for k, v in reasons.items()}
-    summary.ecc_volatile_uncorrected_increase = ecc_total
 
 
-def _step_part(summary: JobSummary, rows: list[tuple], ckpts: list[tuple]) -> None:
-    """Training fields from step rows ``(rank, step, step_time_s, samples, tokens,
-    loss_nonfinite, data_wait_s, comm_s)`` and checkpoint rows ``(rank, duration_s)``.
+def _median_hist(h: dict[int, int]) -> float | None:
+    """Median (mean of the two middle values for an even count, as ``statistics.median``)
+    of a ``{value: count}`` histogram."""
+    n = sum(h.values())
+    if not n:
+        return None
+    items = sorted(h.items())
+    lo_rank, hi_rank = (n + 1) // 2, n // 2 + 1
+    lo = hi = None
+    seen = 0
+    for v, c in items:
+        seen += c
+        if lo is None and seen >= lo_rank:
+            lo = v
+        if seen >= hi_rank:
+            hi = v
+            break
+    return (lo + hi) / 2.0  # type: ignore[operator]
+
+
+def _step_part(summary: JobSummary, conn: Any, job_id: str, node: str) -> None:
+    """Training fields from the ``steps`` and ``checkpoints`` rows of the job, aggregated
+    by SQLite (one column of step times comes back to Python, for the percentiles).
 
     Throughput: for each rank, the samples (tokens) of its records that carry a count
     and a positive step time, divided by those records' summed step time; the node's
@@ -369,48 +414,64 @@ def _step_part(summary: JobSummary, rows: list[tuple], ckpts: list[tuple]) -> No
     each rank's summed checkpoint durations; the busiest rank counts (ranks checkpoint
     in parallel, so adding them would overstate the wall time lost).
     """
-    summary.step_records = len(rows)
-    summary.steps = len({r[1] for r in rows})
-    summary.ranks = len({r[0] for r in rows})
-    times = sorted(r[2] for r in rows if r[2] is not None)
-    summary.step_time_p50_s = percentile(times, 50)
-    summary.step_time_p95_s = percentile(times, 95)
-    summary.step_time_p99_s = percentile(times, 99)
-    per_rank: dict[int, list[float]] = {}  # rank -> [samples, s_time, tokens, t_time]
-    dw = [0.0, 0.0]
-    cm = [0.0, 0.0]
-    nonfinite = 0
-    for rank, _step, st, samples, tokens, nf, data_wait, comm in rows:
-        nonfinite += 1 if nf else 0
-        if st is None:
-            continue
-        acc = per_rank.setdefault(rank, [0.0, 0.0, 0.0, 0.0])
-        if st > 0 and samples is not None:
-            acc[0] += samples
-            acc[1] += st
-        if st > 0 and tokens is not None:
-            acc[2] += tokens
-            acc[3] += st
-        if data_wait is not None:
-            dw[0] += data_wait
-            dw[1] += st
-        if comm is not None:
-            cm[0] += comm
-            cm[1] += st
-    summary.nonfinite_loss_count = nonfinite
-    sps = [a[0] / a[1] for a in per_rank.values() if a[1] > 0]
-    tps = [a[2] / a[3] for a in per_rank.values() if a[3] > 0]
+    key = "from steps where job_id = ? and node = ?"
+    p = (job_id, node)
+    n, steps, ranks, nonfinite = conn.execute(
+        f"select count(*), count(distinct step), count(distinct rank), "
+        f"coalesce(sum(case when loss_nonfinite then 1 else 0 end), 0) {key}", p).fetchone()
+    summary.step_records, summary.steps, summary.ranks, summary.nonfinite_loss_count = n, steps, ranks, nonfinite
+    times = [r[0] for r in conn.execute(f"select step_time_s {key} and step_time_s is not null", p)]
+    times.sort()
+    m = BY_NAME["step_time_s"]
+    for st in m.stats:
+        setattr(summary, m.field(st), percentile(times, float(st[1:])))
+    sps: list[float] = []
+    tps: list[float] = []
+    for ns, s_t, nt, t_t in conn.execute(
+            "select sum(case when step_time_s > 0 and samples is not null then samples end), "
+            "sum(case when step_time_s > 0 and samples is not null then step_time_s end), "
+            "sum(case when step_time_s > 0 and tokens is not null then tokens end), "
+            f"sum(case when step_time_s > 0 and tokens is not null then step_time_s end) {key} group by rank", p):
+        if s_t:
+            sps.append(ns / s_t)
+        if t_t:
+            tps.append(nt / t_t)
     summary.throughput_samples_per_s = _r(sum(sps)) if sps else None
     summary.throughput_tokens_per_s = _r(sum(tps)) if tps else None
-    summary.data_wait_share_pct = _r(100.0 * dw[0] / dw[1]) if dw[1] > 0 else None
-    summary.comm_share_pct = _r(100.0 * cm[0] / cm[1]) if cm[1] > 0 else None
-    by_rank: dict[int, list[float]] = {}
-    for rank, dur in ckpts:
-        by_rank.setdefault(rank, []).append(dur or 0.0)
-    if by_rank:
-        busiest = max(by_rank.values(), key=sum)
-        summary.checkpoint_total_s = _r(sum(busiest))
-        summary.checkpoint_count = len(busiest)
+    dw, dw_t, cm, cm_t = conn.execute(
+        "select sum(data_wait_s), sum(case when data_wait_s is not null then step_time_s end), "
+        f"sum(comm_s), sum(case when comm_s is not null then step_time_s end) {key} "
+        "and step_time_s is not null", p).fetchone()
+    summary.data_wait_share_pct = _r(100.0 * dw / dw_t) if dw_t else None
+    summary.comm_share_pct = _r(100.0 * cm / cm_t) if cm_t else None
+    busiest = conn.execute("select sum(coalesce(duration_s, 0)), count(*) from checkpoints "
+                           "where job_id = ? and node = ? group by rank order by 1 desc limit 1", p).fetchone()
+    if busiest:
+        summary.checkpoint_total_s = _r(busiest[0])
+        summary.checkpoint_count = busiest[1]
+
+
+def _host_part(summary: JobSummary, conn: Any, job_id: str, node: str, window: str, params: list[Any]) -> None:
+    """Host fields of the metric table (``host`` scope) from ``host_samples``."""
+    ms = [m for m in METRIC_TABLE if m.scope == "host"]
+    sel = ["count(*)"]
+    for m in ms:
+        for st in m.stats:
+            if st == "mean":
+                sel.append(f"avg({m.name})")
+            elif st in ("max", "peak"):
+                sel.append(f"max({m.name})")
+            elif st == "increase":  # cumulative since the job started: last minus first
+                sel.append(f"max({m.name}) - min({m.name})")
+    row = conn.execute(f"select {', '.join(sel)} from host_samples where job_id = ? and node = ?{window}",
+                       params).fetchone()
+    summary.host_sample_count = row[0]
+    i = 1
+    for m in ms:
+        for st in m.stats:
+            v = row[i]
+            setattr(summary, m.field(st), None if v is None else (_r(v) if st != "peak" else v))
+            i += 1
 
 
 def _events_part(summary: JobSummary, store: Any, job_id: str, node: str) -> None:
@@ -468,21 +529,13 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     if started_at is not None:
         window += " and at >= ?"
         params.append(started_at)
-    rows = [tuple(r.values()) for r in store.query(
-        "select gpu_index, gpu_uuid, at, gpu_util_pct, mem_used_mib, power_w, temp_c, sm_clock_mhz, "
-        "clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ? and node = ?"
-        f"{window} order by gpu_index, at", params)]
-    _gpu_part(s, rows)
-    host = store.query(f"select cpu_pct, rss_mib from host_samples where job_id = ? and node = ?{window}", params)
-    s.host_sample_count = len(host)
-    s.host_cpu_mean_pct = _r(_mean([h["cpu_pct"] for h in host if h["cpu_pct"] is not None]))
-    s.host_rss_peak_mib = _max([h["rss_mib"] for h in host if h["rss_mib"] is not None])
-    steps = [tuple(r.values()) for r in store.query(
-        "select rank, step, step_time_s, samples, tokens, loss_nonfinite, data_wait_s, comm_s "
-        "from steps where job_id = ? and node = ?", [job_id, node])]
-    ckpts = [tuple(r.values()) for r in store.query(
-        "select rank, duration_s from checkpoints where job_id = ? and node = ?", [job_id, node])]
-    _step_part(s, steps, ckpts)
+    conn = store.db.conn
+    try:
+        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, ended_at)
+        _host_part(s, conn, job_id, node, window, params)
+        _step_part(s, conn, job_id, node)
+    except sqlite3.Error as e:
+        raise StoreError(f"store {store.path}: job summary read failed: {e}") from None
     _events_part(s, store, job_id, node)
     _post_job_part(s, store, job_id, node)
     if ingest is not None:

@@ -908,7 +908,8 @@ def format_verdict(d: dict[str, Any]) -> str:
         rows.append([c["metric"], c.get("unit", ""), _num(c.get("value")), _num(c.get("median")), dev,
                      "FLAG" if c.get("flagged") else ""])
     if rows:
-        headers = ["METRIC", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
+        # the compared values cover the job after its warm-up, not the whole job as the summary does
+        headers = ["METRIC (after warm-up)", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
         cols = [headers, *rows]
         widths = [max(len(str(r[i])) for r in cols) for i in range(len(headers))]
         lines = ["  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in cols]

@@ -179,8 +179,17 @@ def _m5(db: sqlite_utils.Database) -> None:
     create_job_gpu_util(db)
 
 
+def _m6(db: sqlite_utils.Database) -> None:
+    """The compact sample store (``gpuguard.samples``): GPU samples move from the wide
+    ``samples`` table (183 B per GPU-sample with its indexes) to integer-scaled rows keyed
+    by series id and time; ``samples`` becomes a read-only view."""
+    from gpuguard import samples
+
+    samples.migrate(db.conn)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:
@@ -189,6 +198,7 @@ class Store:
     def __init__(self, db: sqlite_utils.Database, path: str):
         self.db = db
         self.path = path
+        self._series: Any = None  # gpuguard.samples.SeriesCache, made on the first sample write
 
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -209,14 +219,36 @@ class Store:
             raise StoreError(f"store {self.path}: {what} failed: {e}") from None
 
     def insert(self, table: str, row: dict[str, Any]) -> int:
-        """Insert one row; returns its rowid. Raises :class:`StoreError`."""
+        """Insert one row; returns its rowid (0 for ``samples``). Raises :class:`StoreError`."""
+        if table == "samples":
+            self.insert_many(table, [row])
+            return 0
+
         def go() -> int:
             with self.tx():
                 return self.db[table].insert(row).last_rowid
         return self._guard(f"insert into {table}", go)
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert rows in one transaction. Raises :class:`StoreError`."""
+        """Insert rows in one transaction. ``samples`` rows (real units, the old row
+        shape) go to the compact tables through :func:`gpuguard.samples.write`. Raises
+        :class:`StoreError`."""
+        if table == "samples":
+            from gpuguard import samples
+
+            if self._series is None:
+                self._series = samples.SeriesCache()
+
+            def put() -> None:
+                try:
+                    with self.tx():
+                        samples.write(self.db.conn, self._series, rows)
+                except BaseException:
+                    self._series = samples.SeriesCache()  # ids of a rolled-back series are void
+                    raise
+            self._guard("insert into samples", put)
+            return
+
         def go() -> None:
             with self.tx():
                 self.db[table].insert_all(rows, batch_size=500)

@@ -47,7 +47,9 @@ def fill(store):
         mask = CAP if i < 4 else CAP_HOT if i < 6 else 0
         rows.append(sample(gpu_index=0, at=1000.0 + i, gpu_util_pct=10.0 * i, mem_used_mib=1000.0 + i,
                            power_w=100.0 + i, temp_c=50.0 + i, sm_clock_mhz=1000.0, clock_event_mask=mask,
+                           mem_util_pct=5.0 * i, pcie_replay_count=i // 3,
                            ecc_volatile_uncorrected=0 if i < 5 else 2))
+        # GPU 0: memory-controller util 0..45 step 5; PCIe replays 0,0,0,1,1,1,2,2,2,3 -> +3.
         # GPU 1: util 50..59; mem 2000; power 200; temp 60; SM 1500; idle reason; ECC unsupported.
         rows.append(sample(gpu_index=1, at=1000.0 + i, gpu_util_pct=50.0 + i, mem_used_mib=2000.0, power_w=200.0,
                            temp_c=60.0, sm_clock_mhz=1500.0, clock_event_mask=IDLE, ecc_volatile_uncorrected=None))
@@ -124,6 +126,8 @@ def test_summary_exact_values(store):
     # pooled util: 0..90 step 10 and 50..59 -> mean (450 + 545) / 20; sorted 20 values, p95 = 19th = 80
     assert (s.gpu_util_mean_pct, s.gpu_util_p95_pct) == (49.75, 80.0)
     assert (s.mem_used_peak_mib, s.power_mean_w, s.temp_max_c, s.sm_clock_mean_mhz) == (2000.0, 152.25, 60.0, 1250.0)
+    # memory-controller util: 0..45 on GPU 0, 0 on GPU 1 -> mean 225 / 20; 19th of 20 sorted = 40
+    assert (s.mem_util_mean_pct, s.mem_util_p95_pct, s.pcie_replay_count_increase) == (11.25, 40.0, 3)
     # left-point rule, 9 intervals of 1 s per GPU: cap on samples 0-5, thermal on 4-5, idle on 0-8
     assert s.clock_event_gpu_s == {"gpu_idle": 9.0, "sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}
     assert s.ecc_volatile_uncorrected_increase == 2
@@ -134,6 +138,7 @@ def test_summary_exact_values(store):
     assert g0.to_dict() == {
         "gpu_index": 0, "gpu_uuid": "GPU-0", "sample_count": 10, "gpu_util_mean_pct": 45.0,
         "sm_clock_mean_mhz": 1000.0, "power_mean_w": 104.5, "temp_max_c": 59.0, "mem_used_peak_mib": 1009.0,
+        "mem_util_mean_pct": 22.5, "pcie_replay_count_increase": 3,
         "ecc_volatile_uncorrected_increase": 2, "clock_event_s": {"sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}}
     assert (g1.gpu_util_mean_pct, g1.sm_clock_mean_mhz, g1.power_mean_w, g1.temp_max_c,
             g1.ecc_volatile_uncorrected_increase, g1.clock_event_s) == (54.5, 1500.0, 200.0, 60.0, None,
