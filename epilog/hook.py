@@ -155,6 +155,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     """The epilog's work (module docstring); returns the exit status, always 0.
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
     the config. Used by :func:`main` and the tests."""
+    started = time.monotonic()
     env = dict(os.environ if env is None else env)
     # one reading of the exit code for the summary and the verdict: an out-of-range or
     # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
@@ -279,6 +280,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         except Exception as e:
             log.error("tool error: spool: %s: %s", type(e).__name__, e)
 
+    if store is not None:
+        _auto_prune(store, cfg, budget - (time.monotonic() - started), log)
+
     # 7. the job directory
     if keep_dir:
         log.info("job directory kept: %s", job_dir)
@@ -291,6 +295,25 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
     _close(store)
     return EXIT_OK
+
+
+def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
+    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
+    and at most half of what the epilog's budget has left; our errors are logged only."""
+    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
+    if budget_s <= 0:
+        return
+    from gpuguard.retention import prune
+
+    try:
+        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
+                    budget_s=budget_s)
+    except Exception as e:  # pruning is housekeeping: never fails the epilog
+        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
+        return
+    if res["samples_folded"] or res["minutes"] or not res["complete"]:
+        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
+                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
 
 
 def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any) -> None:

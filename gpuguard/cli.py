@@ -220,9 +220,10 @@ def _register_subcommands() -> None:
     from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
     from gpuguard.reports.cli import report
+    from gpuguard.store_cli import store_group
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report):
+    for group in (xid, job, template, baseline, report, store_group):
         main.add_command(group)
 
 
