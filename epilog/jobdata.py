@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
-from gpuguard.metrics import BY_NAME, GPU_SAMPLED, stored_column
+from gpuguard.metrics import BY_NAME, stored_column
 from gpuguard.model import CLOCK_EVENT_REASONS
 
 #: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
@@ -111,6 +111,10 @@ class JobData:
     hw_events: list[dict[str, Any]]
     hw_findings: list[dict[str, Any]]
     mem_total_mib: dict[str, float]
+    #: exact step times in ``[t0, t1)`` (SQL), set when the step records were bucketed
+    exact_step_times: Any = None
+    #: per-bucket window values cached by :func:`gpuguard.epilog.metrics.window_metrics`
+    window_cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def has_steps(self) -> bool:
@@ -166,7 +170,10 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
         for key, g in _load_gpus(store, job_id, nodes).items():
             gpus[key] = g
     steps: list[StepRec] = []
-    if "steps" in tables:
+    step_cols = {r[1] for r in store.db.conn.execute("pragma table_info(steps)")} if "steps" in tables else set()
+    if {"t", "step_time_s", "samples", "tokens", *_PHASES} <= step_cols:
+        steps = _load_steps(store, job_id, nodes)
+    elif "steps" in tables:
         for r in store.query(f"select * from steps where job_id = ?{nf}", [job_id, *nparams]):
             t = _f(r.get("t", r.get("at")))
             if t is None:
@@ -230,56 +237,94 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
             if cap:
                 caps[g.key] = cap
     gl = sorted(gpus.values(), key=lambda g: (g.node, g.gpu_index))
-    return JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
+    data = JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
                    hw_events, hw_findings, caps)
+    if len(steps) < step_count(store, job_id, nodes, step_cols):
+        data.exact_step_times = lambda t0, t1: step_times(store, job_id, nodes, t0, t1)
+    return data
 
 
-#: At most this many points per GPU come back to Python: a longer series is read as
-#: buckets of whole seconds (SQL averages; memory: max; slowdown bits: set when active in
-#: at least half the bucket's samples; ECC: max), so the verdict's memory does not grow
-#: with the job's length. Our choice: 20,000 points keep a 24 h job at 1 s within 5 s
-#: buckets, far below the 60 s short window the verdict slides by.
-MAX_POINTS_PER_GPU = 20_000
+#: At most this many step records per job come back to Python; more are read as buckets
+#: of whole seconds per (node, rank) holding the bucket's means (our choice: a day at one
+#: step per second in 5 s buckets). The compared whole-job step-time percentiles stay exact
+#: (:func:`step_times`, in SQL); only the long-window checks see bucket means.
+MAX_STEP_RECORDS = 20_000
+
+
+def _load_steps(store: Any, job_id: str, nodes: list[str] | None) -> list[StepRec]:
+    """Step records of the store's own ``steps`` shape, as tuples (no dict per row)."""
+    conn = store.db.conn
+    nf, nparams = _node_filter(nodes)
+    where = f"from steps where job_id = ?{nf} and t is not null"
+    params = [job_id, *nparams]
+    n, lo, hi, ranks = conn.execute(f"select count(*), min(t), max(t), count(distinct node || '/' || rank) {where}",
+                                    params).fetchone()
+    cols = "step_time_s, samples, tokens, data_wait_s, fwd_bwd_s, comm_s, optim_s"
+    if n <= MAX_STEP_RECORDS:
+        rows = conn.execute(f"select node, rank, t, {cols} {where} order by t", params)
+    else:
+        bucket_s = math.ceil((hi - lo) / max(1, MAX_STEP_RECORDS // max(ranks, 1)))
+        avgs = ", ".join(f"avg({c})" for c in cols.split(", "))
+        rows = conn.execute(f"select node, rank, max(t), {avgs} {where} "
+                            f"group by node, rank, cast((t - ?) / ? as integer) order by 3", [*params, lo, bucket_s])
+    out = []
+    for node, rank, t, st, sa, to, dw, fb, cm, op in rows:
+        out.append(StepRec(node, rank, float(t), _f(st), _f(sa), _f(to), _f(dw), _f(fb), _f(cm), _f(op)))
+    return out
+
+
+def step_count(store: Any, job_id: str, nodes: list[str] | None, cols: set[str]) -> int:
+    """Number of stored step records of the job (0 without a ``steps`` table)."""
+    if "t" not in cols:
+        return 0
+    nf, nparams = _node_filter(nodes)
+    return store.db.conn.execute(f"select count(*) from steps where job_id = ?{nf} and t is not null",
+                                 [job_id, *nparams]).fetchone()[0]
+
+
+def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: float) -> list[float]:
+    """Every step time in ``[t0, t1)`` (record time ``t``), ascending, read by SQLite: exact
+    percentiles also when :func:`load_job` bucketed the records."""
+    nf, nparams = _node_filter(nodes)
+    rows = store.db.conn.execute(f"select step_time_s from steps where job_id = ?{nf} and t >= ? and t < ? "
+                                 "and step_time_s > 0", [job_id, *nparams, t0, t1])
+    out = [r[0] for r in rows]
+    out.sort()
+    return out
 
 
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
-    """The job's GPU series from the compact sample store (``gpuguard.samples``)."""
+    """The job's GPU series from the compact sample store, through the same bucketed pass
+    as the job summary (:func:`gpuguard.samples.read_buckets`; the Epilog's verdict reuses
+    the summary's result). A series of at most :data:`gpuguard.samples.MAX_POINTS` samples
+    is read sample by sample; a longer one as buckets of whole seconds holding means
+    (memory: max; a clock-event bit: set when active in at least half the bucket's samples;
+    ECC: the bucket's max), so the verdict's memory does not grow with the job."""
     conn = store.db.conn
     out: dict[tuple[str, int], GpuSeries] = {}
-    col = {m.name: samples.real_expr(m) for m in GPU_SAMPLED}
-    slow = stored_column(BY_NAME["ecc_volatile_uncorrected"])
+    attr = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
+            "sm_clock_mhz": "clock"}
+    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
     for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
-        n, lo, hi = conn.execute("select count(*), min(t_ms), max(t_ms) from gpu_samples where sid = ?",
-                                 (sid,)).fetchone()
         g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
-        if not n:
+        b = samples.read_buckets(conn, sid, t0)
+        if not b.n:
             continue
-        bucket_ms = 1000 * math.ceil((hi - lo) / 1000 / MAX_POINTS_PER_GPU) if n > MAX_POINTS_PER_GPU else 0
-        ecc = f"w.{slow}"
-        frm = "from gpu_samples s left join gpu_slow w on w.sid = s.sid and w.t_ms = s.t_ms where s.sid = ?"
-        if not bucket_ms:
-            rows = conn.execute(
-                f"select s.t_ms, {col['gpu_util_pct']}, {col['mem_util_pct']}, {col['mem_used_mib']}, "
-                f"{col['power_w']}, {col['temp_c']}, {col['sm_clock_mhz']}, coalesce(clock_event_mask, 0), {ecc} "
-                f"{frm} order by s.t_ms", (sid,))
-        else:
-            bits = " | ".join(f"(case when 2 * sum((clock_event_mask & {b}) != 0) >= count(*) then {b} else 0 end)"
-                              for b in (CLOCK_EVENT_REASONS[r][0] for r in SLOWDOWN_REASONS))
-            rows = conn.execute(
-                f"select min(s.t_ms), avg({col['gpu_util_pct']}), avg({col['mem_util_pct']}), "
-                f"max({col['mem_used_mib']}), avg({col['power_w']}), avg({col['temp_c']}), "
-                f"avg({col['sm_clock_mhz']}), {bits}, max({ecc}) "
-                f"{frm} group by s.t_ms / {bucket_ms} order by 1", (sid,))
-        for t_ms, u, mu, mem, pw, tc, sm, mask, e in rows:
-            g.t.append(t0 + t_ms / 1000.0)
-            g.util.append(u)
-            g.mem_util.append(mu)
-            g.mem.append(mem)
-            g.power.append(pw)
-            g.temp.append(tc)
-            g.clock.append(sm)
-            g.mask.append(mask)
-            g.ecc_unc.append(e)
+        g.t = [t0 + x / 1000.0 for x in b.t_min]
+        for name, a in attr.items():
+            sc = BY_NAME[name].scale
+            setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
+        sc = BY_NAME["mem_used_mib"].scale
+        g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
+        mask = [0] * len(b.n)
+        for bit, counts in b.bits.items():
+            for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
+                if c and 2 * c >= n:
+                    mask[i] |= bit
+        g.mask = mask
+        key = "t_ms" if not b.bucket_ms else f"t_ms / {b.bucket_ms}"
+        ecc = dict(conn.execute(f"select {key}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (sid,)))
+        g.ecc_unc = [ecc.get(x if not b.bucket_ms else x // b.bucket_ms) for x in b.t_min]
     return out
 
 

@@ -190,7 +190,6 @@ class JobSummary:
     gpu_util_mean_pct: float | None = None
     gpu_util_p95_pct: float | None = None
     mem_util_mean_pct: float | None = None
-    mem_util_p95_pct: float | None = None
     mem_used_peak_mib: float | None = None
     power_mean_w: float | None = None
     temp_max_c: float | None = None
@@ -250,136 +249,115 @@ def _job_window(store: Any, job_id: str, node: str) -> float | None:
     return rows[0]["finished_at"] if rows else None
 
 
-def _integrate_reasons(dt_hist: dict[tuple[int, int], int], cap_ms: float) -> dict[str, float]:
-    """Seconds each clock-event reason was active on one GPU from ``{(dt_ms, mask): n}``
-    (each sample's mask holds until the next sample: left-point rule; the last sample adds
-    nothing), each interval cut to ``cap_ms``. A NULL/0 mask adds nothing."""
-    by_mask: dict[int, float] = {}
-    for (dt, mask), n in dt_hist.items():
-        if mask:
-            by_mask[mask] = by_mask.get(mask, 0.0) + min(dt, cap_ms) * n / 1000.0
+def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
+    """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
+    until the next sample (left-point rule; the last sample adds nothing), each sample's
+    share cut to ``cap_s`` (:meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
+    series read sample by sample, per bucket for a long one)."""
+    per = [min(x, cap_s) for x in b.per_sample_s()]
     out: dict[str, float] = {}
     for name, (bit, _label) in CLOCK_EVENT_REASONS.items():
-        s = sum(v for m, v in by_mask.items() if m & bit)
+        s = sum(c * w for c, w in zip(b.bits[bit], per, strict=True) if c)
         if s:
             out[name] = s
     return out
 
 
-_SUMS = [m for m in GPU_SAMPLED if "mean" in m.stats]
+_MEANS = [m for m in GPU_SAMPLED if "mean" in m.stats]
 _MAXES = [m for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats)]
 _PCTS = [m for m in GPU_SAMPLED if any(st.startswith("p") and st[1:].isdigit() for st in m.stats)]
-_COL = {m.name: stored_column(m) for m in GPU_SAMPLED}
 
 
-def _gpu_query(conn: Any, sid: int, lo: int, hi: int) -> dict[str, Any]:
-    """One pass per question over one GPU's rows in ``[lo, hi]`` (``t_ms``), all in SQL:
-    sums and counts, maxima, joint histogram of the percentile metrics, interval/mask
-    histogram, slow-counter first and max."""
-    where = "from gpu_samples where sid = ? and t_ms between ? and ?"
-    sel = ["count(*)", "min(t_ms)", "max(t_ms)"]
-    sel += [f"sum({_COL[m.name]}), count({_COL[m.name]})" for m in _SUMS]
-    sel += [f"max({_COL[m.name]})" for m in _MAXES]
-    row = conn.execute(f"select {', '.join(sel)} {where}", (sid, lo, hi)).fetchone()
-    out: dict[str, Any] = {"n": row[0], "t_min": row[1], "t_max": row[2]}
-    i = 3
-    for m in _SUMS:
-        out[("sum", m.name)] = (row[i], row[i + 1])
-        i += 2
-    for m in _MAXES:
-        out[("max", m.name)] = row[i]
-        i += 1
-    if _PCTS and row[0]:
-        cols = ", ".join(_COL[m.name] for m in _PCTS)
-        out["hist"] = conn.execute(f"select {cols}, count(*) {where} group by {cols}", (sid, lo, hi)).fetchall()
-    else:
-        out["hist"] = []
-    mask = _COL["clock_event_mask"]
-    out["dt"] = {(dt, mk): n for dt, mk, n in conn.execute(
-        f"select dt, {mask}, count(*) from (select lead(t_ms) over (order by t_ms) - t_ms as dt, {mask} "
-        f"{where}) where dt is not null group by 1, 2", (sid, lo, hi))}
+def _max_stat(m: Any) -> str:
+    return "peak" if "peak" in m.stats else "max"
+
+
+def _slow_increase(conn: Any, sid: int, lo: int, hi: int) -> dict[str, int | None]:
+    """Growth (last - first, >= 0; max - first for a counter that reset) of each slow counter."""
+    out: dict[str, int | None] = {}
     for m in GPU_SLOW:
         c = stored_column(m)
         first = conn.execute(f"select {c} from gpu_slow where sid = ? and t_ms between ? and ? and {c} is not null "
                              "order by t_ms limit 1", (sid, lo, hi)).fetchone()
         top = conn.execute(f"select max({c}) from gpu_slow where sid = ? and t_ms between ? and ?",
                            (sid, lo, hi)).fetchone()
-        out[("increase", m.name)] = None if first is None else max(top[0] - first[0], 0)
+        out[m.name] = None if first is None else max(top[0] - first[0], 0)
     return out
 
 
-def _unscale(m: Any, v: float | None) -> float | None:
-    return None if v is None else v / m.scale
-
-
 def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None) -> None:
-    """Fill the GPU fields from the compact sample store (``gpuguard.samples``): every
-    statistic of the metric table, computed by SQLite over integer-scaled columns, so
-    memory does not grow with the job's length."""
-    pooled_sum = {m.name: [0, 0] for m in _SUMS}
+    """Fill the GPU fields from the compact sample store: one bucketed pass per GPU
+    (:func:`gpuguard.samples.read_buckets`, reused by the verdict) plus one ``GROUP BY``
+    per percentile metric, all in SQLite over integer-scaled columns, so memory does not
+    grow with the job's length."""
+    pooled = {m.name: [0, 0] for m in _MEANS}
     pooled_max: dict[str, float | None] = {m.name: None for m in _MAXES}
-    pooled_hist: dict[str, dict[int, int]] = {m.name: {} for m in _PCTS}
+    hists: dict[str, dict[int, int]] = {m.name: {} for m in _PCTS}
     inc_total: dict[str, int | None] = {m.name: None for m in GPU_SLOW}
     reasons: dict[str, float] = {}
     all_dt: dict[int, int] = {}
-    t_first: float | None = None
-    t_last: float | None = None
+    firsts: list[float] = []
+    lasts: list[float] = []
     for sid, _node, idx, uuid, t0 in series:
         lo, hi = samples.t_range(t0, start, end)
-        q = _gpu_query(conn, sid, lo, hi)
-        if not q["n"]:
+        b = samples.read_buckets(conn, sid, t0, lo, hi)
+        n = sum(b.n)
+        if not n:
             continue
-        summary.sample_count += q["n"]
-        a, b = t0 + q["t_min"] / 1000.0, t0 + q["t_max"] / 1000.0
-        t_first = a if t_first is None else min(t_first, a)
-        t_last = b if t_last is None else max(t_last, b)
-        g = GpuSummary(gpu_index=idx, gpu_uuid=uuid, sample_count=q["n"])
-        for m in _SUMS:
-            s, n = q[("sum", m.name)]
-            if n:
-                setattr(g, m.field("mean"), _r(s / n / m.scale))
-                pooled_sum[m.name][0] += s
-                pooled_sum[m.name][1] += n
+        summary.sample_count += n
+        firsts.append(t0 + b.t_min[0] / 1000.0)
+        lasts.append(t0 + b.t_max[-1] / 1000.0)
+        g = GpuSummary(gpu_index=idx, gpu_uuid=uuid, sample_count=n)
+        for m in _MEANS:
+            s_, c_ = sum(x for x in b.sums[m.name] if x is not None), sum(b.counts[m.name])
+            if c_:
+                setattr(g, m.field("mean"), _r(s_ / c_ / m.scale))
+                pooled[m.name][0] += s_
+                pooled[m.name][1] += c_
         for m in _MAXES:
-            v = _unscale(m, q[("max", m.name)])
-            setattr(g, m.field(m.stats[-1] if m.stats[-1] in ("max", "peak") else "max"), v)
+            top = max((x for x in b.maxes[m.name] if x is not None), default=None)
+            v = None if top is None else top / m.scale
+            setattr(g, m.field(_max_stat(m)), v)
             if v is not None:
                 pooled_max[m.name] = v if pooled_max[m.name] is None else max(pooled_max[m.name], v)
-        for row in q["hist"]:
-            for k, m in enumerate(_PCTS):
-                if row[k] is not None:
-                    h = pooled_hist[m.name]
-                    h[row[k]] = h.get(row[k], 0) + row[-1]
-        for m in GPU_SLOW:
-            inc = q[("increase", m.name)]
-            setattr(g, m.field("increase"), inc)
+        for m in _PCTS:
+            h = hists[m.name]
+            c = stored_column(m)
+            for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
+                                     f"and {c} is not null group by 1", (sid, lo, hi)):
+                h[v] = h.get(v, 0) + k
+        for name, inc in _slow_increase(conn, sid, lo, hi).items():
+            setattr(g, BY_NAME[name].field("increase"), inc)
             if inc is not None:
-                inc_total[m.name] = (inc_total[m.name] or 0) + inc
+                inc_total[name] = (inc_total[name] or 0) + inc
         dts: dict[int, int] = {}
-        for (dt, _mk), n in q["dt"].items():
-            dts[dt] = dts.get(dt, 0) + n
-            all_dt[dt] = all_dt.get(dt, 0) + n
+        for w, k in zip(b.per_sample_s()[:-1], b.n[:-1], strict=True):
+            ms = round(w * 1000)
+            dts[ms] = dts.get(ms, 0) + k
+            all_dt[ms] = all_dt.get(ms, 0) + k
         med = _median_hist(dts)
-        g_reasons = _integrate_reasons(q["dt"], med * MAX_GAP_FACTOR) if med is not None else {}
+        g_reasons = _reasons_s(b, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
         g.clock_event_s = {k: _r(v) for k, v in g_reasons.items()}
         for k, v in g_reasons.items():
             reasons[k] = reasons.get(k, 0.0) + v
         summary.gpus.append(g)
-    summary.first_sample_at, summary.last_sample_at = t_first, t_last
+    summary.first_sample_at = min(firsts) if firsts else None
+    summary.last_sample_at = max(lasts) if lasts else None
     med = _median_hist(all_dt)
     summary.sample_interval_s = None if med is None else _r(med / 1000.0)
-    for m in _SUMS:
-        s, n = pooled_sum[m.name]
-        setattr(summary, m.field("mean"), _r(s / n / m.scale) if n else None)
+    for m in _MEANS:
+        s_, c_ = pooled[m.name]
+        setattr(summary, m.field("mean"), _r(s_ / c_ / m.scale) if c_ else None)
     for m in _MAXES:
-        setattr(summary, m.field(m.stats[-1] if m.stats[-1] in ("max", "peak") else "max"), pooled_max[m.name])
+        setattr(summary, m.field(_max_stat(m)), pooled_max[m.name])
     for m in _PCTS:
-        hist = sorted(pooled_hist[m.name].items())
+        hist = sorted(hists[m.name].items())
         for st in m.stats:
             if st.startswith("p") and st[1:].isdigit():
-                setattr(summary, m.field(st), _unscale(m, percentile_hist(hist, float(st[1:]))))
-    for m in GPU_SLOW:
-        setattr(summary, m.field("increase"), inc_total[m.name])
+                v = percentile_hist(hist, float(st[1:]))
+                setattr(summary, m.field(st), None if v is None else v / m.scale)
+    for name, inc in inc_total.items():
+        setattr(summary, BY_NAME[name].field("increase"), inc)
     summary.clock_event_gpu_s = {k: _r(v) for k, v in reasons.items()}
 
 

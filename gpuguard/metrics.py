@@ -91,7 +91,7 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("gpu_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().gpu", 1, ("mean", "p95"), ".1f",
            "GPU utilisation: share of time a kernel ran"),
-    Metric("mem_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().memory", 1, ("mean", "p95"), ".1f",
+    Metric("mem_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().memory", 1, ("mean",), ".1f",
            "memory-controller utilisation: share of time device memory was read or written"),
     Metric("mem_used_mib", "MiB", "gpu", "nvmlDeviceGetMemoryInfo().used (bytes / 2**20)", 1, ("peak",), ".0f",
            "GPU memory used"),

@@ -126,8 +126,8 @@ def test_summary_exact_values(store):
     # pooled util: 0..90 step 10 and 50..59 -> mean (450 + 545) / 20; sorted 20 values, p95 = 19th = 80
     assert (s.gpu_util_mean_pct, s.gpu_util_p95_pct) == (49.75, 80.0)
     assert (s.mem_used_peak_mib, s.power_mean_w, s.temp_max_c, s.sm_clock_mean_mhz) == (2000.0, 152.25, 60.0, 1250.0)
-    # memory-controller util: 0..45 on GPU 0, 0 on GPU 1 -> mean 225 / 20; 19th of 20 sorted = 40
-    assert (s.mem_util_mean_pct, s.mem_util_p95_pct, s.pcie_replay_count_increase) == (11.25, 40.0, 3)
+    # memory-controller util: 0..45 on GPU 0, 0 on GPU 1 -> mean 225 / 20
+    assert (s.mem_util_mean_pct, s.pcie_replay_count_increase) == (11.25, 3)
     # left-point rule, 9 intervals of 1 s per GPU: cap on samples 0-5, thermal on 4-5, idle on 0-8
     assert s.clock_event_gpu_s == {"gpu_idle": 9.0, "sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}
     assert s.ecc_volatile_uncorrected_increase == 2
