@@ -85,14 +85,16 @@ def product(path: str, hours: float) -> dict:
     cfg: Config = load(None)
     s = open_store(path)
     t = time.perf_counter()
+    c0 = time.process_time()
     summ = summarize_job(s, "100", "n1", exit_status_raw=0, collector_status="ok", ended_at=T0 + hours * 3600 + 5)
     save_summary(s, summ)
     t_sum = time.perf_counter() - t
     v, _d = run_verdict(s, "100", cfg=cfg, env={"SLURM_JOB_COMMENT": "gpuguard:template=bench"}, node="n1",
                         now=T0 + hours * 3600 + 10)
     wall = time.perf_counter() - t
+    cpu = time.process_time() - c0
     s.close()
-    return {"wall_s": wall, "summary_s": t_sum, "what": f"{summ.sample_count} samples, cause {v.cause}"}
+    return {"wall_s": wall, "cpu_s": cpu, "summary_s": t_sum, "what": f"{summ.sample_count} samples, cause {v.cause}"}
 
 
 def numpy_ref(path: str, hours: float) -> dict:
@@ -102,6 +104,7 @@ def numpy_ref(path: str, hours: float) -> dict:
 
     conn = sqlite3.connect(path)
     t = time.perf_counter()
+    c0 = time.process_time()
     lo = T0 - 1
     hi = T0 + hours * 3600 + 5
     out = {}
@@ -119,7 +122,7 @@ def numpy_ref(path: str, hours: float) -> dict:
     st = np.array([r[0] for r in conn.execute("select step_time_s from steps where job_id = '100' and node = 'n1'")])
     out["steps"] = [float(np.percentile(st, p, method="inverted_cdf")) for p in (50, 95, 99)]
     wall = time.perf_counter() - t
-    return {"wall_s": wall, "what": f"{len(u)} samples"}
+    return {"wall_s": wall, "cpu_s": time.process_time() - c0, "what": f"{len(u)} samples"}
 
 
 def child(mode: str, path: str, hours: float) -> None:
@@ -150,12 +153,16 @@ def main() -> None:
                                        capture_output=True, text=True, check=True)
                     res[mode].append(json.loads(p.stdout.strip().splitlines()[-1]))
             med = {m: statistics.median(r["wall_s"] for r in rs) for m, rs in res.items()}
+            cpu = {m: statistics.median(r["cpu_s"] for r in rs) for m, rs in res.items()}
             rss = {m: max(r["rss_mib"] for r in rs) for m, rs in res.items()}
             summ = statistics.median(r["summary_s"] for r in res["product"])
-            print(f"  product (summary+verdict): median {med['product']:.2f} s (summary alone {summ:.2f} s), "
-                  f"peak RSS {rss['product']:.0f} MiB  [{res['product'][0]['what']}]")
-            print(f"  numpy reference (summary only): median {med['numpy']:.2f} s, peak RSS {rss['numpy']:.0f} MiB")
-            print(f"  ratio product/numpy = {med['product'] / med['numpy']:.2f} over {args.runs} runs")
+            print(f"  product (summary+verdict): median wall {med['product']:.2f} s (summary alone {summ:.2f} s), "
+                  f"CPU {cpu['product']:.2f} s, peak RSS {rss['product']:.0f} MiB  [{res['product'][0]['what']}]")
+            print(f"  numpy reference (summary only): median wall {med['numpy']:.2f} s, CPU {cpu['numpy']:.2f} s, "
+                  f"peak RSS {rss['numpy']:.0f} MiB")
+            print(f"  ratio product/numpy = {med['product'] / med['numpy']:.2f} wall, "
+                  f"{cpu['product'] / cpu['numpy']:.2f} CPU, over {args.runs} runs (load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":

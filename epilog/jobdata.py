@@ -28,7 +28,6 @@ import bisect
 import json
 import math
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,10 +266,9 @@ def _load_steps(store: Any, job_id: str, nodes: list[str] | None) -> list[StepRe
         avgs = ", ".join(f"avg({c})" for c in cols.split(", "))
         rows = conn.execute(f"select node, rank, max(t), {avgs} {where} "
                             f"group by node, rank, cast((t - ?) / ? as integer) order by 3", [*params, lo, bucket_s])
-    out = []
-    for node, rank, t, st, sa, to, dw, fb, cm, op in rows:
-        out.append(StepRec(node, rank, float(t), _f(st), _f(sa), _f(to), _f(dw), _f(fb), _f(cm), _f(op)))
-    return out
+    # the ingest stored only finite numbers (gpuguard.collector.ingest): no per-value check
+    return [StepRec(node, rank, float(t), st, sa, to, dw, fb, cm, op)
+            for node, rank, t, st, sa, to, dw, fb, cm, op in rows]
 
 
 def step_count(store: Any, job_id: str, nodes: list[str] | None, cols: set[str]) -> int:
@@ -334,15 +332,31 @@ def ecc_growth(g: GpuSeries) -> int:
     return int(max(vals) - vals[0]) if vals else 0
 
 
+def _slow_cum(g: GpuSeries) -> list[list[int]]:
+    """Per slowdown reason, the running count of samples with it active (``[0]`` + one
+    entry per sample), computed once per series: a window's count is two lookups."""
+    cum = getattr(g, "_slow_cum", None)
+    if cum is None or len(cum[0]) != len(g.mask) + 1:
+        cum = []
+        for r in SLOWDOWN_REASONS:
+            bit = CLOCK_EVENT_REASONS[r][0]
+            run = [0]
+            c = 0
+            for m in g.mask:
+                c += 1 if m & bit else 0
+                run.append(c)
+            cum.append(run)
+        g._slow_cum = cum  # type: ignore[attr-defined]
+    return cum
+
+
 def reasons_share(gpus: list[GpuSeries], t0: float, t1: float) -> dict[str, float]:
     """Share (0-1) of GPU samples in ``[t0, t1)`` with each slowdown reason active."""
-    counts: dict[str, int] = defaultdict(int)
+    counts = [0] * len(SLOWDOWN_REASONS)
     total = 0
     for g in gpus:
         i, j = g.span(t0, t1)
-        for m in g.mask[i:j]:
-            total += 1
-            for r in SLOWDOWN_REASONS:
-                if m & CLOCK_EVENT_REASONS[r][0]:
-                    counts[r] += 1
-    return {r: counts[r] / total for r in SLOWDOWN_REASONS if total and counts[r]}
+        total += j - i
+        for k, run in enumerate(_slow_cum(g)):
+            counts[k] += run[j] - run[i]
+    return {r: counts[k] / total for k, r in enumerate(SLOWDOWN_REASONS) if total and counts[k]}

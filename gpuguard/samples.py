@@ -168,11 +168,13 @@ def real_expr(m: Any) -> str:
 
 #: A series with more samples than this is read in buckets of whole seconds, so at most
 #: about this many rows per GPU come back to Python whatever the job's length (our choice:
-#: 5,000 keeps an 83-minute job at 1 s exact and a 24 h job in 18 s buckets, below the
-#: verdict's 60 s short window).
-MAX_POINTS = 5_000
+#: 2,000 keeps a 33-minute job at 1 s (5.5 h at 10 s) exact and a 24 h job in 44 s
+#: buckets, below the verdict's 60 s short window).
+MAX_POINTS = 2_000
 
 _VALUE_METRICS = tuple(m for m in GPU_SAMPLED if m.name != "clock_event_mask")
+#: Metrics whose bucket maximum anyone reads (summary max/peak, the verdict's memory).
+_MAX_NEEDED = frozenset(m.name for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats))
 _MASK_COL = stored_column(next(m for m in GPU_SAMPLED if m.name == "clock_event_mask"))
 
 
@@ -213,6 +215,7 @@ class Buckets:
         return out
 
 
+_FIELD_BITS = 20
 _CACHE: dict[tuple[Any, ...], Buckets] = {}
 #: Series kept in :data:`_CACHE` (a node's GPUs, with room to spare).
 _CACHE_SERIES = 16
@@ -232,29 +235,41 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     if hit is not None:
         return hit
     out = Buckets(sid, t0, bucket_ms)
-    agg = []
-    for m in _VALUE_METRICS:
-        c = stored_column(m)
-        agg += [f"sum({c})", f"count({c})", f"max({c})"]
-    agg += [f"sum(({_MASK_COL} & {bit}) != 0)" for bit in out.bits]
+    names = [m.name for m in _VALUE_METRICS]
+    cols = {m.name: stored_column(m) for m in _VALUE_METRICS}
+    agg = [f"sum({cols[n]})" for n in names]
+    agg += [f"max({cols[n]})" for n in names if n in _MAX_NEEDED]
+    # Counts of non-NULL values and of each clock-event bit, three per integer: one
+    # aggregate step per three counts instead of one each (measured: 0.74 s -> 0.41 s per
+    # day-long GPU series). Exact while a bucket holds fewer than 2**20 samples.
+    counts = [f"({cols[n]} is not null)" for n in names]
+    bits = list(out.bits)
+    flags = [f"(({_MASK_COL} & {bit}) != 0)" for bit in bits]
+    packed = counts + flags
+    for k in range(0, len(packed), 3):
+        agg.append("sum(" + " + ".join(f"{x} * {1 << (_FIELD_BITS * j)}" for j, x in enumerate(packed[k:k + 3])) + ")")
     group = "t_ms" if not bucket_ms else f"t_ms / {bucket_ms}"
     rows = conn.execute(f"select count(*), min(t_ms), max(t_ms), {', '.join(agg)} from gpu_samples "
                         f"where sid = ? and t_ms between ? and ? group by {group} order by 2", (sid, lo, hi))
-    names = [m.name for m in _VALUE_METRICS]
-    bits = list(out.bits)
+    maxed = [n for n in names if n in _MAX_NEEDED]
+    n_sum, n_max = len(names), len(maxed)
+    mask = (1 << _FIELD_BITS) - 1
     for r in rows:
         out.n.append(r[0])
         out.t_min.append(r[1])
         out.t_max.append(r[2])
-        i = 3
-        for name in names:
-            out.sums[name].append(r[i])
-            out.counts[name].append(r[i + 1])
-            out.maxes[name].append(r[i + 2])
-            i += 3
-        for bit in bits:
-            out.bits[bit].append(r[i] or 0)
-            i += 1
+        for i, name in enumerate(names):
+            out.sums[name].append(r[3 + i])
+        for i, name in enumerate(maxed):
+            out.maxes[name].append(r[3 + n_sum + i])
+        unpacked = []
+        for v in r[3 + n_sum + n_max:]:
+            v = v or 0
+            unpacked += [v & mask, (v >> _FIELD_BITS) & mask, (v >> (2 * _FIELD_BITS)) & mask]
+        for i, name in enumerate(names):
+            out.counts[name].append(unpacked[i])
+        for i, bit in enumerate(bits):
+            out.bits[bit].append(unpacked[n_sum + i])
     if len(_CACHE) >= _CACHE_SERIES:
         _CACHE.clear()  # a few series of one job at a time: memory stays bounded
     _CACHE[key] = out
