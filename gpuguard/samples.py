@@ -29,7 +29,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, scale_value, stored_column
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, stored_column
 
 MINUTE_S = 60
 
@@ -113,6 +113,7 @@ class SeriesCache:
         return self.ids[key]
 
 
+_FAST_SCALES = tuple((m.name, m.scale) for m in GPU_SAMPLED)
 _FAST_INS = (f"insert or replace into gpu_samples (sid, t_ms, {', '.join(_cols(GPU_SAMPLED))}) "
              f"values ({', '.join('?' * (len(GPU_SAMPLED) + 2))})")
 _SLOW_INS = (f"insert or replace into gpu_slow (sid, t_ms, {', '.join(_cols(GPU_SLOW))}) "
@@ -127,12 +128,22 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
     series replaces the earlier one."""
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
+    ids = cache.ids
     for r in rows:
         at = float(r["at"])
-        sid, t0 = cache.get(conn, str(r.get("job_id") or ""), str(r.get("node") or ""),
+        hit = ids.get((r.get("job_id"), r.get("node"), r.get("gpu_index")))
+        if hit is None:
+            hit = cache.get(conn, str(r.get("job_id") or ""), str(r.get("node") or ""),
                             int(r["gpu_index"] if r.get("gpu_index") is not None else -1), r.get("gpu_uuid"), at)
+            ids[(r.get("job_id"), r.get("node"), r.get("gpu_index"))] = hit  # the row's own spelling too
+        sid, t0 = hit
         t_ms = round((at - t0) * 1000)
-        fast.append((sid, t_ms, *[scale_value(m, r.get(m.name)) for m in GPU_SAMPLED]))
+        vals: list[Any] = [sid, t_ms]
+        for name, sc in _FAST_SCALES:
+            v = r.get(name)
+            # v - v == 0 only for a finite number: NaN/inf are no reading
+            vals.append(None if v is None or v - v != 0 else round(v * sc))
+        fast.append(tuple(vals))
         sv = [r.get(m.name) for m in GPU_SLOW]
         if any(v is not None for v in sv):
             slow.append((sid, t_ms, *[None if v is None else int(v) for v in sv]))

@@ -42,6 +42,7 @@ def _import_sqlite_utils():  # type: ignore[no-untyped-def]
 sqlite_utils = _import_sqlite_utils()
 
 BUSY_TIMEOUT_MS = 5000
+_SCALARS = (type(None), int, float, str)
 
 
 class StoreError(Exception):
@@ -249,9 +250,21 @@ class Store:
             self._guard("insert into samples", put)
             return
 
+        rows = list(rows)
+
         def go() -> None:
             with self.tx():
-                self.db[table].insert_all(rows, batch_size=500)
+                cols = list(rows[0]) if rows else []
+                keys = set(cols)
+                plain = all(r.keys() == keys and all(type(v) in _SCALARS for v in r.values()) for r in rows)
+                if plain and all(c.isidentifier() for c in cols):
+                    # same keys, scalar values: one executemany (sqlite-utils' insert_all
+                    # inspects and converts every value, which the collector pays each flush)
+                    self.db.conn.executemany(
+                        f"insert into [{table}] ({', '.join(cols)}) values ({', '.join('?' * len(cols))})",
+                        [tuple(r[c] for c in cols) for r in rows])
+                else:
+                    self.db[table].insert_all(rows, batch_size=500)
         self._guard(f"insert into {table}", go)
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
