@@ -263,7 +263,29 @@ def main() -> None:
                                    float(pdr["efficiency"][1].idle.sum()) / 3600, rel_tol=1e-9),
     }
     print("\nsqlite and pandas agree: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in agree.items()))
+    grouped_and_bucketed(store, since, until)
     store.close()
+
+
+def grouped_and_bucketed(store, since, until) -> None:
+    """Time the grouping features: two keys, month buckets (one query per bucket plus the
+    whole window), a filter, and the HTML usage-over-time series (one query)."""
+    from gpuguard.reports.buckets import usage_series
+    from gpuguard.reports.queries import Filters, run_reports
+
+    utc = ZoneInfo("UTC")
+    print(f"\n{'grouping':44} {'s':>7}")
+    for label, kw in (("cost --by account,user", {"by": "account,user"}),
+                      ("cost --by account --per month", {"per": "month"}),
+                      ("cost --by account,user --per week", {"by": "account,user", "per": "week"}),
+                      ("cost --user <one> (filter)", {"cluster": Filters(user=("user001",))})):
+        t = time.perf_counter()
+        (rep,) = run_reports(store, ["cost"], since=since, until=until, rates=RATES, tz=utc, **kw)
+        print(f"{label:44} {time.perf_counter() - t:7.3f}  ({len(rep.tables[0].rows)} rows)")
+    t = time.perf_counter()
+    s = usage_series(store, since, until, "account", utc)
+    print(f"{'usage over time (' + s['bucket'] + ', one query)':44} {time.perf_counter() - t:7.3f}  "
+          f"({len(s['periods'])} periods x {len(s['groups'])} groups)")
 
 
 if __name__ == "__main__":

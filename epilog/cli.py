@@ -1,47 +1,33 @@
-"""``gpuguard job show JOBID [--json]``: what the store knows about one job.
+"""``gpuguard job show JOBID [--full] [--format text|json|csv|html]``: what the store knows about one job.
 
 A thin layer (STYLE.md): :func:`job_report` gathers, :func:`format_text` formats; the
 click command only parses and prints. Registered in :mod:`gpuguard.cli` with
 ``from gpuguard.epilog.cli import job; main.add_command(job)``.
 
-Times are epoch seconds in the store and ISO 8601 UTC here (DESIGN.md, "Storage").
+Times are epoch seconds in the store and ISO 8601 with offset in the display zone here
+(:mod:`gpuguard.output`).
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from datetime import tzinfo
 from typing import Any, NoReturn
 
 import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
+from gpuguard.output import cell, display_tz, emit, isoify, output_options, table
 from gpuguard.store import StoreError, open_store
-
-
-def _iso(t: Any) -> Any:
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return t
-    from gpuguard.xid.parse import utc_iso
-
-    return utc_iso(t)
-
-
-def _isoify(obj: Any) -> Any:
-    """Copy of ``obj`` with every value under a key ``at`` or ``*_at`` made ISO 8601."""
-    if isinstance(obj, dict):
-        return {k: (_iso(v) if k == "at" or k.endswith("_at") else _isoify(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_isoify(v) for v in obj]
-    return obj
 
 
 class JobNotFound(LookupError):
     """The store holds nothing about the job."""
 
 
-def job_report(store: Any, job_id: str) -> dict[str, Any]:
-    """Everything ``store`` holds about ``job_id``, JSON-ready, times in ISO 8601::
+def job_report(store: Any, job_id: str, tz: tzinfo | None = None) -> dict[str, Any]:
+    """Everything ``store`` holds about ``job_id``, JSON-ready, times in ISO 8601 with
+    offset in ``tz`` (default UTC; :func:`gpuguard.output.iso_time`)::
 
         {"job_id": str, "nodes": [str], "gpus": [{"node", "gpu_index", "gpu_uuid"}],
          "summaries": [JobSummary.to_dict()...], "health_runs": [{"node", "hook", "decision",
@@ -88,37 +74,19 @@ def job_report(store: Any, job_id: str) -> dict[str, Any]:
         verdict = load_verdict(store, job_id)
     except Exception:  # a store from before migration 3, or a half-written verdict
         verdict = None
-    return _isoify({"job_id": job_id, "nodes": nodes, "verdict": verdict, "gpus": gpus, "summaries": summaries,
-                    "health_runs": runs, "findings": findings, "events": ev_list})
+    return isoify({"job_id": job_id, "nodes": nodes, "verdict": verdict, "gpus": gpus, "summaries": summaries,
+                    "health_runs": runs, "findings": findings, "events": ev_list}, tz)
 
 
 # -- text --------------------------------------------------------------------------------
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return format(v, ".6g")
-    return str(v)
-
-
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cols = [headers] + [[_fmt(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def summary_rows(s: dict[str, Any]) -> list[list[Any]]:
     """``[metric, value, unit]`` rows of one node's summary, in display order."""
     rows: list[list[Any]] = [
-        ["exit status", s["exit_text"], f"raw {_fmt(s['exit_status_raw'])}"],
+        ["exit status", s["exit_text"], f"raw {cell(s['exit_status_raw'])}"],
         ["collector", s["collector_status"], ""],
         ["samples", s["sample_count"], "rows"],
-        ["first sample", s["first_sample_at"], "UTC"],
-        ["last sample", s["last_sample_at"], "UTC"],
+        ["first sample", s["first_sample_at"], ""],
+        ["last sample", s["last_sample_at"], ""],
         ["sample interval (median)", s["sample_interval_s"], "s"],
     ]
     rows += [[name, s.get(name), unit] for name, (unit, _doc) in METRICS.items()]
@@ -151,25 +119,25 @@ def format_text(rep: dict[str, Any]) -> str:
             post += f" ({pj['reason']})"
         out.append(f"  {s['node']}: {s['exit_text']}, collector {s['collector_status']}, "
                    f"{len(s['gpus'])} GPU(s), post-job check: {post}")
-    out += ["", "GPUs", _table([[g["node"], g["gpu_index"], g["gpu_uuid"]] for g in rep["gpus"]],
+    out += ["", "GPUs", table([[g["node"], g["gpu_index"], g["gpu_uuid"]] for g in rep["gpus"]],
                                ["NODE", "GPU", "UUID"]) if rep["gpus"] else "  none recorded"]
     for s in rep["summaries"]:
-        out += ["", f"Summary ({s['node']})", _table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
+        out += ["", f"Summary ({s['node']})", table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
         if s["gpus"]:
             grows = [[g["gpu_index"], g["sample_count"], g["gpu_util_mean_pct"], g["sm_clock_mean_mhz"],
                       g["power_mean_w"], g["temp_max_c"], g["mem_used_peak_mib"],
                       g["ecc_volatile_uncorrected_increase"],
-                      ", ".join(f"{k} {_fmt(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
+                      ", ".join(f"{k} {cell(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
                      for g in s["gpus"]]
             out += ["", f"Per GPU ({s['node']})",
-                    _table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
+                    table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
                                    "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"])]
     out += ["", "Findings"]
-    out.append(_table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
+    out.append(table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
                        for f in rep["findings"]], ["NODE", "HOOK", "SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])
                if rep["findings"] else "  none")
     out += ["", "Events"]
-    out.append(_table([[e["node"], e["at"], e["kind"], e["code"], e["gpu_index"], e["action"], e["message"]]
+    out.append(table([[e["node"], e["at"], e["kind"], e["code"], e["gpu_index"], e["action"], e["message"]]
                        for e in rep["events"]], ["NODE", "AT", "KIND", "CODE", "GPU", "ACTION", "MESSAGE"])
                if rep["events"] else "  none")
     return "\n".join(out)
@@ -183,39 +151,94 @@ def job() -> None:
 
 @job.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@output_options(formats=("text", "json", "csv", "html"))
+@click.option("--full", is_flag=True, help="text: every metric, finding and event after the one-screen page")
+@click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE instead of stdout")
+@click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [display] timezone, "
+              "$TZ, the system zone)")
 @click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
 @click.pass_obj
-def job_show(obj: Any, job_id: str, as_json: bool, store_path: str | None) -> None:
-    """Print what the store knows about JOB_ID: nodes, GPUs, the summary, findings and
-    events. Exit 2 for an unknown job or an unreadable store."""
-    if store_path is None:
-        if obj is not None and hasattr(obj, "cfg"):
-            cfg = obj.cfg
-        else:
-            from gpuguard import config as config_mod
+def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz_name: str | None,
+             store_path: str | None) -> None:
+    """Show JOB_ID on one screen: header (user, account, state, exit, elapsed vs limit,
+    nodes, GPUs), the verdict with its evidence, per-GPU utilisation/memory/power bars and
+    what to check; --full adds every table. --format html writes a self-contained page
+    with per-GPU and per-rank time-series plots. JSON is :func:`job_report`'s document plus
+    ``job`` (the header); CSV one row per node and summary metric (``node, metric, value,
+    unit``). Exit 2 for an unknown job, an unreadable store or a bad option."""
+    from gpuguard.epilog.advice import AdviceError, load_advice
+    from gpuguard.epilog.jobpage import format_page, job_header
+    from gpuguard.output import resolve_zone
 
-            try:
-                cfg = config_mod.load()
-            except config_mod.ConfigError as e:
-                _fail(str(e))
+    cfg = None
+    if obj is not None and hasattr(obj, "cfg"):
+        try:
+            cfg = obj.cfg
+        except click.ClickException as e:
+            if store_path is None:
+                _fail(e.message)
+    elif store_path is None:
+        from gpuguard import config as config_mod
+
+        try:
+            cfg = config_mod.load()
+        except config_mod.ConfigError as e:
+            _fail(str(e))
+    if store_path is None:
         store_path = cfg.store_path
     try:
+        tz = resolve_zone(tz_name) if tz_name else display_tz(cfg)
+        advice = load_advice(cfg.get("job_page", "advice_file") if cfg is not None else "")
         store = open_store(store_path, create=False)
-    except StoreError as e:
+    except (StoreError, ValueError, AdviceError) as e:
         _fail(str(e))
     try:
-        rep = job_report(store, job_id)
+        rep = job_report(store, job_id, tz)
+        rep.setdefault("job", job_header(store, rep))
+        series = None
+        if fmt == "html":
+            from gpuguard.epilog.jobpage_html import load_series
+
+            series = load_series(store, job_id)
     except JobNotFound:
         _fail(f"job {job_id}: not found in store {store_path}")
     except StoreError as e:
         _fail(str(e))
     finally:
         store.close()
-    if as_json:
-        click.echo(json.dumps(rep, indent=2, default=str))
+    idle = cfg.get("job_page", "idle_gpu_pct") if cfg is not None else 5.0
+    rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
+            for s in rep["summaries"] for m, v, u in summary_rows(s)]
+    headers = ["node", "metric", "value", "unit"]
+    if fmt in ("json", "csv") and not output:
+        emit(fmt, dict(rep, job=isoify(rep["job"], tz)), rows=rows, headers=headers)
+        return
+    if fmt == "csv":
+        from gpuguard.output import to_csv
+
+        text = to_csv(rows, headers)
+    elif fmt == "html":
+        from gpuguard.epilog.jobpage_html import render_html
+
+        text = render_html(rep, series, tz=tz, advice=advice, idle_gpu_pct=idle)
+    elif fmt == "json":
+        from gpuguard.output import to_json
+
+        text = to_json(dict(rep, job=isoify(rep["job"], tz)))
     else:
-        click.echo(format_text(rep))
+        text = format_page(rep, tz=tz, advice=advice, idle_gpu_pct=idle)
+        if full:
+            text += "\n\n" + format_text(rep)
+    if output:
+        from gpuguard.inputs import InputError, write_output
+
+        try:
+            write_output(output, text)
+        except InputError as e:
+            _fail(str(e))
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 def _fail(msg: str) -> NoReturn:

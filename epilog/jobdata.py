@@ -33,22 +33,18 @@ from typing import Any
 
 from gpuguard import samples
 from gpuguard.metrics import BY_NAME, stored_column
-from gpuguard.model import CLOCK_EVENT_REASONS
+from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
+from gpuguard.net.evidence import FABRIC_CODES
 
-#: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
-#: setting (nvml.h ``nvmlClocksEventReason*``; the DCGM/GPUd "throttle" set).
-SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                    "hw_power_brake_slowdown")
-SLOWDOWN_MASK = 0
-for _r in SLOWDOWN_REASONS:
-    SLOWDOWN_MASK |= CLOCK_EVENT_REASONS[_r][0]
+SLOWDOWN_MASK = reasons_mask(SLOWDOWN_REASONS)
 
 _CKPT_COLS = ("duration_s", "save_s", "write_s", "elapsed_s", "checkpoint_time_s")
 _PHASES = ("data_wait_s", "fwd_bwd_s", "comm_s", "optim_s")
 #: Finding codes that are hardware faults whatever their severity (besides every
-#: critical finding). Verdict/baseline findings are ours and never count.
+#: critical finding), fabric findings included: a job slowed by a degraded link is the
+#: machine's fault. Verdict/baseline findings are ours and never count.
 _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlink.link_down",
-                        "ecc.row_remap", "ecc.retired_pages")
+                        "ecc.row_remap", "ecc.retired_pages", *FABRIC_CODES)
 
 
 @dataclass
@@ -110,6 +106,9 @@ class JobData:
     hw_events: list[dict[str, Any]]
     hw_findings: list[dict[str, Any]]
     mem_total_mib: dict[str, float]
+    #: Interconnect evidence (:func:`gpuguard.net.evidence.communication_evidence`):
+    #: each node's NCCL baseline and the fabric findings of the job's nodes during it.
+    net: dict[str, Any] = field(default_factory=dict)
     #: exact step times in ``[t0, t1)`` (SQL), set when the step records were bucketed
     exact_step_times: Any = None
     #: per-bucket window values cached by :func:`gpuguard.epilog.metrics.window_metrics`
@@ -236,8 +235,11 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
             if cap:
                 caps[g.key] = cap
     gl = sorted(gpus.values(), key=lambda g: (g.node, g.gpu_index))
+    from gpuguard.net.evidence import communication_evidence
+
+    net = communication_evidence(store, job_nodes, start, end) if start is not None else {}
     data = JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
-                   hw_events, hw_findings, caps)
+                   hw_events, hw_findings, caps, net)
     if len(steps) < step_count(store, job_id, nodes, step_cols):
         data.exact_step_times = lambda t0, t1: step_times(store, job_id, nodes, t0, t1)
     return data

@@ -19,7 +19,9 @@ Conventions:
   latest Prolog health run on the node (so the XIDs the Prolog itself found are not
   counted, and a requeued job with the same id is summarised from its last attempt),
   ``ended_at`` the Epilog's time. Without a Prolog run the window is open at the start
-  and events are matched by job id instead.
+  and events are matched by job id instead. Samples are counted by insertion order: every
+  sample of the job stored from the first one stamped after ``started_at`` on, whatever
+  later stamps say (a clock stepped back or forward during the job).
 
 Every statistic is the metric table's (:mod:`gpuguard.metrics`), computed by SQLite
 over the compact sample store (:mod:`gpuguard.samples`): no Python object per sample, so
@@ -182,6 +184,10 @@ class JobSummary:
     exit_signal: int | None = None
     exit_text: str = "unknown"
     collector_status: str = "unknown"
+    #: times the supervisor restarted a killed collector, and the seconds it was down
+    #: (death to restart, summed; :mod:`gpuguard.collector.supervise`)
+    collector_restarts: int = 0
+    collector_down_s: float | None = None
     sample_count: int = 0
     first_sample_at: float | None = None
     last_sample_at: float | None = None
@@ -249,6 +255,18 @@ def _job_window(store: Any, job_id: str, node: str) -> float | None:
     return rows[0]["finished_at"] if rows else None
 
 
+def _first_rowid(store: Any, table: str, job_id: str, node: str, started_at: float | None) -> int:
+    """The first row of this attempt of the job: the earliest (by rowid) row stamped at or
+    after ``started_at``; every later row belongs to the attempt whatever its stamp (a
+    clock step). All of the job's rows when none is (the clock stepped back before the
+    first sample) or when there is no window."""
+    if started_at is None:
+        return 0
+    rows = store.query(f"select min(rowid) as r from {table} where job_id = ? and node = ? and at >= ?",
+                       [job_id, node, started_at])
+    return rows[0]["r"] if rows and rows[0]["r"] is not None else 0
+
+
 def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
     """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
     until the next sample (left-point rule; the last sample adds nothing), each sample's
@@ -300,6 +318,8 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
     lasts: list[float] = []
     for sid, _node, idx, uuid, t0 in series:
         lo, hi = samples.t_range(t0, start, end)
+        if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
+            lo = -(2**62)  # nothing stamped after the start: the clock stepped back before the first sample
         b = samples.read_buckets(conn, sid, t0, lo, hi)
         n = sum(b.n)
         if not n:
@@ -429,8 +449,9 @@ def _step_part(summary: JobSummary, conn: Any, job_id: str, node: str) -> None:
         summary.checkpoint_count = busiest[1]
 
 
-def _host_part(summary: JobSummary, conn: Any, job_id: str, node: str, window: str, params: list[Any]) -> None:
-    """Host fields of the metric table (``host`` scope) from ``host_samples``."""
+def _host_part(summary: JobSummary, conn: Any, job_id: str, node: str, first_rowid: int) -> None:
+    """Host fields of the metric table (``host`` scope) from ``host_samples`` rows of the
+    attempt (rowid from ``first_rowid``: insertion order, see :func:`_first_rowid`)."""
     ms = [m for m in METRIC_TABLE if m.scope == "host"]
     sel = ["count(*)"]
     for m in ms:
@@ -441,8 +462,8 @@ def _host_part(summary: JobSummary, conn: Any, job_id: str, node: str, window: s
                 sel.append(f"max({m.name})")
             elif st == "increase":  # cumulative since the job started: last minus first
                 sel.append(f"max({m.name}) - min({m.name})")
-    row = conn.execute(f"select {', '.join(sel)} from host_samples where job_id = ? and node = ?{window}",
-                       params).fetchone()
+    row = conn.execute(f"select {', '.join(sel)} from host_samples where job_id = ? and node = ? and rowid >= ?",
+                       (job_id, node, first_rowid)).fetchone()
     summary.host_sample_count = row[0]
     i = 1
     for m in ms:
@@ -502,15 +523,14 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     s = JobSummary(job_id=str(job_id), node=node, created_at=now, started_at=started_at, ended_at=ended_at,
                    exit_status_raw=exit_status_raw, exit_code=ex.code, exit_signal=ex.signal, exit_text=ex.text,
                    collector_status=collector_status)
-    window = " and at <= ?"
-    params: list[Any] = [job_id, node, ended_at]
-    if started_at is not None:
-        window += " and at >= ?"
-        params.append(started_at)
+    # Samples of this attempt are counted from the first one stamped at or after the
+    # attempt's start, with no upper bound: the collector is stopped before the summary,
+    # and a clock stepped back during the job leaves later samples stamped before the
+    # window (the store's per-GPU timeline stays monotonic: gpuguard.samples.write).
     conn = store.db.conn
     try:
-        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, ended_at)
-        _host_part(s, conn, job_id, node, window, params)
+        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None)
+        _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
         _step_part(s, conn, job_id, node)
     except sqlite3.Error as e:
         raise StoreError(f"store {store.path}: job summary read failed: {e}") from None

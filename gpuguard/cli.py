@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
-
 import click
 
 from gpuguard import config as config_mod
+from gpuguard.output import emit, output_options, table
 
 
 class _Obj:
@@ -48,17 +47,9 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     ctx.obj = _Obj(config_path)
 
 
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cols = [headers] + [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 # --- check --------------------------------------------------------------------------
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
               help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
 @click.option("--gpu-source", type=click.Choice(["nvml", "replay"]), help="override [gpu] source")
@@ -67,9 +58,13 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
               "(default: the config's; 'none' with --from-nvidia-smi)")
 @click.option("--record", is_flag=True, help="store the run and advance the kernel-log cursor like the prolog does")
 @click.option("--list", "list_checks", is_flag=True, help="list the checks and exit")
+@click.option("--from-file", "from_files", metavar="FILE", multiple=True,
+              help="judge saved interconnect outputs instead of the live node (repeatable): nccl-tests logs, "
+                   "ibstat, ibv_devinfo -v, perfquery [-x], nvidia-smi nvlink -s / -e, nvidia-smi topo -m, "
+                   "dcgmi nvlink --link-status")
 @click.pass_obj
-def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
-          kernel_log: str | None, record: bool, list_checks: bool) -> None:
+def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
+          kernel_log: str | None, record: bool, list_checks: bool, from_files: tuple[str, ...]) -> None:
     """Run every health check once and print the findings with their policy action.
 
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings. Reads the
@@ -82,6 +77,9 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
             click.echo(f"{name:16} {(fn.__doc__ or '').strip().splitlines()[0]}")
         return
     cfg = obj.cfg
+    if from_files:
+        _check_files(cfg, list(from_files), fmt)
+        return
     if gpu_source:
         cfg.values["gpu"]["source"] = gpu_source
     if replay_path:
@@ -112,25 +110,65 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
                      kernel_log=None if kl == "none" else kl, scan_xid=kl != "none", record=record)
     if res.snapshot is None:
         _fail("; ".join(res.tool_errors))
-    if as_json:
+    rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
+            for f, a in res.decision.actions]
+    if fmt == "json":
         from gpuguard.policy import summarize
 
         doc = summarize(res.decision)
         doc["tool_errors"] = res.tool_errors
         doc["gpus"] = len(res.snapshot.gpus)
-        click.echo(json.dumps(doc, indent=2, default=str))
+        emit(fmt, doc)
+    elif fmt == "csv":
+        emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
     else:
-        rows = [[f.severity, a, f.code, "" if f.gpu_index is None else f.gpu_index, f.message]
-                for f, a in res.decision.actions]
         click.echo(f"{len(res.snapshot.gpus)} GPU(s) from {res.snapshot.source}")
         if rows:
-            click.echo(_table(rows, ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"]))
+            click.echo(table([list(r.values()) for r in rows], ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"]))
         else:
             click.echo("no findings")
         click.echo(f"decision: {res.decision.outcome}" + (f" ({res.decision.reason})" if res.decision.reason else ""))
-        for e in res.tool_errors:
-            click.echo(f"tool error: {e}", err=True)
+    for e in res.tool_errors if fmt != "json" else []:
+        click.echo(f"tool error: {e}", err=True)
     worst = res.worst_severity
+    sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
+
+
+def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:
+    """``gpuguard check --from-file``: triage saved outputs (:mod:`gpuguard.net.triage`)."""
+    from gpuguard.inputs import InputError, read_input
+    from gpuguard.model import SEVERITY_RANK
+    from gpuguard.net.triage import TriageError, triage
+    from gpuguard.policy import decide, summarize
+
+    files = []
+    for p in paths:
+        try:
+            files.append((p, read_input(p, 64 * 2**20).decode("utf-8", "replace")))
+        except InputError as e:
+            _fail(str(e))
+    try:
+        res = triage(files, cfg)
+    except TriageError as e:
+        _fail(str(e))
+    decision = decide(res.findings, cfg.policy, cfg.xid_policy)
+    rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
+            for f, a in decision.actions]
+    if fmt == "json":
+        doc = summarize(decision)
+        doc.update({"read": res.summary, "problems": res.problems})
+        emit(fmt, doc)
+    elif fmt == "csv":
+        emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
+    else:
+        for line in res.summary:
+            click.echo(line)
+        click.echo(table([list(r.values()) for r in rows], ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])
+                   if rows else "no findings")
+        for p in res.problems:
+            click.echo(f"unreadable: {p}")
+        click.echo(f"decision: {decision.outcome}" + (f" ({decision.reason})" if decision.reason else ""))
+    worst = max((f.severity for f in res.findings), key=SEVERITY_RANK.__getitem__, default=None)
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
 
@@ -150,25 +188,32 @@ def _snapshot(obj: _Obj, nvsmi: str | None):
 
 
 @gpu.command("show")
-@click.option("--json", "as_json", is_flag=True)
+@output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
-def gpu_show(obj: _Obj, as_json: bool, nvsmi: str | None) -> None:
-    """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, throttle reasons."""
+def gpu_show(obj: _Obj, fmt: str, nvsmi: str | None) -> None:
+    """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, clock-event
+    (throttle) reasons. JSON is the full snapshot; CSV and text one row per GPU."""
     snap = _snapshot(obj, nvsmi)
-    if as_json:
-        click.echo(json.dumps(snap.to_dict(), indent=2))
+    if fmt == "json":
+        emit(fmt, snap.to_dict())
+        return
+    rows = [{"gpu": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "temp_c": g.temp_c, "power_w": g.power_w,
+             "sm_clock_mhz": g.sm_clock_mhz, "mem_used_mib": g.mem_used_mib, "mem_total_mib": g.mem_total_mib,
+             "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected,
+             "pcie_link": f"gen{g.pcie_gen_current} x{g.pcie_width_current}",
+             "clock_event_reasons": ",".join(g.clock_event_reasons or []),
+             "read_errors": ",".join(sorted(g.read_errors))} for g in snap.gpus]
+    if fmt == "csv":
+        emit(fmt, rows, headers=list(rows[0]) if rows else ["gpu"])
         return
     if snap.error:
         click.echo(f"source error: {snap.error}")
-    rows = []
-    for g in snap.gpus:
-        rows.append([g.index, g.name, g.pci_bus_id, g.temp_c, g.power_w, g.sm_clock_mhz,
-                     f"{g.mem_used_mib}/{g.mem_total_mib}", g.ecc_volatile_uncorrected,
-                     f"{g.pcie_gen_current}x{g.pcie_width_current}",
-                     ",".join(g.clock_event_reasons or []) or "-", ",".join(sorted(g.read_errors)) or "-"])
-    click.echo(_table(rows, ["GPU", "NAME", "PCI", "TEMP_C", "POWER_W", "SM_MHZ", "MEM_MIB",
-                             "ECC_UNC_VOL", "PCIE", "CLOCK_EVENTS", "READ_ERRORS"]))
+    click.echo(table([[r["gpu"], r["name"], r["pci_bus_id"], r["temp_c"], r["power_w"], r["sm_clock_mhz"],
+                       f"{r['mem_used_mib']}/{r['mem_total_mib']}", r["ecc_volatile_uncorrected"], r["pcie_link"],
+                       r["clock_event_reasons"] or "-", r["read_errors"] or "-"] for r in rows],
+                     ["GPU", "NAME", "PCI", "TEMP_C", "POWER_W", "SM_MHZ", "MEM_MIB", "ECC_UNC_VOL", "PCIE",
+                      "CLOCK_EVENTS", "READ_ERRORS"]))
 
 
 @gpu.command("snapshot")
@@ -197,16 +242,16 @@ def config_group() -> None:
 
 
 @config_group.command("show")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@output_options()
 @click.pass_obj
 def config_show(obj: _Obj, fmt: str) -> None:
     """Print the effective configuration and where each value came from."""
-    rows = config_mod.describe(obj.cfg)
-    if fmt == "json":
-        click.echo(json.dumps([{"key": k, "value": v, "origin": o} for k, v, o in rows], indent=2))
+    rows = [{"key": k, "value": v, "origin": o} for k, v, o in config_mod.describe(obj.cfg)]
+    if fmt != "text":
+        emit(fmt, rows, headers=["key", "value", "origin"])
         return
     click.echo(f"# config file: {obj.cfg.path or '(none: defaults only)'}")
-    click.echo(_table([[k, json.dumps(v), o] for k, v, o in rows], ["KEY", "VALUE", "FROM"]))
+    click.echo(table([[r["key"], json.dumps(r["value"]), r["origin"]] for r in rows], ["KEY", "VALUE", "FROM"]))
 
 
 @config_group.command("example")
@@ -219,12 +264,16 @@ def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
     from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
+    from gpuguard.net.cli import nccl
     from gpuguard.reports.cli import report
     from gpuguard.store_cli import store_group
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report, store_group):
+    for group in (xid, job, template, baseline, report, nccl, store_group):
         main.add_command(group)
+    from gpuguard.ops.cli import register
+
+    register(main)
 
 
 _register_subcommands()

@@ -90,10 +90,13 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 
 class SeriesCache:
-    """``(job_id, node, gpu_index) -> (sid, t0)`` for one store connection."""
+    """``(job_id, node, gpu_index) -> (sid, t0)`` for one store connection, and each
+    series' last ``t_ms`` and clock-step offset (:func:`write`)."""
 
     def __init__(self) -> None:
-        self.ids: dict[tuple[str, str, int], tuple[int, float]] = {}
+        self.ids: dict[tuple[Any, ...], tuple[int, float]] = {}
+        self.last: dict[int, int] = {}
+        self.offset: dict[int, int] = {}
 
     def get(self, conn: sqlite3.Connection, job_id: str, node: str, gpu_index: int, uuid: str | None,
             at: float) -> tuple[int, float]:
@@ -124,8 +127,13 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
     """Store sample rows given in real units (``{"job_id", "node", "at", "gpu_index",
     "gpu_uuid", <metric>: value, ...}``; missing metrics are NULL). A row of slow
     counters (any :data:`GPU_SLOW` value not None) also goes to ``gpu_slow``. Call inside
-    a transaction. Returns the number of rows. A row at the same millisecond of the same
-    series replaces the earlier one."""
+    a transaction. Returns the number of rows.
+
+    Each series' timeline stays in collection order: a sample stamped at or before the
+    series' last one (the wall clock stepped back, or two samples in one millisecond) is
+    stored 1 ms after it, and the series' later samples by the same offset, so the summary
+    counts every sample of the attempt and intervals stay true; their ``at`` reads back
+    shifted by the step."""
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
     ids = cache.ids
@@ -137,7 +145,17 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
                             int(r["gpu_index"] if r.get("gpu_index") is not None else -1), r.get("gpu_uuid"), at)
             ids[(r.get("job_id"), r.get("node"), r.get("gpu_index"))] = hit  # the row's own spelling too
         sid, t0 = hit
-        t_ms = round((at - t0) * 1000)
+        t_ms = round((at - t0) * 1000) + cache.offset.get(sid, 0)
+        last = cache.last.get(sid)
+        if last is None:
+            last = cache.last[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
+                                                  (sid,)).fetchone()[0]
+        if last is not None and t_ms <= last:
+            # the clock stepped back (or two samples share a millisecond): keep the series
+            # in collection order; later samples carry the step as an offset
+            cache.offset[sid] = cache.offset.get(sid, 0) + last + 1 - t_ms
+            t_ms = last + 1
+        cache.last[sid] = t_ms
         vals: list[Any] = [sid, t_ms]
         for name, sc in _FAST_SCALES:
             v = r.get(name)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
+
+from gpuguard.output import emit, output_options
 
 
 @click.group("store")
@@ -23,10 +24,10 @@ def store_group() -> None:
               help="also delete job summaries, verdicts and comparisons older than this (default: keep)")
 @click.option("--events-days", type=click.FloatRange(min=0), default=None,
               help="also delete events and findings older than this (default: keep)")
-@click.option("--json", "as_json", is_flag=True, help="print the counts as JSON")
+@output_options()
 @click.pass_obj
 def store_prune(obj: Any, store_path: str | None, raw_days: float | None, minutes_days: float | None,
-                summaries_days: float | None, events_days: float | None, as_json: bool) -> None:
+                summaries_days: float | None, events_days: float | None, fmt: str) -> None:
     """Fold raw samples past their retention into per-minute aggregates and delete what is
     past every tier. Exit 2 when the store cannot be opened or written."""
     from gpuguard.retention import prune
@@ -45,9 +46,7 @@ def store_prune(obj: Any, store_path: str | None, raw_days: float | None, minute
         raise click.ClickException(str(e)) from None
     finally:
         st.close()
-    if as_json:
-        click.echo(json.dumps(res))
-        return
-    click.echo(f"folded {res['samples_folded']} raw sample(s) of {res['series_done']} GPU series into minutes; "
-               f"deleted {res['host_samples']} host sample(s), {res['minutes']} minute row(s), "
-               f"{res['summaries']} summary(ies), {res['events']} event(s)")
+    emit(fmt, res, rows=[res], text=lambda: (
+        f"folded {res['samples_folded']} raw sample(s) of {res['series_done']} GPU series into minutes; "
+        f"deleted {res['host_samples']} host sample(s), {res['minutes']} minute row(s), "
+        f"{res['summaries']} summary(ies), {res['events']} event(s)"))

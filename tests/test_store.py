@@ -3,7 +3,8 @@ import sqlite3
 
 import pytest
 
-from gpuguard.store import MIGRATIONS, StoreError, open_store
+from gpuguard import store as store_mod
+from gpuguard.store import NAMED_SETS_VERSION, StoreError, open_store
 
 
 def test_created_with_mode_wal_and_version(tmp_path):
@@ -11,7 +12,7 @@ def test_created_with_mode_wal_and_version(tmp_path):
     s = open_store(str(p))
     assert oct(os.stat(p).st_mode & 0o777) == "0o640"
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == NAMED_SETS_VERSION
     assert {"inventory", "inventory_changes", "health_runs", "findings", "events", "cursors",
             "gpu_counters", "gpu_series", "gpu_samples", "gpu_slow", "gpu_minutes", "host_samples"} <= set(
                 s.db.table_names())
@@ -71,7 +72,7 @@ def test_concurrent_first_open_migrates_once(tmp_path):
     with ctx.Pool(6) as pool:
         results = pool.map(_open_and_report, [p] * 12)
     assert results == ["ok"] * 12
-    assert open_store(p).db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert open_store(p).db.conn.execute("PRAGMA user_version").fetchone()[0] == NAMED_SETS_VERSION
 
 
 def _open_and_report(path):
@@ -83,33 +84,37 @@ def _open_and_report(path):
 
 
 def test_old_samples_table_migrates_to_the_compact_store(tmp_path):
-    """A store at schema 5 (wide ``samples`` table) moves its rows into the compact tables,
-    values scaled as the metric table says, and keeps answering the old query shape."""
+    """The collector set's ``compact_samples`` step (gpuguard.samples.migrate) on a store
+    holding the wide ``samples`` table: rows move into the compact tables, values scaled as
+    the metric table says, and the old query shape still answers."""
     import sqlite3
 
-    from gpuguard import store as store_mod
+    from gpuguard import samples
+    from gpuguard.collector import schema as collector_schema
 
     p = str(tmp_path / "old.db")
     conn = sqlite3.connect(p, isolation_level=None)
     db = store_mod.sqlite_utils.Database(conn)
-    for m in store_mod.MIGRATIONS[:5]:
-        m(db)
-    conn.execute("pragma user_version = 5")
+    collector_schema._samples(db)
+    collector_schema._samples_by_gpu(db)
     conn.executemany(
         "insert into samples (job_id, node, at, gpu_index, gpu_uuid, gpu_util_pct, mem_util_pct, mem_used_mib, "
         "power_w, temp_c, sm_clock_mhz, mem_clock_mhz, clock_event_mask, ecc_volatile_uncorrected, "
         "pcie_replay_count) values (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         [("9", "n1", 1000.25, 0, "GPU-a", 97.0, 41.0, 60000.4, 612.34, 71.0, 1980.0, 2619.0, 4, 0, 3),
          ("9", "n1", 1001.25, 0, "GPU-a", 98.0, 42.0, 60001.0, 600.0, 72.0, 1975.0, 2619.0, 0, None, None)])
-    conn.close()
-    s = open_store(p)
-    assert s.db.conn.execute("pragma user_version").fetchone()[0] == len(MIGRATIONS)
-    assert s.query("select id, job_id, node, gpu_index, gpu_uuid, t0 from gpu_series") == [
+    conn.execute("begin")
+    samples.migrate(conn)
+    conn.execute("commit")
+    rows = lambda sql: [dict(zip([c[0] for c in cur.description], r, strict=True))  # noqa: E731
+                        for cur in [conn.execute(sql)] for r in cur.fetchall()]
+    assert rows("select id, job_id, node, gpu_index, gpu_uuid, t0 from gpu_series") == [
         {"id": 1, "job_id": "9", "node": "n1", "gpu_index": 0, "gpu_uuid": "GPU-a", "t0": 1000.25}]
-    assert s.query("select at, gpu_util_pct, mem_util_pct, mem_used_mib, power_w, clock_event_mask, "
-                   "ecc_volatile_uncorrected, pcie_replay_count from samples order by at") == [
+    assert rows("select at, gpu_util_pct, mem_util_pct, mem_used_mib, power_w, clock_event_mask, "
+                "ecc_volatile_uncorrected, pcie_replay_count from samples order by at") == [
         {"at": 1000.25, "gpu_util_pct": 97, "mem_util_pct": 41, "mem_used_mib": 60000, "power_w": 612.3,
          "clock_event_mask": 4, "ecc_volatile_uncorrected": 0, "pcie_replay_count": 3},
         {"at": 1001.25, "gpu_util_pct": 98, "mem_util_pct": 42, "mem_used_mib": 60001, "power_w": 600.0,
          "clock_event_mask": 0, "ecc_volatile_uncorrected": None, "pcie_replay_count": None}]
-    s.close()
+    assert [r[0] for r in conn.execute("select type from sqlite_master where name = 'samples'")] == ["view"]
+    conn.close()
