@@ -73,6 +73,11 @@ COLLECTOR_STATUSES = {
 #: sample into minutes of throttling.
 MAX_GAP_FACTOR = 3.0
 
+#: At most this many windows per series in :attr:`JobSummary.windows`: longer jobs get
+#: wider windows (our choice: a 24 h job at the default 60 s is 1,440; 7 days get 7 min).
+MAX_WINDOWS = 1500
+
+
 #: At most this many XID events are listed in the summary (all are counted).
 MAX_EVENTS_LISTED = 50
 
@@ -227,6 +232,13 @@ class JobSummary:
     rejected_files: list[list[str]] = field(default_factory=list)
     records_truncated: bool = False
     post_job: dict[str, Any] | None = None
+    #: Per-window series (:func:`summarize_job` with ``window_s``), not stored with the
+    #: summary: ``{"window_s", "start" (epoch s), "count", "gpus": {"<index>": {"n": [...],
+    #: <metric>: [...]}} (metrics of gpuguard.samples.WINDOW_VALUES, real units, None for an
+    #: empty window), "ranks": {"<node>/<rank>": {"n": [...], "step_time_s_sum": [...],
+    #: "samples_sum": [...], "tokens_sum": [...]}}}``. The verdict's short windows, for a
+    #: judge that has no access to this node's store.
+    windows: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (nested :class:`GpuSummary` become dicts)."""
@@ -501,7 +513,8 @@ def _post_job_part(summary: JobSummary, store: Any, job_id: str, node: str) -> N
 
 def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | None,
                   collector_status: str = "unknown", ingest: Any = None,
-                  started_at: float | None = None, ended_at: float | None = None) -> JobSummary:
+                  started_at: float | None = None, ended_at: float | None = None,
+                  window_s: float | None = None, max_windows: int = MAX_WINDOWS) -> JobSummary:
     """Summarise job ``job_id`` on ``node`` from ``store`` (a :class:`gpuguard.store.Store`).
 
     * ``exit_status_raw``: ``SLURM_JOB_EXIT_CODE`` as an int (raw wait status), or None;
@@ -532,6 +545,8 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
         _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None)
         _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
         _step_part(s, conn, job_id, node)
+        if window_s is not None:
+            s.windows = _windows_part(s, conn, job_id, node, window_s, max_windows)
     except sqlite3.Error as e:
         raise StoreError(f"store {store.path}: job summary read failed: {e}") from None
     _events_part(s, store, job_id, node)
@@ -543,6 +558,36 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     return s
 
 
+def _windows_part(s: JobSummary, conn: Any, job_id: str, node: str, window_s: float,
+                  max_windows: int) -> dict[str, Any] | None:
+    """:attr:`JobSummary.windows` from the same bucketed pass as the GPU fields (cached)
+    and one grouped query over the steps."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if s.first_sample_at is None:
+        return None
+    start = s.first_sample_at
+    width = max(window_s, (s.last_sample_at - start) / max_windows)  # type: ignore[operator]
+    count = int((s.last_sample_at - start) // width) + 1  # type: ignore[operator]
+    out: dict[str, Any] = {"window_s": width, "start": start, "count": count, "gpus": {}, "ranks": {}}
+    for sid, _n, idx, _u, t0 in samples.series_of(conn, job_id, [node]):
+        lo, hi = samples.t_range(t0, s.started_at, None)
+        if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
+            lo = -(2**62)
+        out["gpus"][str(idx)] = samples.windows_of(samples.read_buckets(conn, sid, t0, lo, hi), start, width, count)
+    ranks: dict[str, dict[str, list[Any]]] = {}
+    for rank, k, n, st, sa, to in conn.execute(
+            "select rank, cast((t - ?) / ? as integer) as k, count(*), sum(step_time_s), sum(samples), sum(tokens) "
+            "from steps where job_id = ? and node = ? and t >= ? group by rank, k", (start, width, job_id, node, start)):
+        if not 0 <= k < count:
+            continue
+        r = ranks.setdefault(f"{node}/{rank}", {f: [None] * count for f in
+                                                ("n", "step_time_s_sum", "samples_sum", "tokens_sum")})
+        r["n"][k], r["step_time_s_sum"][k], r["samples_sum"][k], r["tokens_sum"][k] = n, st, sa, to
+    out["ranks"] = ranks
+    return out
+
+
 def save_summary(store: Any, summary: JobSummary) -> None:
     """Upsert ``summary`` into ``job_summaries`` (one row per job and node; a rerun of
     the epilog replaces it). Raises :class:`gpuguard.store.StoreError`."""
@@ -552,7 +597,8 @@ def save_summary(store: Any, summary: JobSummary) -> None:
         "exit_status_raw": summary.exit_status_raw, "exit_code": summary.exit_code,
         "exit_signal": summary.exit_signal, "collector_status": summary.collector_status,
         "sample_count": summary.sample_count, "step_records": summary.step_records,
-        "summary_version": summary.version, "summary": json.dumps(summary.to_dict(), default=str),
+        "summary_version": summary.version,
+        "summary": json.dumps({k: v for k, v in summary.to_dict().items() if k != "windows"}, default=str),
     }
 
     try:

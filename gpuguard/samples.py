@@ -303,3 +303,43 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
         _CACHE.clear()  # a few series of one job at a time: memory stays bounded
     _CACHE[key] = out
     return out
+
+
+#: Per-window values of :func:`windows_of` per GPU: metric -> how a window combines its
+#: samples (the verdict's short windows; means, and the peak for memory).
+WINDOW_VALUES = {"gpu_util_pct": "mean", "mem_util_pct": "mean", "power_w": "mean", "temp_c": "mean",
+                 "sm_clock_mhz": "mean", "mem_used_mib": "max"}
+
+
+def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict[str, list[float | None]]:
+    """One GPU's :class:`Buckets` regrouped into ``n_windows`` windows of ``width_s`` from
+    epoch ``start`` (a bucket counts in the window holding its first sample): per
+    :data:`WINDOW_VALUES` metric a list of window values in real units, ``None`` for a
+    window without samples, plus ``"n"``: samples per window."""
+    from gpuguard.metrics import BY_NAME
+
+    sums = {m: [0] * n_windows for m in WINDOW_VALUES}
+    cnts = {m: [0] * n_windows for m in WINDOW_VALUES}
+    tops: dict[str, list[Any]] = {m: [None] * n_windows for m in WINDOW_VALUES}
+    n = [0] * n_windows
+    for i, t in enumerate(b.t_min):
+        k = int((b.t0 + t / 1000.0 - start) // width_s)
+        if not 0 <= k < n_windows:
+            continue
+        n[k] += b.n[i]
+        for m, how in WINDOW_VALUES.items():
+            if how == "max":
+                v = b.maxes[m][i]
+                if v is not None and (tops[m][k] is None or v > tops[m][k]):
+                    tops[m][k] = v
+            elif b.counts[m][i]:
+                sums[m][k] += b.sums[m][i]
+                cnts[m][k] += b.counts[m][i]
+    out: dict[str, list[Any]] = {"n": n}
+    for m, how in WINDOW_VALUES.items():
+        sc = BY_NAME[m].scale
+        if how == "max":
+            out[m] = [None if v is None else v / sc for v in tops[m]]
+        else:
+            out[m] = [round(s / c / sc, 3) if c else None for s, c in zip(sums[m], cnts[m], strict=True)]
+    return out

@@ -255,6 +255,8 @@ class Store:
             return
 
         rows = list(rows)
+        if not rows:
+            return
 
         def go() -> None:
             with self.tx():

@@ -242,3 +242,20 @@ def test_whole_attempt_after_a_backward_step_still_counts(store):
     store.insert_many("samples", [sample(gpu_index=0, at=100.0 + 10 * i, gpu_util_pct=50.0) for i in range(5)])
     s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=200.0)
     assert s.sample_count == 5
+
+
+def test_windows_in_the_declared_shape(store):
+    fill(store)
+    s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=1500.0, window_s=5.0)
+    w = s.windows
+    # samples 1000..1009 -> windows [1000, 1005) and [1005, 1010)
+    assert (w["window_s"], w["start"], w["count"]) == (5.0, 1000.0, 2)
+    g0 = w["gpus"]["0"]
+    # GPU 0 util 0,10,..,40 then 50..90; memory peak 1004 then 1009
+    assert (g0["n"], g0["gpu_util_pct"], g0["mem_used_mib"]) == ([5, 5], [20.0, 70.0], [1004.0, 1009.0])
+    assert w["gpus"]["1"]["power_w"] == [200.0, 200.0]
+    # steps at t = 1001..1020: rank 0 in window 0 has steps 1-4 (0.1+0.2+0.3+0.4 s); 1005-1009 in window 1
+    r0 = w["ranks"]["n1/0"]
+    assert (r0["n"], r0["step_time_s_sum"]) == ([4, 5], [pytest.approx(1.0), pytest.approx(3.5)])
+    save_summary(store, s)
+    assert "windows" not in json.loads(store.query("select summary from job_summaries")[0]["summary"])
