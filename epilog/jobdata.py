@@ -293,6 +293,11 @@ def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: 
     return out
 
 
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
+SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
+               "sm_clock_mhz": "clock"}
+
+
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
     """The job's GPU series from the compact sample store, through the same bucketed pass
     as the job summary (:func:`gpuguard.samples.read_buckets`; the Epilog's verdict reuses
@@ -302,8 +307,7 @@ def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[s
     ECC: the bucket's max), so the verdict's memory does not grow with the job."""
     conn = store.db.conn
     out: dict[tuple[str, int], GpuSeries] = {}
-    attr = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
-            "sm_clock_mhz": "clock"}
+    attr = SERIES_ATTR
     ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
     for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
         g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)

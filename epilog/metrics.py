@@ -21,16 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.epilog import robust
-from gpuguard.epilog.jobdata import JobData
+from gpuguard.epilog.jobdata import SERIES_ATTR, JobData
 from gpuguard.metrics import compared, compared_gpu, percentile
 
 #: comparison name -> (unit, windowed, description), from the metric table.
 METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.description)
                                              for c in compared().values()}
 
-#: GpuSeries attribute of each sampled metric the verdict compares per window.
-_SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power",
-                "sm_clock_mhz": "clock", "temp_c": "temp"}
+_SERIES_ATTR = SERIES_ATTR
 
 
 def _p(values: list[float | None], p: float) -> float | None:

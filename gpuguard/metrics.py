@@ -13,10 +13,12 @@ Driven by this table:
 * the baseline and the verdict's comparisons (:func:`compared`);
 * ``gpuguard job show`` (:func:`unit_of`, :func:`fmt_value`).
 
-Adding a sampled GPU metric = one :class:`Metric` row here (plus its NVML reader in
-``gpuguard.gpu``, the one reader); add a :class:`Compared` row to have the verdict compare
-it. A store migration for the new column is generated from the table
-(``gpuguard.samples.add_missing_columns``).
+Adding a sampled GPU metric = one :class:`Metric` row here, its NVML read in
+``gpuguard.gpu.telemetry`` (and the GpuState field the read fills), a collector migration
+step calling :func:`gpuguard.samples.add_missing_columns` (the columns come from this
+table), and its summary field lines in ``JobSummary``/``GpuSummary``; a
+:class:`Compared` row has the verdict compare it (its series attribute in
+``gpuguard.epilog.jobdata.SERIES_ATTR``).
 
 Names carry units (DESIGN.md, "Storage"): the summary field of statistic ``stat`` of
 metric ``<stem>_<unit>`` is ``<prefix><stem>_<stat>_<unit>`` (``gpu_util_pct`` + ``p95``

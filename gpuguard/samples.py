@@ -343,3 +343,26 @@ def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict
         else:
             out[m] = [round(s / c / sc, 3) if c else None for s, c in zip(sums[m], cnts[m], strict=True)]
     return out
+
+
+def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
+    """Add the columns of metric-table rows added since the compact tables were created
+    (``ALTER TABLE ... ADD COLUMN``; old rows read NULL: not sampled then) and rebuild the
+    ``samples`` view. A new sampled metric's store change is one collector migration step
+    calling this. Returns the columns added."""
+    added = []
+    want = {"gpu_samples": [stored_column(m) for m in GPU_SAMPLED],
+            "gpu_slow": [stored_column(m) for m in GPU_SLOW],
+            "gpu_minutes": [c for m in GPU_SAMPLED for c in
+                            ([f"{stored_column(m)}_or"] if m.name == "clock_event_mask" else
+                             [f"{stored_column(m)}_min", f"{stored_column(m)}_mean", f"{stored_column(m)}_max"])]}
+    for table, cols in want.items():
+        have = {r[1] for r in conn.execute(f"pragma table_info({table})")}
+        for c in cols:
+            if c not in have:
+                kind = "real" if c.endswith("_mean") else "integer"
+                conn.execute(f"alter table {table} add column {c} {kind}")
+                added.append(f"{table}.{c}")
+    conn.execute("drop view if exists samples")
+    conn.execute(_view_sql())
+    return added

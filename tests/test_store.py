@@ -118,3 +118,20 @@ def test_old_samples_table_migrates_to_the_compact_store(tmp_path):
          "clock_event_mask": 0, "ecc_volatile_uncorrected": None, "pcie_replay_count": None}]
     assert [r[0] for r in conn.execute("select type from sqlite_master where name = 'samples'")] == ["view"]
     conn.close()
+
+
+def test_add_missing_columns_follows_the_metric_table(tmp_path, monkeypatch):
+    """A metric-table row added later becomes a column (old rows NULL) and a view column."""
+    from gpuguard import metrics, samples
+
+    s = open_store(str(tmp_path / "n.db"))
+    s.insert_many("samples", [{"job_id": "1", "node": "n1", "at": 1000.0, "gpu_index": 0, "gpu_util_pct": 50.0}])
+    new = metrics.Metric("enc_util_pct", "%", "gpu", "nvmlDeviceGetEncoderUtilization", 1, ("mean",), ".1f",
+                         "video encoder utilisation")
+    monkeypatch.setattr(samples, "GPU_SAMPLED", (*samples.GPU_SAMPLED, new))
+    with s.tx():
+        assert samples.add_missing_columns(s.db.conn) == [
+            "gpu_samples.enc_util_pct", "gpu_minutes.enc_util_pct_min", "gpu_minutes.enc_util_pct_mean",
+            "gpu_minutes.enc_util_pct_max"]
+    assert s.query("select gpu_util_pct, enc_util_pct from samples") == [{"gpu_util_pct": 50, "enc_util_pct": None}]
+    s.close()
