@@ -42,6 +42,7 @@ to ``[paths] log_file`` (``collector[PID] job=N``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
@@ -254,7 +255,8 @@ class Collector:
                  liveness_s: float = 15.0, max_runtime_s: float = DEFAULT_MAX_RUNTIME_S,
                  xid_source_factory: Callable[[], Any] | None = None,
                  log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS,
-                 job_dir_check: Callable[[], None] | None = None, slow_every_s: float = SLOW_EVERY_S):
+                 job_dir_check: Callable[[], None] | None = None, spill_path: str | None = None,
+                 slow_every_s: float = SLOW_EVERY_S):
         if interval_s <= 0 or flush_s <= 0 or liveness_s <= 0:
             raise ValueError("interval_s, flush_s and liveness_s must be > 0")
         self.job_id = job_id
@@ -284,6 +286,8 @@ class Collector:
         self._next_slow = 0.0  # the first sample reads the slow counters too
         #: called every liveness period: the job directory's size cap (jobdir_cap)
         self.job_dir_check = job_dir_check
+        #: where rows the store did not take at exit go (a locked store), for the epilog
+        self.spill_path = spill_path
 
     # -- pieces --
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
@@ -442,7 +446,23 @@ class Collector:
             self.exit_reason = self.exit_reason or self.exit_reason_fn() or "stopped"
         self.stop_event.set()
         self.drain_xids()
-        ok = self.flush() or self.flush()
+        if self.spill_path:
+            # the epilog waits a few seconds at most: a locked store must not eat them;
+            # one short try, then the rows go to the spill file
+            with contextlib.suppress(Exception):
+                if self._store is None:
+                    self._store = self._open_store()
+                self._store.db.conn.execute(f"PRAGMA busy_timeout = {EXIT_BUSY_TIMEOUT_MS}")
+            ok = self.flush()
+        else:
+            ok = self.flush() or self.flush()
+        if not ok and self.spill_path:
+            from gpuguard.collector.spill import spill_rows
+
+            n = spill_rows(self.spill_path, self.buffer.rows)
+            if n:
+                self.log.warning("store unavailable at exit: %d row(s) kept in %s for the epilog", n, self.spill_path)
+                ok = True
         w = self.buffer.written
         self.log.info("collector exiting (%s): wrote %d sample(s), %d host sample(s), %d event(s)%s",
                       self.exit_reason, w["samples"], w["host_samples"], w["events"],
@@ -487,6 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-cgroup", action="append", default=None,
                    help="the job's cgroup directory (repeatable; skips discovery)")
     return p
+
+
+#: SQLite busy timeout of the collector's final flush when a spill file is set (ms; our
+#: choice: the epilog's stop wait is a few seconds, and the spill keeps the rows anyway).
+EXIT_BUSY_TIMEOUT_MS = 500
 
 
 def _job_dir_check(cfg: Any, job_id: str, log: logging.Logger) -> Callable[[], None]:
@@ -537,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = log_mod.setup(cfg.get("paths", "log_file"), "collector", args.job_id)
     node = args.node or cfg.node_name
+    from gpuguard.collector import schema  # noqa: F401  (registers the "collector" store migration set)
     from gpuguard.gpu import open_source
     from gpuguard.store import open_store
 
@@ -568,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness_s=args.liveness_s, max_runtime_s=args.max_runtime_s,
         xid_source_factory=make_source if kind == "nvml" else None, log=log,
         job_dir_check=_job_dir_check(cfg, args.job_id, log),
+        spill_path=os.path.join(cfg.get("paths", "state_dir"), f"collector.{args.job_id}.spill.jsonl"),
     )
 
     coll.stop_event = stop

@@ -179,7 +179,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         # stopped (found through /proc, not through the broken config's paths).
         log.error("tool error: config: %s", config_error)
         if job_id:
-            _stop_without_config(job_id, log)
+            from gpuguard.config import find_config_path
+
+            _stop_without_config(job_id, log, node=env.get("SLURMD_NODENAME"), config=find_config_path()[0])
         return EXIT_OK
     budget = float(cfg.get("epilog", "time_budget_s"))
     deadline = started + budget * DEADLINE_SHARE
@@ -195,7 +197,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
         # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
-        _stop_without_config(job_id, log)
+        _stop_without_config(job_id, log, node=node, config=cfg.path)
     status = collector_status(stop)
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
@@ -261,12 +263,30 @@ def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
     return doc
 
 
-def _stop_without_config(job_id: str, log: Any) -> None:
-    """Stop the job's collector found through /proc (config unreadable)."""
+def _load_spill(store: Any, cfg: Any, job_id: str, log: Any) -> None:
+    """Rows the collector could not store at exit (a locked store) go in now."""
+    from gpuguard.collector.spill import load_spill
+    from gpuguard.store import StoreError
+
+    path = os.path.join(cfg.get("paths", "state_dir"), f"collector.{job_id}.spill.jsonl")
+    try:
+        n = load_spill(store, path)
+        if n:
+            log.info("loaded %d row(s) the collector could not store at exit", n)
+    except StoreError as e:
+        log.error("tool error: collector spill %s kept: %s", path, e)
+
+
+def _stop_without_config(job_id: str, log: Any, *, node: str | None, config: str | None) -> None:
+    """Stop the job's collectors found through /proc, those of this node and config
+    file only (``--node`` / ``--config`` on their command line); used when the pid file
+    cannot be trusted or read (a broken config, a killed supervisor)."""
+    if not node:
+        return  # without a node name the scan could hit another slurmd's collector
     try:
         from gpuguard.collector.launch import stop_collector_by_scan
 
-        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S):
+        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S, node=node, config=config):
             log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
                         "exited" if r.exited else "did not exit")
     except Exception as e:
@@ -287,6 +307,7 @@ def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -
 def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
                  live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
                  restarts: dict | None = None, uid: int | None = None) -> None:
+    from gpuguard.ops import schema as _ops_schema  # noqa: F401  (the "ops" tables: record_hook_drain)
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -297,6 +318,9 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
     if store is None:
         log.info("epilog done without a summary (no store)")
         return
+    from gpuguard.nodecheck import bound_store_waits
+
+    bound_store_waits(store, pend.deadline, share=0.3)
     try:
         _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
                         restarts, uid)
@@ -317,15 +341,19 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: %s", e)
         return
     n_err = len(live.result.tool_errors)
-    record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
+    rec = record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
     for err in live.result.tool_errors[n_err:]:
         log.error("tool error: %s", err)
+    from gpuguard.ops.nodes import record_hook_drain
+
+    record_hook_drain(store, node, live, by="epilog", run_id=getattr(rec, "run_id", None), log=log)
     if not job_id:
         log.info("epilog done without a summary (no job id)")
         return
     if repeat:
         log.info("epilog of job %s already done: its records and summary are kept", job_id)
         return
+    _load_spill(store, cfg, job_id, log)
     if status == "died":
         log.warning("collector pid %s died before the epilog", stop.pid)
         try:

@@ -5,7 +5,8 @@ Which values, their units and which direction is worse are rows of the metric ta
 per window (``None`` when the job has no data for it). Percentiles are nearest rank
 (:func:`gpuguard.metrics.percentile`), as in the whole-job summary: a value here differs
 from the summary's field of the same statistic only by its window (after the warm-up),
-and is shown labelled so.
+and is shown labelled so. Clock-event shares (``power_cap_share``, ``thermal_share``,
+``hw_slowdown_share``) count the GPU samples with any of :data:`REASON_SHARES`' reasons.
 
 Windows: the warm-up at the start of the job is left out (``[verdict] warmup_s``); the
 value compared with the baseline is the one over the rest of the job; the deviation
@@ -23,10 +24,19 @@ from typing import Any
 from gpuguard.epilog import robust
 from gpuguard.epilog.jobdata import SERIES_ATTR, JobData
 from gpuguard.metrics import compared, compared_gpu, percentile
+from gpuguard.model import CLOCK_EVENT_REASONS
 
 #: comparison name -> (unit, windowed, description), from the metric table.
 METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.description)
                                              for c in compared().values()}
+
+#: Clock-event reason groups compared with the template's history (nvml.h
+#: ``nvmlClocksEventReason*``): metric -> reasons whose share of samples it counts.
+REASON_SHARES: dict[str, tuple[str, ...]] = {
+    "power_cap_share": ("sw_power_cap",),
+    "thermal_share": ("sw_thermal_slowdown", "hw_thermal_slowdown"),
+    "hw_slowdown_share": ("hw_slowdown", "hw_power_brake_slowdown"),
+}
 
 _SERIES_ATTR = SERIES_ATTR
 
@@ -42,6 +52,7 @@ def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None
         "step_time_p50_s": _p(times, 50),
         "step_time_p95_s": _p(times, 95),
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
+        "samples_per_step": _p([r.samples if r.samples is not None else r.tokens for r in recs], 50),
     }
     if not times:
         return out
@@ -85,7 +96,22 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
         out["step_time_p95_s"] = percentile(times, 95)
     for name, metric in compared_gpu().items():
         out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
+    out.update(_reason_shares(data, t0, t1))
     return out
+
+
+def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
+    bits = {m: sum(CLOCK_EVENT_REASONS[r][0] for r in rs) for m, rs in REASON_SHARES.items()}
+    counts = dict.fromkeys(REASON_SHARES, 0)
+    total = 0
+    for g in data.gpus:
+        i, j = g.span(t0, t1)
+        for mask in g.mask[i:j]:
+            total += 1
+            for m, b in bits.items():
+                if mask & b:
+                    counts[m] += 1
+    return {m: (counts[m] / total if total else None) for m in REASON_SHARES}
 
 
 #: Width of the one-minute buckets a long window is combined from (the default
@@ -118,18 +144,19 @@ def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | Non
             if v is not None:
                 vals.setdefault(name, []).append(v)
     out: dict[str, float | None] = {}
-    for name in (*_STEP_NAMES, *compared_gpu()):
+    for name in (*_STEP_NAMES, *compared_gpu(), *REASON_SHARES):
         vs = vals.get(name)
         if not vs:
             out[name] = None
-        elif name in ("throughput_per_s", "data_wait_share", "comm_share"):
+        elif name in ("throughput_per_s", "data_wait_share", "comm_share", *REASON_SHARES):
             out[name] = sum(vs) / len(vs)
         else:
             out[name] = percentile(sorted(vs), 50)
     return out
 
 
-_STEP_NAMES = ("step_time_p50_s", "step_time_p95_s", "throughput_per_s", "data_wait_share", "comm_share")
+_STEP_NAMES = ("step_time_p50_s", "step_time_p95_s", "throughput_per_s", "data_wait_share", "comm_share",
+               "samples_per_step")
 
 
 def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:

@@ -168,7 +168,7 @@ class Compared:
 
     ``name``: the comparison's key (stored in ``baselines``/``comparisons``); ``metric`` +
     ``stat``: what it is computed from; ``worse``: +1 when higher is worse, -1 when lower
-    is worse (the comparison itself flags both directions); ``windowed``: computed over
+    is worse, 0 when any change matters (the comparison itself flags both directions); ``windowed``: computed over
     the post-warm-up span and checked over the long windows, else over the whole job."""
 
     name: str
@@ -195,6 +195,15 @@ COMPARED: tuple[Compared, ...] = (
     Compared("power_w", "W", "power_w", "p50", -1, True, "GPU power, median"),
     Compared("sm_clock_mhz", "MHz", "sm_clock_mhz", "p50", -1, True, "SM clock, median"),
     Compared("temp_c", "°C", "temp_c", "p50", +1, True, "GPU temperature, median"),
+    # a changed batch (samples or tokens per step) means the job changed: either way
+    Compared("samples_per_step", "1", "step", "p50", 0, True,
+             "samples (else tokens) per step of one rank, median"),
+    Compared("power_cap_share", "0-1", "clock_event_mask", "share", +1, True,
+             "share of GPU samples with sw_power_cap active"),
+    Compared("thermal_share", "0-1", "clock_event_mask", "share", +1, True,
+             "share of GPU samples with a thermal slowdown active"),
+    Compared("hw_slowdown_share", "0-1", "clock_event_mask", "share", +1, True,
+             "share of GPU samples with HW slowdown or power brake active"),
 )
 
 

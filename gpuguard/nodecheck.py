@@ -53,6 +53,19 @@ def _budget_left(deadline: float | None, share: float = 1.0) -> float | None:
     return max(0.1, (deadline - time.monotonic()) * share)
 
 
+def bound_store_waits(store: Any, deadline: float | None, share: float = 0.5) -> None:
+    """Cap how long one store statement may wait for a lock (SQLite ``busy_timeout``) at
+    ``share`` of the time left before ``deadline``, so a locked store costs a bounded part
+    of the budget (the rest stays for the next steps) instead of the default 5 s each."""
+    if deadline is None:
+        return
+    ms = int(max(0.05, (deadline - time.monotonic()) * share) * 1000)
+    try:
+        store.db.conn.execute(f"PRAGMA busy_timeout = {ms}")
+    except Exception:
+        pass  # a broken connection fails on its first statement anyway
+
+
 def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
     """Move the kernel-log cursor (files in state_dir and run_dir); errors appended."""
     if cursor is None:

@@ -205,7 +205,8 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     """Open the store and record the run with history (after the verdict was acted on),
     with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
     when the store could not be opened."""
-    from gpuguard.nodecheck import record_with_store
+    from gpuguard.nodecheck import bound_store_waits, record_with_store
+    from gpuguard.ops.nodes import record_hook_drain  # also registers the "ops" tables
     from gpuguard.store import StoreError, open_store
 
     try:
@@ -213,12 +214,14 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     except StoreError as e:
         log.error("tool error: %s", e)
         return None
+    bound_store_waits(store, pend.deadline)
     try:
         n_err = len(live.result.tool_errors)
         res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
                                 extra_findings=extra)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
+        record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log)
         return res
     finally:
         store.close()
