@@ -419,6 +419,11 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         except Exception as e:
             log.error("tool error: spool: %s: %s", type(e).__name__, e)
 
+    if store is not None:
+        deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
+        _auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
+                    else deadline - time.monotonic(), log)
+
     # 7. the job directory
     if keep_dir:
         log.info("job directory kept: %s", job_dir)
@@ -429,6 +434,25 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
             pass  # no job_dir_root: the job never had a directory
         except Exception as e:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+
+
+def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
+    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
+    and at most half of what the epilog's budget has left; our errors are logged only."""
+    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
+    if budget_s <= 0:
+        return
+    from gpuguard.retention import prune
+
+    try:
+        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
+                    budget_s=budget_s)
+    except Exception as e:  # pruning is housekeeping: never fails the epilog
+        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
+        return
+    if res["samples_folded"] or res["minutes"] or not res["complete"]:
+        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
+                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
 
 
 def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, pend: Any) -> None:

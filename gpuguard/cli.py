@@ -266,9 +266,10 @@ def _register_subcommands() -> None:
     from gpuguard.epilog.cli import job
     from gpuguard.net.cli import nccl
     from gpuguard.reports.cli import report
+    from gpuguard.store_cli import store_group
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report, nccl):
+    for group in (xid, job, template, baseline, report, nccl, store_group):
         main.add_command(group)
     from gpuguard.ops.cli import register
 

@@ -75,6 +75,11 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "interval_s": (10.0, (int, float), "sampling interval; 1 s works"),
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
+    "store": {
+        "raw_days": (14.0, (int, float), "keep raw GPU/host samples this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
+        "minutes_days": (400.0, (int, float), "keep per-minute GPU aggregates this many days (our choice: a year and a month, for year-on-year comparisons; < 1 B per GPU-second)"),
+        "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
+    },
     "epilog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
