@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.recovery import recovery_of, recovery_of_findings
+from gpuguard.recovery import RECOVERY_TEXT, recovery_of, recovery_of_findings
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 BUSY_FLAGS = {"ALLOCATED", "MIXED", "COMPLETING"}
@@ -165,7 +165,7 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     docstring). ``info``: the node's :class:`gpuguard.ops.nodes.NodeInfo` as it was
     before this run (None when Slurm could not be read: nothing is resumed). Returns the
     ``node_actions`` rows written."""
-    from gpuguard.ops.nodes import drain_run, record_action, run_findings
+    from gpuguard.ops.nodes import drain_run, effective_recovery, record_action, run_findings
 
     done: list[dict[str, Any]] = []
     for o in retried or []:
@@ -202,6 +202,12 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     rec = _drain_record(store, node, info)
     if rec.get("recovery") != "auto" or not cfg.get("health", "resume"):
         return done
+    later = effective_recovery(store, node, rec)
+    if later != "auto":
+        r = _record_once(store, node, action="resume", by="health", outcome="refused",
+                         why=f"a later fault while drained needs: {RECOVERY_TEXT[later]}",
+                         reason=info.reason or "", recovery=later)
+        return done + ([r] if r else [])
     if rec.get("slurm_reason") and rec["slurm_reason"] != info.full_reason:
         r = _record_once(store, node, action="resume", by="health", outcome="refused",
                          why=f"the reason was set again since gpuguard's drain ({info.full_reason})",
