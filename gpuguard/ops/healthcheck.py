@@ -354,9 +354,10 @@ def main_run(cfg: Any, log: Any, *, kernel_log: str | None = None) -> HealthOutc
 
 def main() -> int:
     """Console script for slurm.conf's ``HealthCheckProgram`` (a bare path, no
-    arguments): config, budget, always exit 0 (:mod:`gpuguard.hookrun`)."""
+    arguments): config, the hooks' watchdog at ``[health] time_budget_s``
+    (:func:`gpuguard.hookrun.run_watched`), always exit 0."""
     from gpuguard import log as log_mod
-    from gpuguard.hookrun import exit_hook, load_config, run_with_budget
+    from gpuguard.hookrun import exit_hook, load_config, run_watched
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     rc = 0
@@ -368,7 +369,10 @@ def main() -> int:
             log.error("tool error: config: %s (health run skipped)", config_error)
         else:
             budget = float(cfg.get("health", "time_budget_s"))
-            rc = run_with_budget(lambda: (main_run(cfg, log), 0)[1], budget, "health")
+            # forked under the hooks' watchdog: a store or scontrol stuck in
+            # uninterruptible sleep cannot keep slurmd's health check waiting
+            rc = run_watched(lambda: (main_run(cfg, log), 0)[1], budget, "health",
+                             log_file=cfg.get("paths", "log_file"))
     finally:
         exit_hook(0)
     return rc
