@@ -117,9 +117,14 @@ class Context:
         return out or [fmt(self.comps[m]) for m in ("step_time_p50_s", "throughput_per_s") if m in self.comps
                        and self.comps[m].value is not None and self.comps[m].median is not None]
 
+    def records_count(self) -> bool:
+        """Per-rank records may name a straggler: the baseline is ready and the run is
+        slower than it (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
+        return self.once("records_count", lambda: self.judged and self.slower())
+
     def gpu_hits(self) -> list[dict[str, Any]]:
         return self.once("gpu_hits", lambda: peers.stragglers_gpu(
-            self.data, self.wins, self.s, self.base.stats if self.judged else None))
+            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count()))
 
 
 def fmt(c: Comparison) -> str:
@@ -151,7 +156,7 @@ def hardware_fault(ctx: Context) -> Found | None:
 
 def straggler_node(ctx: Context) -> Found | None:
     """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
-    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s)
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count())
     if not hit:
         return None
     return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
@@ -245,10 +250,16 @@ def memory_leak(ctx: Context) -> Found | None:
 
 
 # -- causes judged against the baseline ----------------------------------------------------------
-def _share_rise(ctx: Context, metric: str) -> float | None:
-    """How far the share rose over its baseline median when it is flagged up, else None."""
+def _share_rise(ctx: Context, metric: str, median_step: bool = False) -> float | None:
+    """How far the share rose over its baseline median when it is flagged up and the run
+    is slower (``median_step``: by its median step time, not by throughput alone), else
+    None."""
     if not (ctx.up(metric) and ctx.slower()):
         return None
+    if median_step:
+        p50 = ctx.comps.get("step_time_p50_s")
+        if not (p50 and p50.rel_change is not None and p50.rel_change >= ctx.s.min_rel_change / 2):
+            return None
     c = ctx.comps[metric]
     return c.value - c.median  # type: ignore[operator]
 
@@ -269,10 +280,13 @@ def data_pipeline(ctx: Context) -> Found | None:
 
 
 def communication(ctx: Context) -> Found | None:
-    """Slower run with the communication share flagged up. Strength: the share's rise.
+    """Slower run — by its median step time: a slow all-reduce costs every step, while a
+    few slow steps on one rank (GC pauses, a slow batch) also show as the others' comm
+    wait and lower the throughput — with the communication share flagged up. Strength:
+    the share's rise.
     The evidence cites each node's NCCL baseline and the fabric findings of the job's
     nodes during the job (:func:`gpuguard.net.evidence.communication_evidence`)."""
-    rise = _share_rise(ctx, "comm_share")
+    rise = _share_rise(ctx, "comm_share", median_step=True)
     if rise is None:
         return None
     perf = ctx.perf_lines()

@@ -21,6 +21,11 @@ straggler is found on a template's first run. Two kinds of evidence, tried in th
     straggler: a GPU drawing less power at normal clocks does the same work.
 
 Both must hold over at least one long window too (:func:`gpuguard.epilog.metrics.sustained`).
+Rank records count only when the template's baseline is ready and the run is slower than
+it (:meth:`gpuguard.epilog.causes.Context.slower`): ranks can differ by role (pipeline
+stages, the rank that computes the loss), and such a structural imbalance is in every
+run — naming it would alert, then escalate to a drain, on a healthy GPU. The clock
+evidence needs no baseline.
 Two GPUs have no majority: by records, the rank whose compute is that much longer;
 by clock, the GPU that far below the other *and* flagged low against the template
 baseline while the other is within it.
@@ -189,14 +194,15 @@ def _clock_pair(units: list[Unit], data: JobData, wins: Windows, s: Settings,
 
 
 def stragglers_gpu(data: JobData, wins: Windows, s: Settings,
-                   stats: Mapping[str, baseline_mod.Stat] | None = None) -> list[dict[str, Any]]:
-    """Straggling GPUs (module docstring), at most one line per GPU: records first, then
-    clock. Each: ``node, gpu_index, gpu_uuid, rank, metric, value, peer_median,
-    rel_change, z, sustained_s, reasons``."""
+                   stats: Mapping[str, baseline_mod.Stat] | None = None,
+                   records: bool = True) -> list[dict[str, Any]]:
+    """Straggling GPUs (module docstring), at most one line per GPU: records first (when
+    ``records``), then clock. Each: ``node, gpu_index, gpu_uuid, rank, metric, value,
+    peer_median, rel_change, z, sustained_s, reasons``."""
     t0, t1 = wins.span
     if t0 is None:
         return []
-    ranks = rank_units(data)
+    ranks = rank_units(data) if records else []
     hits = _outliers(ranks, data, wins, s, "fwd_bwd_s", +1) if len(ranks) >= 2 else []
     gpus = gpu_units(data, t0, t1)  # type: ignore[arg-type]
     if len(gpus) >= 3:
@@ -216,16 +222,18 @@ def _node_best(units: list[Unit], node: str, worse: int, a: float, b: float) -> 
 
 
 def stragglers_node(data: JobData, wins: Windows, gpu_hits: list[dict[str, Any]],
-                    s: Settings) -> dict[str, Any] | None:
+                    s: Settings, records: bool = True) -> dict[str, Any] | None:
     """A straggling node of a multi-node job (module docstring): ``node, metric, value``
     (its best GPU/rank), ``others_median``, ``rel_change``, ``z``, ``sustained_s``,
-    ``reasons``; or ``gpus_straggling`` with the GPU lines. ``None`` when none."""
+    ``reasons``; or ``gpus_straggling`` with the GPU lines. ``None`` when none. Rank
+    records count only with ``records``."""
     t0, t1 = wins.span
     nodes = sorted({g.node for g in data.gpus} | {r.node for r in data.steps if r.node})
     if len(nodes) < 2 or t0 is None:
         return None
-    for metric, units, worse in (("fwd_bwd_s", rank_units(data), 1),
-                                 ("sm_clock_mhz", gpu_units(data, t0, t1), -1)):  # type: ignore[arg-type]
+    sources = [("fwd_bwd_s", rank_units(data), 1)] if records else []
+    sources.append(("sm_clock_mhz", gpu_units(data, t0, t1), -1))  # type: ignore[arg-type]
+    for metric, units, worse in sources:
         for node in nodes:
             x = _node_best(units, node, worse, t0, t1)  # type: ignore[arg-type]
             others = robust.clean(u.value(t0, t1) for u in units if u.node != node)  # type: ignore[arg-type]

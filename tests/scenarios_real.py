@@ -144,6 +144,7 @@ MAGNITUDE_UNITS = {
     "data-pipeline": "extra data wait per step, fraction of the healthy step time",
     "communication": "extra all-reduce time per step, fraction of the healthy step time",
     "job-changed": "|relative change| of the per-sample compute time, or of samples per step",
+    "healthy": "0 (confuser 'rank-role': one rank 25 % slower in every run of the template, by role)",
     "hardware-fault": "1 (an XID / ECC / lost GPU)",
 }
 
@@ -242,6 +243,9 @@ class _Sim:
                 self.extra_dw = m
         elif c.cause == "communication":
             self.extra_comm = m
+        elif c.confuser == "rank-role":  # a role that costs more in every run: part of normal
+            self.speed[c.detail["gpu"]] = 1.25
+            self.onset = self.start
         elif c.cause == "job-changed":
             if "batch_f" in c.detail:
                 self.batch_f = c.detail["batch_f"]

@@ -160,3 +160,15 @@ def test_unrelated_odd_runs_do_not_relearn(tmp_path):
     assert [v.cause for v in vs] == ["job-changed"] * 5 and not any("relearned" in v.evidence for v in vs)
     assert next(t for t in list_templates(wd.store) if t["name"] == "norelearn")["relearned_at"] is None
     assert wd.run(w, R.Case(), 80).cause == "healthy"
+
+
+def test_rank_imbalance_by_role_is_no_straggler(tmp_path):
+    """One rank always 25 % slower (a pipeline stage, the loss rank): in every run, so the
+    run is as fast as its baseline — no straggler, learning or judged (three such alerts
+    would escalate to a drain of a healthy GPU)."""
+    wd = World(str(tmp_path / "pp.db"))
+    w = workload("roles", gpn=8)
+    R.write_inventory(wd.store, w, wd.t)
+    role = R.Case(confuser="rank-role", detail={"gpu": 7})
+    causes = [wd.run(w, role, 90 + k).cause for k in range(6)]
+    assert causes == ["learning"] * 3 + ["healthy"] * 3
