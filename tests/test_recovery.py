@@ -8,7 +8,7 @@ from gpuguard.recovery import FINDING_RECOVERY, RECOVERY_KINDS, XID_RECOVERY, re
 
 
 def _declared():
-    import gpuguard.epilog.finding_codes  # noqa: F401  (verdict codes)
+    import gpuguard.epilog.finding_codes
     import gpuguard.net.nccl_check  # noqa: F401  (NCCL probe codes)
     from gpuguard.checks import load_all
     from gpuguard.model import FINDING_CODES
