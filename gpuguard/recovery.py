@@ -60,8 +60,6 @@ FINDING_RECOVERY: dict[str, tuple[str, str]] = {
     "gpu.recovery_action.drain_and_reset": ("reset", "NVML GPU recovery action 4: drain, then reset the GPU"),
     "nccl.busbw_low": ("auto", "the NCCL probe re-measures every [nccl] interval_s and its low reading stands until a probe passes"),
     "nccl.errors": ("manual", "wrong all-reduce results are data corruption somewhere on the GPU/NVLink/NIC path: find it first"),
-    "ib.port_down": ("auto", "port state is re-read from sysfs every run (NHC check_hw_ib resumes on pass)"),
-    "ib.rate_degraded": ("auto", "port rate is re-read from sysfs every run"),
     "manual": ("manual", "drained by hand: a human resumes it"),
 }
 
