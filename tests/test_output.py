@@ -127,3 +127,17 @@ def test_every_data_command_has_format_and_json():
     missing = [name for name, cmd in _leaf_commands(main) if name not in NO_DATA
                and not {"--format", "--json"} <= {o for p in cmd.params for o in getattr(p, "opts", [])}]
     assert missing == []
+
+
+def test_too_wide_table_splits_into_parts_repeating_the_label_columns():
+    headers = ["ACCOUNT", "USER", *[f"METRIC_{i}" for i in range(8)]]
+    rows = [["physics", "ann", *[1000.5 + i for i in range(8)]], ["bio", "bob", *range(8)]]
+    out = table(rows, headers, width=50, total=["TOTAL", "", *range(8)])
+    parts = out.split("\n\n")
+    assert len(parts) == 3 and all(len(line) <= 50 for line in out.splitlines())
+    for p in parts:
+        lines = p.splitlines()
+        assert lines[0].split()[:2] == ["ACCOUNT", "USER"] and lines[2].split()[:2] == ["physics", "ann"]
+        assert lines[-1].split()[0] == "TOTAL" and set(lines[-2].replace(" ", "")) == {"-"}
+    assert [h for p in parts for h in p.splitlines()[0].split()[2:]] == headers[2:]
+    assert table(rows, headers, width=None).count("\n") == 3  # piped: one table, no split
