@@ -37,7 +37,9 @@ class SpoolError(Exception):
     """A spool path or file that cannot be used; one line."""
 
 
-def _check_name(kind: str, value: str) -> str:
+def check_name(kind: str, value: str) -> str:
+    """``value`` when it is safe as one path component (``[A-Za-z0-9._+-]{1,128}``, not
+    ``.``/``..``); raises :class:`SpoolError` otherwise."""
     if not _SAFE.match(value) or value in (".", ".."):
         raise SpoolError(f"unsafe {kind} for a spool path: {value!r}")
     return value
@@ -46,9 +48,9 @@ def _check_name(kind: str, value: str) -> str:
 def write_node_summary(spool_dir: str, job_id: str, node: str, summary: dict[str, Any]) -> str:
     """Write ``summary`` (JSON-ready) as ``{spool_dir}/{job_id}/{node}.json``; returns the
     path. Raises :class:`SpoolError` for unsafe names and ``OSError`` for I/O errors."""
-    d = os.path.join(spool_dir, _check_name("job id", str(job_id)))
+    d = os.path.join(spool_dir, check_name("job id", str(job_id)))
     os.makedirs(d, mode=0o755, exist_ok=True)
-    name = _check_name("node name", node) + ".json"
+    name = check_name("node name", node) + ".json"
     fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.")
     try:
         with os.fdopen(fd, "w") as fh:
@@ -67,7 +69,7 @@ def write_node_summary(spool_dir: str, job_id: str, node: str, summary: dict[str
 def read_job(spool_dir: str, job_id: str) -> dict[str, dict[str, Any]]:
     """``node -> summary`` for every node file of the job present now. Unreadable or
     malformed files are skipped (their node is simply missing)."""
-    d = os.path.join(spool_dir, _check_name("job id", str(job_id)))
+    d = os.path.join(spool_dir, check_name("job id", str(job_id)))
     out: dict[str, dict[str, Any]] = {}
     try:
         names = os.listdir(d)

@@ -179,8 +179,27 @@ def _m5(db: sqlite_utils.Database) -> None:
     create_job_gpu_util(db)
 
 
+def _m6(db: sqlite_utils.Database) -> None:
+    """Cluster store (``gpuguard.epilog.judge``): one row per judged job (who, where, which
+    nodes' parts were judged, the AdminComment written) and the drains the job judge made
+    from the controller (so a re-judge never drains twice)."""
+    db["cluster_jobs"].create(
+        {"job_id": str, "user": str, "uid": int, "account": str, "partition": str, "job_name": str,
+         "nodes": str, "parts": str, "missing": str, "gpus": int, "exit_code_raw": int, "state": str,
+         "first_judged_at": float, "judged_at": float, "window_s": float, "cause": str,
+         "admin_comment": str, "admin_comment_at": float},
+        pk="job_id",
+    )
+    db["cluster_jobs"].create_index(["judged_at"])
+    db["cluster_drains"].create(
+        {"id": int, "job_id": str, "node": str, "at": float, "reason": str, "done": int},
+        pk="id",
+    )
+    db["cluster_drains"].create_index(["job_id", "node"], unique=True)
+
+
 #: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 class Store:
