@@ -71,7 +71,7 @@ def _r(x: float | None, nd: int = 4) -> float | None:
         return None
     if x == 0:
         return 0.0
-    return round(x, max(0, nd - 1 - int(math.floor(math.log10(abs(x))))))
+    return round(x, max(0, nd - 1 - math.floor(math.log10(abs(x)))))
 
 
 def _median(vals: list[float]) -> float | None:
@@ -386,7 +386,8 @@ def to_job_data(job_id: str, parts: Mapping[str, Mapping[str, Any]], nodes: list
                     continue
                 scale = (med / tot) if med and tot else None
 
-                def scaled(k: str, i: int = i, scale: float | None = scale) -> float | None:
+                def scaled(k: str, i: int = i, scale: float | None = scale,
+                           cols: dict[str, list[Any]] = cols) -> float | None:
                     v = _f(cols[k][i])
                     return v * scale if v is not None and scale is not None else None
                 steps.append(StepRec(node=node, rank=r.get("rank"), t=t, step_time_s=med, samples=scaled("samples"),

@@ -23,7 +23,7 @@ def ctld(tmp_path, make_config, fake_slurm_bin, write_replay):
 
     sp = tmp_path / "spool"
     sp.mkdir()
-    _path, cfg = make_config('[epilog]\nslurmctld_wait_s = 0.3\n[cluster]\ningest_grace_s = 0\n',
+    make_config('[epilog]\nslurmctld_wait_s = 0.3\n[cluster]\ningest_grace_s = 0\n',
                              replay=write_replay(node_snapshot(1)))
     p = tmp_path / "gpuguard.toml"
     p.write_text(p.read_text().replace("[paths]\n", f'[paths]\nspool_dir = "{sp}"\n'
@@ -39,7 +39,7 @@ def _spool_job(ctld, job_id: str, nodes=("n1", "n2"), family="healthy"):
     """Write the parts of a 2-node scenario job into the spool, as the node Epilogs do."""
     p = S.Profile(name="ctl", nodes=2, gpus_per_node=2, duration_s=900.0)
     rows = S.generate(p, family, seed=3, job_id=job_id, start=S.T0)
-    stores = write_per_node(str(ctld["tmp"] / "nodes" / job_id), rows, p, dict(zip(p.node_names, ("n1", "n2"))))
+    stores = write_per_node(str(ctld["tmp"] / "nodes" / job_id), rows, p, dict(zip(p.node_names, ("n1", "n2"), strict=True)))
     try:
         parts = parts_of(stores, job_id, ctld["cfg"], {"comment": "gpuguard:template=ctl"})
     finally:
