@@ -184,38 +184,69 @@ def job() -> None:
 @job.command("show")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
-@click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
+@click.option("--store", "store_path", metavar="FILE",
+              help="store to read, read-only (default: the cluster store when readable, else the job's AdminComment)")
 @click.pass_obj
 def job_show(obj: Any, job_id: str, as_json: bool, store_path: str | None) -> None:
-    """Print what the store knows about JOB_ID: nodes, GPUs, the summary, findings and
-    events. Exit 2 for an unknown job or an unreadable store."""
-    if store_path is None:
-        if obj is not None and hasattr(obj, "cfg"):
-            cfg = obj.cfg
-        else:
-            from gpuguard import config as config_mod
+    """Print JOB_ID: a header from sacct (user, account, state, elapsed vs time limit,
+    nodes, GPUs), then the verdict and its evidence, nodes, GPUs, the summary, findings
+    and events — from the cluster store when this user can read it (opened read-only),
+    else from the job's AdminComment through sacct (:mod:`gpuguard.epilog.jobview`). Who
+    may see a job is Slurm's decision (PrivateData). Exit 2 for a job that is not
+    visible or a store that cannot be read."""
+    if obj is not None and hasattr(obj, "cfg"):
+        cfg = obj.cfg
+    else:
+        from gpuguard import config as config_mod
 
-            try:
-                cfg = config_mod.load()
-            except config_mod.ConfigError as e:
-                _fail(str(e))
-        store_path = cfg.store_path
+        try:
+            cfg = config_mod.load()
+        except config_mod.ConfigError as e:
+            _fail(str(e))
+    from gpuguard.epilog.jobview import JobNotVisible, job_view
+    from gpuguard.slurm import SlurmCli
+
     try:
-        store = open_store(store_path, create=False)
-    except StoreError as e:
+        rep = job_view(job_id, cfg=cfg, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), store_path=store_path)
+    except (JobNotVisible, StoreError) as e:
         _fail(str(e))
-    try:
-        rep = job_report(store, job_id)
-    except JobNotFound:
-        _fail(f"job {job_id}: not found in store {store_path}")
-    except StoreError as e:
-        _fail(str(e))
-    finally:
-        store.close()
     if as_json:
         click.echo(json.dumps(rep, indent=2, default=str))
     else:
-        click.echo(format_text(rep))
+        click.echo(format_view(rep))
+
+
+def format_header(h: dict[str, Any]) -> list[str]:
+    """The job header lines (sacct's view of the job)."""
+    gpus = "-" if h.get("gpus") is None else str(h["gpus"])
+    return [f"job {h['job_id']} ({h.get('name') or '-'}): user {h['user']}, account {h['account']}, "
+            f"partition {h['partition']}, state {h['state']}",
+            f"  elapsed {h['elapsed']} of {h['time_limit']} limit; nodes {h['nodes']} ({h.get('num_nodes')}); "
+            f"GPUs {gpus}"]
+
+
+def format_view(rep: dict[str, Any]) -> str:
+    """Text of :func:`gpuguard.epilog.jobview.job_view`: the header, then the full store
+    report (:func:`format_text`) or what the AdminComment carries."""
+    out = format_header(rep["header"]) + [f"  source: {rep['source']}", ""] if rep.get("header") else []
+    if "summaries" in rep:
+        return "\n".join(out) + format_text(rep)
+    from gpuguard.epilog.verdict import format_verdict
+
+    if rep.get("verdict"):
+        out.append(format_verdict(rep["verdict"]))
+    else:
+        out.append(rep.get("note") or "no verdict")
+    figs = rep.get("node_figures") or {}
+    if figs:
+        out += ["", _table([[n, len(f.get("gpus") or []), f.get("gpu_util_mean_pct"), f.get("power_mean_w"),
+                             f.get("sm_clock_mean_mhz"), f.get("temp_max_c"), f.get("mem_used_peak_mib"),
+                             f.get("step_time_p50_s")] for n, f in sorted(figs.items())],
+                           ["NODE", "GPUS", "UTIL_MEAN_%", "POWER_MEAN_W", "SM_MEAN_MHZ", "TEMP_MAX_C", "MEM_PEAK_MIB",
+                            "STEP_P50_S"])]
+    if rep.get("missing_nodes"):
+        out.append("no data from node(s): " + ", ".join(rep["missing_nodes"]))
+    return "\n".join(out)
 
 
 def _fail(msg: str) -> NoReturn:
