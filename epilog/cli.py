@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
-from gpuguard.store import StoreError, open_store
+from gpuguard.store import StoreError
 
 
 def _iso(t: Any) -> Any:
@@ -228,7 +228,7 @@ def format_header(h: dict[str, Any]) -> list[str]:
 def format_view(rep: dict[str, Any]) -> str:
     """Text of :func:`gpuguard.epilog.jobview.job_view`: the header, then the full store
     report (:func:`format_text`) or what the AdminComment carries."""
-    out = format_header(rep["header"]) + [f"  source: {rep['source']}", ""] if rep.get("header") else []
+    out = [*format_header(rep["header"]), f"  source: {rep['source']}", ""] if rep.get("header") else []
     if "summaries" in rep:
         return "\n".join(out) + format_text(rep)
     from gpuguard.epilog.verdict import format_verdict
