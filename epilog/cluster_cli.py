@@ -34,16 +34,19 @@ def cluster() -> None:
 def ingest_cmd(obj: Any, max_jobs: int, as_json: bool) -> None:
     """Judge every job in the spool whose parts came late or whose EpilogSlurmctld
     worker died, once the worker's wait is over; idempotent (a job whose parts did not
-    change is left alone). Must run as the owner of the cluster store (SlurmUser): a
-    root-owned WAL file would lock the worker out. Exit 0; 2 for a bad config, a missing
+    change is left alone). Must run as the owner of the cluster store, or of its
+    directory before it exists (SlurmUser): a root-owned store or WAL file would lock the
+    worker out. Exit 0; 2 for a bad config, a missing
     spool_dir or the wrong user; 1 when a job could not be judged."""
     cfg = obj.cfg
     spool = cfg.get("paths", "spool_dir")
     if not spool:
         _fail("[paths] spool_dir is not set: cluster ingest has nothing to read")
     path = cfg.cluster_store_path
+    # not there yet: whoever owns its directory (SlurmUser) is meant to create it
+    probe = path if os.path.exists(path) else os.path.dirname(os.path.abspath(path))
     try:
-        owner = os.stat(path).st_uid
+        owner = os.stat(probe).st_uid
     except FileNotFoundError:
         owner = os.geteuid()
     except OSError as e:
