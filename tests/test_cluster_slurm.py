@@ -161,7 +161,7 @@ def test_two_node_straggler_once_healthy_control_job_show_and_reports(cl, tmp_pa
     r = cl.gpuguard("job", "show", str(strag), user="gg_alice")
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
-    assert out[0] == "job %d (wrap): user gg_alice, account acct_a, partition gpu, state COMPLETED" % strag
+    assert out[0] == f"job {strag} (wrap): user gg_alice, account acct_a, partition gpu, state COMPLETED"
     assert out[1].startswith("  elapsed 00:00:0") and out[1].endswith("nodes n[1-2] (2); GPUs 4")
     assert out[2] == "  source: AdminComment (sacct)"
     assert out[4].startswith("verdict: straggler-node — ")
