@@ -155,3 +155,17 @@ def test_windowed_parts_keep_the_verdict(tmp_path, cfg, fake_slurm_bin, family):
     _parts, res = _judge(tmp_path, cluster, rows, p, cfg, slurm, job={"comment": "gpuguard:template=fam"})
     assert res.verdict["cause"] == family, res.verdict["summary"]
     cluster.close()
+
+
+def test_a_dead_collector_is_not_a_hardware_event_in_the_part(tmp_path, cfg):
+    p = _profile("dead", 1)
+    rows = S.generate(p, "healthy", seed=4, job_id="600", start=S.T0)
+    rows.tables.setdefault("events", []).append(
+        {"node": p.node_names[0], "at": S.T0 + 100, "kind": "collector_died", "pid": 7, "job_id": "600",
+         "source": "epilog", "message": "collector pid 7 was gone before the epilog"})
+    stores = write_per_node(str(tmp_path / "n"), rows, p)
+    try:
+        parts = parts_of(stores, "600", cfg)
+    finally:
+        close_all(stores)
+    assert parts[p.node_names[0]]["hw_events"] == []

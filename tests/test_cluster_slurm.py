@@ -64,6 +64,12 @@ class Cluster:
         finally:
             c.close()
 
+    def _try_query(self, sql: str, params=()) -> list[dict]:
+        try:  # the worker may be mid-write: read again on the next poll
+            return self.query(sql, params)
+        except Exception:
+            return []
+
     def node_query(self, node: str, sql: str, params=()) -> list[dict]:
         from gpuguard.epilog.jobview import open_readonly
 
@@ -75,7 +81,7 @@ class Cluster:
 
     def wait_verdict(self, jid: int, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
-        while not (rows := self.query("select * from verdicts where job_id = ?", [str(jid)])):
+        while not (rows := self._try_query("select * from verdicts where job_id = ?", [str(jid)])):
             assert time.monotonic() < deadline, f"no verdict for job {jid}\n{self.log()[-4000:]}"
             time.sleep(0.3)
         return rows[0]

@@ -46,11 +46,14 @@ class GG:
         deadline = time.monotonic() + timeout
         while True:
             if (self.root / "cluster" / "cluster.db").exists():
-                c = self.cluster()
-                try:
-                    rows = c.query("select * from verdicts where job_id = ?", [str(jid)])
-                finally:
-                    c.close()
+                try:  # the worker may be mid-write: read again on the next poll
+                    c = self.cluster()
+                    try:
+                        rows = c.query("select * from verdicts where job_id = ?", [str(jid)])
+                    finally:
+                        c.close()
+                except Exception:
+                    rows = []
                 if rows:
                     return rows[0]
             assert time.monotonic() < deadline, f"no verdict for job {jid}\n{self.log()[-3000:]}"
