@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.hookrun import is_job_id
+from gpuguard.hookenv import is_job_id, read_hook_env
 
 RUN_MODULE = "gpuguard.collector.run"
 #: Largest pid Linux can hand out (``PID_MAX_LIMIT`` on 64-bit: 2**22). A pid file naming
@@ -125,6 +125,12 @@ def _check_job_id(job_id: str) -> str:
 def pid_file_path(cfg: Any, job_id: str) -> str:
     """``{paths.state_dir}/collector.{job_id}.pid``."""
     return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.pid")
+
+
+def restart_file_path(cfg: Any, job_id: str) -> str:
+    """``{state_dir}/collector.{job_id}.restarts.json``: the supervisor's restart record
+    (:mod:`gpuguard.collector.supervise`)."""
+    return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.restarts.json")
 
 
 def job_dir_path(cfg: Any, job_id: str) -> str:
@@ -312,7 +318,8 @@ def _remove(path: str) -> None:
 def collector_argv(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
                    extra: list[str] | None = None) -> list[str]:
     """The collector's command line (an argument list; no shell)."""
-    argv = [sys.executable, "-m", RUN_MODULE, "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
+    argv = [sys.executable, "-m", RUN_MODULE, "--supervise", "--restart-file", restart_file_path(cfg, job_id),
+            "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
     if cfg.path:
         argv += ["--config", os.path.abspath(cfg.path)]
     if gpus:
@@ -416,19 +423,18 @@ def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareRe
     error and lets the job run).
     """
     job_id = _check_job_id(env.get("SLURM_JOB_ID", ""))
+    henv = read_hook_env(env)
     errors: list[str] = []
-    uid: int | None = None
-    gid: int | None = None
-    try:
-        uid_s = env["SLURM_JOB_UID"]
-        if not (uid_s.isascii() and uid_s.isdigit()) or int(uid_s) > 2**32 - 2:
-            raise ValueError(f"SLURM_JOB_UID {uid_s!r} is not a uid")
-        uid = int(uid_s)
-        gid_s = env.get("SLURM_JOB_GID", "")
-        gid = (int(gid_s) if gid_s.isascii() and gid_s.isdigit() and len(gid_s) <= 10 and int(gid_s) <= 2**32 - 2
-               else pwd.getpwuid(uid).pw_gid)
-    except (KeyError, ValueError) as e:
-        errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
+    uid: int | None = henv.job_uid
+    gid: int | None = henv.job_gid
+    if uid is None:
+        errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): SLURM_JOB_UID {env.get('SLURM_JOB_UID')!r} "
+                      "is not a uid")
+    elif gid is None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError as e:
+            errors.append(f"job user unknown (SLURM_JOB_UID/SLURM_JOB_GID): {e}")
     job_dir = None
     if uid is not None and gid is not None:
         try:
@@ -437,7 +443,7 @@ def prepare_job(cfg: Any, env: dict[str, str], log: logging.Logger) -> PrepareRe
             errors.append(str(e))
     pid = None
     if cfg.get("prolog", "start_collector"):
-        gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or None
+        gpus = henv.gpus_spec
         try:
             pid = start_collector(cfg, job_id, gpus=gpus, uid=uid, env=env, log=log)
         except CollectorRunning as e:
@@ -519,3 +525,42 @@ def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> str | None:
             return None
         raise
     return sig.name
+
+
+def find_collector_pids(job_id: str) -> list[int]:
+    """Pids of the live collectors (and collector supervisors) of ``job_id`` on this host,
+    found through ``/proc/PID/cmdline`` (:func:`is_collector`), without any config: the
+    epilog stops them even when the config broke after the prolog."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and is_collector(int(name), job_id):
+            out.append(int(name))
+    return sorted(out)
+
+
+def stop_collector_by_scan(job_id: str, timeout_s: float = 5.0) -> list[StopResult]:
+    """SIGTERM, wait, SIGKILL every collector of ``job_id`` found by
+    :func:`find_collector_pids` (parents first, so a supervisor does not restart its
+    child). Never raises for a process that is already gone."""
+    results = []
+    for pid in find_collector_pids(job_id):
+        pidfd = None
+        with contextlib.suppress(OSError, AttributeError, OverflowError, ValueError):
+            pidfd = os.pidfd_open(pid)
+        try:
+            if not is_collector(pid, job_id):
+                continue
+            sent = _signal(pid, pidfd, signal.SIGTERM)
+            exited = _wait_gone(pid, job_id, pidfd, timeout_s)
+            if not exited:
+                sent = _signal(pid, pidfd, signal.SIGKILL) or sent
+                exited = _wait_gone(pid, job_id, pidfd, 1.0)
+            results.append(StopResult(pid, True, exited, sent))
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+    return results

@@ -246,7 +246,8 @@ class Collector:
                  liveness: Any, open_store: Callable[[], Any], interval_s: float, flush_s: float,
                  liveness_s: float = 15.0, max_runtime_s: float = DEFAULT_MAX_RUNTIME_S,
                  xid_source_factory: Callable[[], Any] | None = None,
-                 log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS):
+                 log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS,
+                 job_dir_check: Callable[[], None] | None = None):
         if interval_s <= 0 or flush_s <= 0 or liveness_s <= 0:
             raise ValueError("interval_s, flush_s and liveness_s must be > 0")
         self.job_id = job_id
@@ -272,6 +273,8 @@ class Collector:
         self._gpu_by_index: dict[int, GpuState] = {}
         self._warned: set[str] = set()
         self._store_failures = 0
+        #: called every liveness period: the job directory's size cap (jobdir_cap)
+        self.job_dir_check = job_dir_check
 
     # -- pieces --
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
@@ -406,6 +409,8 @@ class Collector:
                 if not alive:
                     self.exit_reason = f"job gone: {why}"
                     break
+                if self.job_dir_check is not None:
+                    self.job_dir_check()
                 next_live = time.monotonic() + self.liveness_s
             if now - start >= self.max_runtime_s:
                 self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"
@@ -462,7 +467,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _job_dir_check(cfg: Any, job_id: str, log: logging.Logger) -> Callable[[], None]:
+    """The job directory's size cap as a callable for :class:`Collector`."""
+    from gpuguard.collector.jobdir_cap import enforce_cap
+
+    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
+    cap = int(cfg.get("paths", "job_dir_max_mib") * 2**20)
+
+    def check() -> None:
+        total, cut = enforce_cap(job_dir, cap)
+        if cut:
+            log.warning("job directory %s held %d bytes, over the %d-byte cap: cut %s", job_dir, total, cap,
+                        ", ".join(cut))
+    return check
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--supervise" in argv:  # the prolog starts the collector under its supervisor
+        from gpuguard.collector.supervise import supervise
+
+        argv.remove("--supervise")
+        return supervise(argv)
     # Handlers first: a SIGTERM from a quick epilog during start-up still ends in a clean
     # exit 0 (before this line nothing has been sampled, so the default action loses nothing).
     stop = threading.Event()
@@ -519,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_s=args.flush_s or cfg.get("collector", "flush_s"),
         liveness_s=args.liveness_s, max_runtime_s=args.max_runtime_s,
         xid_source_factory=make_source if kind == "nvml" else None, log=log,
+        job_dir_check=_job_dir_check(cfg, args.job_id, log),
     )
 
     coll.stop_event = stop

@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 
-from gpuguard.hookrun import is_job_id
+from gpuguard.hookenv import is_job_id
 
 
 def job_dir_export(env: dict[str, str], uid: int | None = None) -> str | None:

@@ -21,10 +21,8 @@ run's value, the baseline it was compared with, z, relative change, flagged),
 :func:`update_baseline`, recomputed from ``verdicts``/``comparisons`` after every
 eligible run.
 
-**Node idle baselines.** The prolog's idle readings per GPU (``node_idle``: temperature,
-power, SM clock, by node and GPU UUID). :func:`judge_idle` compares a new reading with
-the median/MAD of the GPU's last readings and returns ``baseline.idle_temp_up`` /
-``baseline.idle_power_up`` findings; a flagged reading does not enter later baselines.
+Node idle baselines are a health check of the core (:mod:`gpuguard.checks.idle`); their
+``[baseline] idle_*`` settings are validated here with the rest of ``[baseline]``.
 """
 
 from __future__ import annotations
@@ -36,9 +34,9 @@ from typing import Any
 
 from gpuguard.config import Config, ConfigError
 from gpuguard.config import from_dict as config_from_dict
-from gpuguard.epilog import robust
+from gpuguard import robust
 from gpuguard.epilog.metrics import METRICS
-from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.checks.idle import idle_history, judge_idle  # noqa: F401  (moved to the core)
 
 LEARNING = "learning"
 READY = "ready"
@@ -217,88 +215,6 @@ def record_verdict(store: Any, row: dict[str, Any], comparisons: list[dict[str, 
                 store.db["templates"].insert({"name": name, "source": template_source, "first_seen": now,
                                               "last_seen": now, "jobs": 1, "reset_at": 0.0})
     store._guard("verdict write", go)
-
-
-# -- node idle baselines -----------------------------------------------------------------
-def judge_idle(store: Any, node: str, snapshot: NodeSnapshot, *, cfg: Config | None = None,
-               job_id: str | None = None, record: bool = True, now: float | None = None) -> list[Finding]:
-    """Compare each idle GPU of ``snapshot`` (the prolog's, before the job) with its own
-    idle history on ``node`` and, with ``record``, store the reading.
-
-    A GPU counts as idle when its utilisation is below ``[checks] idle_util_pct`` (or
-    unknown). Findings (code, when):
-
-    * ``baseline.idle_temp_up`` (warning): temperature at least ``[baseline]
-      idle_temp_rise_c`` above the median of the GPU's last ``idle_readings`` unflagged
-      readings and a robust z of at least ``[verdict] z_threshold``;
-    * ``baseline.idle_power_up`` (warning): power at least ``idle_power_rise_frac``
-      above its median, same z test.
-
-    Needs ``idle_min_readings`` earlier readings of the GPU (by UUID) first. Raises
-    :class:`gpuguard.store.StoreError`.
-    """
-    cfg = cfg if cfg is not None else config_from_dict({})
-    s = BaselineSettings.from_config(cfg)
-    vs = cfg.values["verdict"]
-    z_thr = float(vs["z_threshold"])
-    floor = float(vs["mad_floor_frac"])
-    idle_pct = float(cfg.values["checks"]["idle_util_pct"])
-    now = time.time() if now is None else now
-    findings: list[Finding] = []
-    rows = []
-    for g in snapshot.gpus:
-        if not g.uuid or (g.gpu_util_pct is not None and g.gpu_util_pct >= idle_pct):
-            continue
-        hist = store.query(
-            "select temp_c, power_w, sm_clock_mhz from node_idle where node = ? and uuid = ? and flagged = 0 "
-            "order by at desc limit ?", [node, g.uuid, s.idle_readings])
-        flagged = False
-        if len(hist) >= s.idle_min_readings:
-            for field_name, code, min_up in (("temp_c", "baseline.idle_temp_up", None),
-                                             ("power_w", "baseline.idle_power_up", s.idle_power_rise_frac)):
-                x = getattr(g, field_name)
-                past = robust.clean(h[field_name] for h in hist)
-                if x is None or len(past) < s.idle_min_readings:
-                    continue
-                med = robust.median(past)
-                m = robust.mad(past, med)
-                z, _ = robust.robust_z(x, med, m, floor)  # type: ignore[arg-type]
-                rise = x - med  # type: ignore[operator]
-                enough = rise >= s.idle_temp_rise_c if min_up is None else robust.rel_change(x, med) >= min_up
-                if z >= z_thr and enough:
-                    flagged = True
-                    unit = "°C" if field_name == "temp_c" else "W"
-                    findings.append(Finding(
-                        code, "warning",
-                        f"GPU {g.index} idles at {x:g} {unit}, {rise:+.1f} {unit} above its own median of "
-                        f"{med:g} {unit} over {len(past)} earlier idle readings",
-                        gpu_index=g.index, gpu_uuid=g.uuid,
-                        evidence={"node": node, "value": x, "median": med, "mad": m, "z": round(z, 2),
-                                  "readings": len(past), "field": field_name}))
-        rows.append({"node": node, "uuid": g.uuid, "gpu_index": g.index, "at": now, "job_id": job_id,
-                     "temp_c": g.temp_c, "power_w": g.power_w, "sm_clock_mhz": g.sm_clock_mhz,
-                     "flagged": int(flagged)})
-    if record and rows:
-        store.insert_many("node_idle", rows)
-    return findings
-
-
-def idle_history(store: Any, node: str | None = None) -> list[dict[str, Any]]:
-    """Per node and GPU: readings, median idle temperature/power/SM clock (unflagged)."""
-    where, params = ("where node = ?", [node]) if node else ("", [])
-    rows = store.query(f"select * from node_idle {where} order by node, uuid, at", params)
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["node"], r["uuid"]), []).append(r)
-    out = []
-    for (n, u), rs in groups.items():
-        ok = [r for r in rs if not r["flagged"]]
-        out.append({"node": n, "uuid": u, "gpu_index": rs[-1]["gpu_index"], "readings": len(rs),
-                    "temp_c": robust.median(r["temp_c"] for r in ok),
-                    "power_w": robust.median(r["power_w"] for r in ok),
-                    "sm_clock_mhz": robust.median(r["sm_clock_mhz"] for r in ok),
-                    "last_at": rs[-1]["at"]})
-    return out
 
 
 def dumps(v: Any) -> str:

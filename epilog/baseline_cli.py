@@ -8,16 +8,13 @@ unknown.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import time
 from typing import Any
 
 import click
 
 from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog.metrics import METRICS
+from gpuguard.output import display_tz, emit, iso_time, output_options
 
 
 def _open(obj: Any, *, create: bool = False):
@@ -29,41 +26,13 @@ def _open(obj: Any, *, create: bool = False):
         raise click.ClickException(str(e)) from None
 
 
-def _iso(t: float | None) -> str:
-    if not t:
-        return ""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def _emit(rows: list[dict[str, Any]], headers: list[str], fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(rows, indent=2, default=str))
-        return
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=headers, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-        click.echo(buf.getvalue(), nl=False)
-        return
-    cols = [headers] + [["" if r.get(h) is None else str(r.get(h)) for h in headers] for r in rows]
-    widths = [max(len(c[i]) for c in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    click.echo("\n".join(lines))
-
-
-_FMT = click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text",
-                    show_default=True)
-
-
 @click.group("template")
 def template() -> None:
     """Job templates: the groups of runs that share a baseline."""
 
 
 @template.command("list")
-@_FMT
+@output_options()
 @click.pass_obj
 def template_list(obj: Any, fmt: str) -> None:
     """List templates with their run counts and state (learning until [baseline] min_runs
@@ -73,12 +42,13 @@ def template_list(obj: Any, fmt: str) -> None:
         rows = baseline_mod.list_templates(store, cfg=obj.cfg)
     finally:
         store.close()
+    tz = display_tz(obj.cfg)
     for r in rows:
-        r["last_seen"] = _iso(r["last_seen"])
+        r["last_seen"] = iso_time(r["last_seen"] or None, tz)
     if not rows and fmt == "text":
         click.echo("no templates yet")
         return
-    _emit(rows, ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen"], fmt)
+    emit(fmt, rows, headers=["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen"])
 
 
 @click.group("baseline")
@@ -93,7 +63,7 @@ def _known(store: Any, name: str) -> None:
 
 @baseline.command("show")
 @click.argument("template_name", metavar="TEMPLATE")
-@_FMT
+@output_options()
 @click.pass_obj
 def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
     """Print TEMPLATE's baseline: per metric the median, MAD (raw) and run count."""
@@ -103,15 +73,18 @@ def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
         b = baseline_mod.compute_baseline(store, template_name, cfg=obj.cfg)
     finally:
         store.close()
+    tz = display_tz(obj.cfg)
     if fmt == "json":
-        click.echo(json.dumps(b.to_dict(), indent=2, default=str))
+        doc = b.to_dict()
+        doc["since"] = iso_time(b.since or None, tz)
+        emit(fmt, doc)
         return
-    rows = [{"metric": m, "unit": METRICS[m][0], "median": f"{st.median:.6g}", "mad": f"{st.mad:.4g}", "n": st.n}
+    rows = [{"metric": m, "unit": METRICS[m][0], "median": st.median, "mad": st.mad, "n": st.n}
             for m, st in b.stats.items()]
     if fmt == "text":
         click.echo(f"template {b.template}: {b.state}, {b.runs} baseline run(s)"
-                   + (f" since {_iso(b.since)}" if b.since else ""))
-    _emit(rows, ["metric", "unit", "median", "mad", "n"], fmt)
+                   + (f" since {iso_time(b.since, tz)}" if b.since else ""))
+    emit(fmt, rows, headers=["metric", "unit", "median", "mad", "n"])
 
 
 @baseline.command("reset")

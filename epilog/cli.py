@@ -1,47 +1,33 @@
-"""``gpuguard job show JOBID [--json]``: what the store knows about one job.
+"""``gpuguard job show JOBID [--full] [--format text|json|csv|html]``: what the store knows about one job.
 
 A thin layer (STYLE.md): :func:`job_report` gathers, :func:`format_text` formats; the
 click command only parses and prints. Registered in :mod:`gpuguard.cli` with
 ``from gpuguard.epilog.cli import job; main.add_command(job)``.
 
-Times are epoch seconds in the store and ISO 8601 UTC here (DESIGN.md, "Storage").
+Times are epoch seconds in the store and ISO 8601 with offset in the display zone here
+(:mod:`gpuguard.output`).
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from datetime import tzinfo
 from typing import Any, NoReturn
 
 import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
+from gpuguard.output import cell, display_tz, emit, isoify, output_options, table
 from gpuguard.store import StoreError
-
-
-def _iso(t: Any) -> Any:
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return t
-    from gpuguard.xid.parse import utc_iso
-
-    return utc_iso(t)
-
-
-def _isoify(obj: Any) -> Any:
-    """Copy of ``obj`` with every value under a key ``at`` or ``*_at`` made ISO 8601."""
-    if isinstance(obj, dict):
-        return {k: (_iso(v) if k == "at" or k.endswith("_at") else _isoify(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_isoify(v) for v in obj]
-    return obj
 
 
 class JobNotFound(LookupError):
     """The store holds nothing about the job."""
 
 
-def job_report(store: Any, job_id: str) -> dict[str, Any]:
-    """Everything ``store`` holds about ``job_id``, JSON-ready, times in ISO 8601::
+def job_report(store: Any, job_id: str, tz: tzinfo | None = None) -> dict[str, Any]:
+    """Everything ``store`` holds about ``job_id``, JSON-ready, times in ISO 8601 with
+    offset in ``tz`` (default UTC; :func:`gpuguard.output.iso_time`)::
 
         {"job_id": str, "nodes": [str], "gpus": [{"node", "gpu_index", "gpu_uuid"}],
          "summaries": [JobSummary.to_dict()...], "health_runs": [{"node", "hook", "decision",
@@ -88,37 +74,19 @@ def job_report(store: Any, job_id: str) -> dict[str, Any]:
         verdict = load_verdict(store, job_id)
     except Exception:  # a store from before migration 3, or a half-written verdict
         verdict = None
-    return _isoify({"job_id": job_id, "nodes": nodes, "verdict": verdict, "gpus": gpus, "summaries": summaries,
-                    "health_runs": runs, "findings": findings, "events": ev_list})
+    return isoify({"job_id": job_id, "nodes": nodes, "verdict": verdict, "gpus": gpus, "summaries": summaries,
+                    "health_runs": runs, "findings": findings, "events": ev_list}, tz)
 
 
 # -- text --------------------------------------------------------------------------------
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return format(v, ".6g")
-    return str(v)
-
-
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cols = [headers] + [[_fmt(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def summary_rows(s: dict[str, Any]) -> list[list[Any]]:
     """``[metric, value, unit]`` rows of one node's summary, in display order."""
     rows: list[list[Any]] = [
-        ["exit status", s["exit_text"], f"raw {_fmt(s['exit_status_raw'])}"],
+        ["exit status", s["exit_text"], f"raw {cell(s['exit_status_raw'])}"],
         ["collector", s["collector_status"], ""],
         ["samples", s["sample_count"], "rows"],
-        ["first sample", s["first_sample_at"], "UTC"],
-        ["last sample", s["last_sample_at"], "UTC"],
+        ["first sample", s["first_sample_at"], ""],
+        ["last sample", s["last_sample_at"], ""],
         ["sample interval (median)", s["sample_interval_s"], "s"],
     ]
     rows += [[name, s.get(name), unit] for name, (unit, _doc) in METRICS.items()]
@@ -151,25 +119,25 @@ def format_text(rep: dict[str, Any]) -> str:
             post += f" ({pj['reason']})"
         out.append(f"  {s['node']}: {s['exit_text']}, collector {s['collector_status']}, "
                    f"{len(s['gpus'])} GPU(s), post-job check: {post}")
-    out += ["", "GPUs", _table([[g["node"], g["gpu_index"], g["gpu_uuid"]] for g in rep["gpus"]],
+    out += ["", "GPUs", table([[g["node"], g["gpu_index"], g["gpu_uuid"]] for g in rep["gpus"]],
                                ["NODE", "GPU", "UUID"]) if rep["gpus"] else "  none recorded"]
     for s in rep["summaries"]:
-        out += ["", f"Summary ({s['node']})", _table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
+        out += ["", f"Summary ({s['node']})", table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
         if s["gpus"]:
             grows = [[g["gpu_index"], g["sample_count"], g["gpu_util_mean_pct"], g["sm_clock_mean_mhz"],
                       g["power_mean_w"], g["temp_max_c"], g["mem_used_peak_mib"],
                       g["ecc_volatile_uncorrected_increase"],
-                      ", ".join(f"{k} {_fmt(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
+                      ", ".join(f"{k} {cell(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
                      for g in s["gpus"]]
             out += ["", f"Per GPU ({s['node']})",
-                    _table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
+                    table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
                                    "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"])]
     out += ["", "Findings"]
-    out.append(_table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
+    out.append(table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
                        for f in rep["findings"]], ["NODE", "HOOK", "SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])
                if rep["findings"] else "  none")
     out += ["", "Events"]
-    out.append(_table([[e["node"], e["at"], e["kind"], e["code"], e["gpu_index"], e["action"], e["message"]]
+    out.append(table([[e["node"], e["at"], e["kind"], e["code"], e["gpu_index"], e["action"], e["message"]]
                        for e in rep["events"]], ["NODE", "AT", "KIND", "CODE", "GPU", "ACTION", "MESSAGE"])
                if rep["events"] else "  none")
     return "\n".join(out)
@@ -183,70 +151,97 @@ def job() -> None:
 
 @job.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@output_options(formats=("text", "json", "csv", "html"))
+@click.option("--full", is_flag=True, help="text: every metric, finding and event after the one-screen page")
+@click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE instead of stdout")
+@click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [display] timezone, "
+              "$TZ, the system zone)")
 @click.option("--store", "store_path", metavar="FILE",
               help="store to read, read-only (default: the cluster store when readable, else the job's AdminComment)")
 @click.pass_obj
-def job_show(obj: Any, job_id: str, as_json: bool, store_path: str | None) -> None:
-    """Print JOB_ID: a header from sacct (user, account, state, elapsed vs time limit,
-    nodes, GPUs), then the verdict and its evidence, nodes, GPUs, the summary, findings
-    and events — from the cluster store when this user can read it (opened read-only),
-    else from the job's AdminComment through sacct (:mod:`gpuguard.epilog.jobview`). Who
-    may see a job is Slurm's decision (PrivateData). Exit 2 for a job that is not
-    visible or a store that cannot be read."""
+def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz_name: str | None,
+             store_path: str | None) -> None:
+    """Show JOB_ID on one screen: header (user, account, state, exit, elapsed vs limit,
+    nodes, GPUs), the verdict with its evidence, per-GPU utilisation/memory/power bars and
+    what to check; --full adds every table. --format html writes a self-contained page
+    with per-GPU and per-rank time-series plots. JSON is :func:`job_report`'s document plus
+    ``job`` (the header); CSV one row per node and summary metric (``node, metric, value,
+    unit``). The data come from :mod:`gpuguard.epilog.jobview`: the header from the
+    user's own sacct (Slurm's PrivateData decides who sees a job), the rest from the
+    cluster store opened read-only when this user can read it, else from the job's
+    AdminComment; ``source`` says which. Exit 2 for a job that is not visible, an
+    unreadable store named with --store, or a bad option."""
+    from gpuguard.epilog.advice import AdviceError, load_advice
+    from gpuguard.epilog.jobpage import format_page
+    from gpuguard.output import resolve_zone
+
+    cfg = None
     if obj is not None and hasattr(obj, "cfg"):
-        cfg = obj.cfg
-    else:
+        try:
+            cfg = obj.cfg
+        except click.ClickException as e:
+            if store_path is None:
+                _fail(e.message)
+    elif store_path is None:
         from gpuguard import config as config_mod
 
         try:
             cfg = config_mod.load()
         except config_mod.ConfigError as e:
             _fail(str(e))
-    from gpuguard.epilog.jobview import JobNotVisible, job_view
+    if cfg is None:
+        from gpuguard.config import from_dict
+
+        cfg = from_dict({})
+    from gpuguard.epilog.jobview import JobNotVisible, job_view, open_readonly
     from gpuguard.slurm import SlurmCli
 
     try:
-        rep = job_view(job_id, cfg=cfg, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), store_path=store_path)
-    except (JobNotVisible, StoreError) as e:
+        tz = resolve_zone(tz_name) if tz_name else display_tz(cfg)
+        advice = load_advice(cfg.get("job_page", "advice_file") if cfg is not None else "")
+        # the data source (gpuguard.epilog.jobview): the user's own sacct for the header,
+        # the cluster store read-only when readable, else the job's AdminComment
+        rep, used = job_view(job_id, cfg=cfg, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), store_path=store_path,
+                             tz=tz)
+        series = None
+        if fmt == "html" and used:
+            from gpuguard.epilog.jobpage_html import load_series
+
+            store = open_readonly(used)
+            try:
+                series = load_series(store, job_id)
+            finally:
+                store.close()
+    except (StoreError, ValueError, AdviceError, JobNotVisible) as e:
         _fail(str(e))
-    if as_json:
-        click.echo(json.dumps(rep, indent=2, default=str))
+    idle = cfg.get("job_page", "idle_gpu_pct") if cfg is not None else 5.0
+    if fmt in ("json", "csv") and not output:
+        rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
+                for s in rep["summaries"] for m, v, u in summary_rows(s)]
+        emit(fmt, dict(rep, job=isoify(rep["job"], tz)), rows=rows, headers=["node", "metric", "value", "unit"])
+        return
+    if fmt == "html":
+        from gpuguard.epilog.jobpage_html import render_html
+
+        text = render_html(rep, series, tz=tz, advice=advice, idle_gpu_pct=idle)
+    elif fmt == "json":
+        from gpuguard.output import to_json
+
+        text = to_json(dict(rep, job=isoify(rep["job"], tz)))
     else:
-        click.echo(format_view(rep))
+        text = format_page(rep, tz=tz, advice=advice, idle_gpu_pct=idle)
+        if full:
+            text += "\n\n" + format_text(rep)
+    if output:
+        from gpuguard.inputs import InputError, write_output
 
-
-def format_header(h: dict[str, Any]) -> list[str]:
-    """The job header lines (sacct's view of the job)."""
-    gpus = "-" if h.get("gpus") is None else str(h["gpus"])
-    return [f"job {h['job_id']} ({h.get('name') or '-'}): user {h['user']}, account {h['account']}, "
-            f"partition {h['partition']}, state {h['state']}",
-            f"  elapsed {h['elapsed']} of {h['time_limit']} limit; nodes {h['nodes']} ({h.get('num_nodes')}); "
-            f"GPUs {gpus}"]
-
-
-def format_view(rep: dict[str, Any]) -> str:
-    """Text of :func:`gpuguard.epilog.jobview.job_view`: the header, then the full store
-    report (:func:`format_text`) or what the AdminComment carries."""
-    out = [*format_header(rep["header"]), f"  source: {rep['source']}", ""] if rep.get("header") else []
-    if "summaries" in rep:
-        return "\n".join(out) + format_text(rep)
-    from gpuguard.epilog.verdict import format_verdict
-
-    if rep.get("verdict"):
-        out.append(format_verdict(rep["verdict"]))
+        try:
+            write_output(output, text)
+        except InputError as e:
+            _fail(str(e))
+        click.echo(f"wrote {output}", err=True)
     else:
-        out.append(rep.get("note") or "no verdict")
-    figs = rep.get("node_figures") or {}
-    if figs:
-        out += ["", _table([[n, len(f.get("gpus") or []), f.get("gpu_util_mean_pct"), f.get("power_mean_w"),
-                             f.get("sm_clock_mean_mhz"), f.get("temp_max_c"), f.get("mem_used_peak_mib"),
-                             f.get("step_time_p50_s")] for n, f in sorted(figs.items())],
-                           ["NODE", "GPUS", "UTIL_MEAN_%", "POWER_MEAN_W", "SM_MEAN_MHZ", "TEMP_MAX_C", "MEM_PEAK_MIB",
-                            "STEP_P50_S"])]
-    if rep.get("missing_nodes"):
-        out.append("no data from node(s): " + ", ".join(rep["missing_nodes"]))
-    return "\n".join(out)
+        click.echo(text)
 
 
 def _fail(msg: str) -> NoReturn:

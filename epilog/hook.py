@@ -3,21 +3,24 @@ the job, with an almost empty environment: SLURM-FACTS.md §3-4).
 
 What it does, in order of importance, inside ``[epilog] time_budget_s``:
 
-1. load the config (errors: logged, exit 0);
+1. load the config (errors: logged, exit 0; the job's collector is still stopped, found
+   through ``/proc`` instead of the broken config's pid file);
 2. stop the job's collector (:func:`gpuguard.collector.launch.stop_collector`: SIGTERM,
    a bounded wait, SIGKILL); a pid file whose process was already gone means the
    collector died: an ``events`` row of kind ``collector_died`` is recorded and the
    summary says ``died``;
-3. open the node store (errors: logged as tool errors; the checks still run);
-4. run the post-job health checks (:func:`gpuguard.health.run_health` with
-   ``hook="epilog"``: new XIDs since the prolog's kernel-log cursor, uncorrectable ECC,
-   lost GPUs, ...) and apply the same policy: on ``drain`` call
-   :meth:`gpuguard.slurm.SlurmCli.drain_node` with the ``gpuguard:`` reason. This comes
-   before the bookkeeping so that a slow store cannot cost the drain;
-5. ingest the training records of ``{job_dir_root}/{job_id}``
-   (:func:`gpuguard.collector.ingest.read_job_records`) into ``steps`` and
-   ``checkpoints`` (replacing the job's earlier rows on this node, so a rerun is
-   idempotent);
+3. retry pending drains and run the post-job health checks on live state before any
+   store I/O (:mod:`gpuguard.nodecheck`: new XIDs since the prolog's kernel-log cursor,
+   uncorrectable ECC, lost GPUs, ...); on ``drain`` the decision goes to the
+   pending-drain list and stays there until Slurm shows the ``gpuguard:`` reason
+   (:mod:`gpuguard.drainq`), so a slow store or a failing ``scontrol`` cannot cost the
+   drain;
+4. take the job's lock (:mod:`gpuguard.epilog.joblock`): a second or concurrent Epilog of
+   the same job waits, then finds the first one's summary and keeps it;
+5. open the store, record the run; ingest the training records of
+   ``{job_dir_root}/{job_id}`` (:func:`gpuguard.collector.ingest.read_job_records`) into
+   ``steps`` and ``checkpoints`` (replacing the job's earlier rows on this node when
+   there are new ones, never wiping them with nothing);
 6. write the job summary (:func:`gpuguard.epilog.summary.summarize_job`,
    :func:`~gpuguard.epilog.summary.save_summary`) and this node's *part* (summary plus
    per-window series, :mod:`gpuguard.epilog.part`): in cluster mode to the spool for the
@@ -42,11 +45,11 @@ directories on the node's disk. The deletion goes through
 ``job_dir_root`` file descriptor opened with ``O_NOFOLLOW`` and never follows a
 symlink (a symlinked job dir or file is unlinked, not its target).
 
-Environment values are validated: ``SLURM_JOB_ID`` must be ASCII digits (at most 20;
-``str.isdigit`` alone would accept ``'١٢٣'``), ``SLURM_JOB_UID`` ASCII digits, and
-``SLURM_JOB_EXIT_CODE`` ASCII digits in ``0 .. 2**32-1`` (Slurm's unsigned 32-bit
-exit code); anything else counts as unset (job id: post-job checks only; exit code:
-``unknown`` in the summary).
+Environment values are read and range-checked by :func:`gpuguard.hookenv.read_hook_env`;
+a rejected value counts as unset and is logged (job id: post-job checks only; exit code:
+``unknown`` in the summary). Drains go through one :class:`gpuguard.actuator.Actuator`
+per run (wrapped by the pending-drain list), so the health checks and the verdict drain
+at most once, within the budget.
 """
 
 from __future__ import annotations
@@ -60,19 +63,6 @@ EXIT_OK = 0
 #: Share of the budget the collector stop may take (SIGTERM wait; SIGKILL adds 1 s).
 COLLECTOR_STOP_SHARE = 0.2
 COLLECTOR_STOP_MAX_S = 5.0
-
-
-#: Largest ``SLURM_JOB_EXIT_CODE`` / ``SLURM_JOB_UID``: Slurm keeps both as uint32.
-UINT32_MAX = 2**32 - 1
-
-
-def _env_int(env: dict[str, str], name: str, maximum: int = UINT32_MAX) -> int | None:
-    """``env[name]`` as an int in ``0..maximum``: ASCII digits only, else ``None``."""
-    v = env.get(name)
-    if not v or not (v.isascii() and v.isdigit()) or len(v) > 20:
-        return None
-    n = int(v)
-    return n if n <= maximum else None
 
 
 # -- seams to the collector (tests replace these) -----------------------------------------
@@ -112,8 +102,10 @@ def collector_status(stop: Any) -> str:
 # -- storing the training records ------------------------------------------------------------
 def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tuple[int, int]:
     """Replace the ``steps`` and ``checkpoints`` rows of (``job_id``, ``node``) with the
-    records of ``ingest`` (an ``IngestResult``) in one transaction. Returns the numbers
-    of step and checkpoint rows. Raises :class:`gpuguard.store.StoreError`."""
+    records of ``ingest`` (an ``IngestResult``) in one transaction; an empty ingest
+    changes nothing (a rerun after the directory was removed keeps the first run's rows).
+    Returns the numbers of step and checkpoint rows. Raises
+    :class:`gpuguard.store.StoreError`."""
     import sqlite3
 
     from gpuguard.store import StoreError
@@ -130,6 +122,10 @@ def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tu
         })
     ckpts = [{"job_id": job_id, "node": node, "rank": r.get("rank"), "step": r.get("step"), "t": r.get("t"),
               "duration_s": r.get("duration_s")} for r in ingest.checkpoints]
+    if not steps and not ckpts:
+        # nothing (left) to ingest: a second epilog of the job finds the directory gone
+        # and must not wipe what the first one stored
+        return 0, 0
     try:
         with store.tx():
             store.db.conn.execute("delete from steps where job_id = ? and node = ?", [job_id, node])
@@ -146,11 +142,12 @@ def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tu
 def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) -> None:
     """An ``events`` row ``kind = "collector_died"`` (source ``epilog``). Raises
     :class:`gpuguard.store.StoreError`."""
-    store.insert("events", {
-        "node": node, "at": time.time(), "kind": "collector_died", "pid": pid, "job_id": job_id,
-        "source": "epilog", "process": "gpuguard-collector",
-        "message": f"collector pid {pid} was gone before the epilog; samples end at its last flush",
-    })
+    from gpuguard.rows import event_row
+
+    store.insert("events", event_row(
+        node=node, at=time.time(), kind="collector_died", pid=pid, job_id=job_id, source="epilog",
+        process="gpuguard-collector",
+        message=f"collector pid {pid} was gone before the epilog; samples end at its last flush"))
 
 
 # -- the hook ---------------------------------------------------------------------------------
@@ -159,28 +156,36 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
     the config. Used by :func:`main` and the tests."""
     env = dict(os.environ if env is None else env)
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    started = time.monotonic()
+    henv = read_hook_env(env)
     # one reading of the exit code for the summary and the verdict: an out-of-range or
-    # non-ASCII value is unknown (it reached SQLite as an OverflowError before)
-    exit_raw = _env_int(env, "SLURM_JOB_EXIT_CODE")
+    # non-ASCII value is unknown
+    exit_raw = henv.exit_status_raw
     if exit_raw is None:
         env.pop("SLURM_JOB_EXIT_CODE", None)
     else:
         env["SLURM_JOB_EXIT_CODE"] = str(exit_raw)
-    from gpuguard import log as log_mod
-    from gpuguard.hookrun import load_config
-
-    job_id = env.get("SLURM_JOB_ID") or None
     cfg, config_error = loaded or load_config()
+    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", henv.job_id or env.get("SLURM_JOB_ID"))
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; post-job checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    job_id = henv.job_id
     if config_error:
-        log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id).error("tool error: config: %s", config_error)
+        # Our fault: nothing is judged or drained on it, but the job's collector is still
+        # stopped (found through /proc, not through the broken config's paths).
+        log.error("tool error: config: %s", config_error)
+        if job_id:
+            _stop_without_config(job_id, log)
         return EXIT_OK
-    log = log_mod.setup(cfg.get("paths", "log_file"), "epilog", job_id)
-    from gpuguard.hookrun import is_job_id
-
-    if job_id is not None and not is_job_id(job_id):
-        log.error("tool error: SLURM_JOB_ID %r is not a job id; post-job checks only", job_id)
-        job_id = None
     budget = float(cfg.get("epilog", "time_budget_s"))
+    deadline = started + budget * DEADLINE_SHARE
     node = cfg.node_name
 
     # 2. the collector
@@ -192,9 +197,87 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
                 log.error("tool error: collector pid %s did not exit after %s", stop.pid, stop.signal_sent)
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
+        # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
+        _stop_without_config(job_id, log)
     status = collector_status(stop)
+    restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
-    # 3. the store
+    # 3. post-job checks and the drain, on live state, before any store I/O
+    from gpuguard.nodecheck import live_check, pending_drains
+
+    job_gpus = henv.job_gpus
+    pend = pending_drains(cfg, deadline, log)
+    live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
+    res = live.result
+    for err in res.tool_errors:
+        log.error("tool error: %s", err)
+    for f, action in res.decision.actions:
+        log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
+    if res.decision.outcome == "drain" and live.drain is not None and live.drain.status != "confirmed":
+        log.error("tool error: drain failed: %s", live.drain.why)
+    elif res.decision.outcome == "fail-job":
+        log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
+                    res.decision.reason)
+
+    # 4. one epilog at a time per job: a second or concurrent one never undoes the first
+    from gpuguard.epilog.joblock import job_lock
+
+    with job_lock(cfg, job_id, deadline) as locked:
+        if job_id and not locked:
+            log.error("tool error: another epilog of job %s holds its lock; records left to it", job_id)
+            return EXIT_OK
+        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log, restarts,
+                     henv.job_uid)
+    return EXIT_OK
+
+
+#: Share of ``[epilog] time_budget_s`` the work plans with (the rest: exit margin).
+DEADLINE_SHARE = 0.9
+
+
+def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
+    """The supervisor's restart record of the job (and the file removed), or None."""
+    from gpuguard.collector.launch import restart_file_path
+    from gpuguard.collector.supervise import read_restart_file
+
+    path = restart_file_path(cfg, job_id)
+    doc = read_restart_file(path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    if doc:
+        log.warning("collector was restarted %s time(s) by its supervisor, down %.1f s in all (last: %s)",
+                    doc.get("restarts"), float(doc.get("down_s") or 0), doc.get("last_death"))
+    return doc
+
+
+def _stop_without_config(job_id: str, log: Any) -> None:
+    """Stop the job's collector found through /proc (config unreadable)."""
+    try:
+        from gpuguard.collector.launch import stop_collector_by_scan
+
+        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S):
+            log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
+                        "exited" if r.exited else "did not exit")
+    except Exception as e:
+        log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
+
+
+def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -> bool:
+    """True when an earlier epilog of this job finished its bookkeeping: its summary is
+    stored, the job directory is gone and no collector was left to stop."""
+    if stop is not None and stop.pid is not None:
+        return False
+    if os.path.lexists(job_dir):
+        return False
+    rows = store.query("select 1 from job_summaries where job_id = ? and node = ?", [job_id, node])
+    return bool(rows)
+
+
+def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
+                 live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
+                 restarts: dict | None = None, uid: int | None = None) -> None:
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -202,39 +285,48 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         store = open_store(cfg.store_path)
     except StoreError as e:
         log.error("tool error: %s", e)
+    if store is None:
+        log.info("epilog done without a summary (no store)")
+        return
+    try:
+        _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
+                        restarts, uid)
+    finally:
+        store.close()
+
+
+def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any,
+                    status: str, live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
+                    restarts: dict | None = None, uid: int | None = None) -> None:
+    from gpuguard.nodecheck import record_with_store
+    from gpuguard.store import StoreError
+
+    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id) if job_id else ""
+    try:
+        repeat = bool(job_id) and _already_done(store, job_id, node, job_dir, stop)
+    except StoreError as e:
+        log.error("tool error: %s", e)
+        return
+    n_err = len(live.result.tool_errors)
+    record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
+    for err in live.result.tool_errors[n_err:]:
+        log.error("tool error: %s", err)
+    if not job_id:
+        log.info("epilog done without a summary (no job id)")
+        return
+    if repeat:
+        log.info("epilog of job %s already done: its records and summary are kept", job_id)
+        return
     if status == "died":
         log.warning("collector pid %s died before the epilog", stop.pid)
-        if store is not None:
-            try:
-                record_collector_death(store, node, job_id, stop.pid)
-            except StoreError as e:
-                log.error("tool error: %s", e)
-
-    # 4. post-job checks and the drain
-    from gpuguard.health import parse_job_gpus, run_health
-
-    res = run_health(cfg, hook="epilog", store=store, job_id=job_id,
-                     job_gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")), budget_s=budget * 0.4)
-    for err in res.tool_errors:
-        log.error("tool error: %s", err)
-    for f, action in res.decision.actions:
-        log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
-    if res.decision.outcome == "drain":
-        _drain(cfg, node, res.decision.reason, log)
-    elif res.decision.outcome == "fail-job":
-        log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
-                    res.decision.reason)
-
-    if store is None or not job_id:
-        log.info("epilog done without a summary (%s)", "no store" if store is None else "no job id")
-        _close(store)
-        return EXIT_OK
+        try:
+            record_collector_death(store, node, job_id, stop.pid)
+        except StoreError as e:
+            log.error("tool error: %s", e)
 
     # 5. training records
     ingest = None
     keep_dir = False
-    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
-    uid = _env_int(env, "SLURM_JOB_UID")
     if uid is None:
         log.error("tool error: SLURM_JOB_UID unset: training records not read")
         keep_dir = True
@@ -264,6 +356,14 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     try:
         summary = summarize_job(store, job_id, node, exit_status_raw=exit_raw,
                                 collector_status=status, ingest=ingest)
+        if restarts:
+            summary.collector_restarts = int(restarts.get("restarts") or 0)
+            summary.collector_down_s = float(restarts.get("down_s") or 0.0)
+            store.insert("events", {
+                "node": node, "at": time.time(), "kind": "collector_restarted", "job_id": job_id,
+                "source": "epilog", "process": "gpuguard-collector",
+                "message": f"collector restarted {summary.collector_restarts} time(s), down "
+                           f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"})
         save_summary(store, summary)
         log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,
                  summary.collector_status, summary.sample_count, summary.step_records)
@@ -271,7 +371,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
         summary = None
     if summary is not None:
-        _hand_over(store, job_id, cfg, env, node, summary, log)
+        _hand_over(store, job_id, cfg, env, node, summary, log, pend)
 
     # 7. the job directory
     if keep_dir:
@@ -283,12 +383,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             pass  # no job_dir_root: the job never had a directory
         except Exception as e:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
-    _close(store)
-    return EXIT_OK
 
 
 def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, summary: Any,
-               log: Any) -> None:
+               log: Any, pend: Any) -> None:
     """Build this node's part (:mod:`gpuguard.epilog.part`) and hand it to the job judge:
     with ``[paths] spool_dir`` (cluster mode) write it to the spool, where the
     controller's EpilogSlurmctld worker judges the job once with every node's part; without
@@ -297,13 +395,14 @@ def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str
     judged: half of its data would give a verdict that contradicts the other half's.
     Our errors here are tool errors; they never drain."""
     from gpuguard.epilog import part as part_mod
+    from gpuguard.hookenv import parse_uint
     from gpuguard.slurm import SlurmCli
 
     spool = cfg.get("paths", "spool_dir")
-    job = {"user": env.get("SLURM_JOB_USER"), "uid": _env_int(env, "SLURM_JOB_UID"),
+    job = {"user": env.get("SLURM_JOB_USER"), "uid": parse_uint(env.get("SLURM_JOB_UID")),
            "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
-           "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": _env_int(env, "SLURM_JOB_NUM_NODES"),
-           "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": _env_int(env, "SLURM_JOB_EXIT_CODE")}
+           "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": parse_uint(env.get("SLURM_JOB_NUM_NODES")),
+           "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": parse_uint(env.get("SLURM_JOB_EXIT_CODE"))}
     slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0)
     if not spool and (job["num_nodes"] or 1) > 1:
         log.warning("multi-node job not judged: set [paths] spool_dir so the controller judges it once "
@@ -323,7 +422,7 @@ def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str
             job["name"] = slurm.show_job(job_id).get("JobName")
         except Exception:
             job["name"] = None
-    _judge_here(store, job_id, cfg, node, job, part_mod.decode_part(blob), slurm, log)
+    _judge_here(store, job_id, cfg, node, job, part_mod.decode_part(blob), pend, log)
 
 
 def _encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], summary: Any) -> tuple[bytes, float]:
@@ -339,8 +438,9 @@ def _encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, An
 
 
 def _judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], part: dict[str, Any],
-                slurm: Any, log: Any) -> None:
-    """Single host: the job judge on this node's own part, in this store."""
+                pend: Any, log: Any) -> None:
+    """Single host: the job judge on this node's own part, in this store; its drains go
+    through this Epilog's pending-drain list (:mod:`gpuguard.drainq`)."""
     from gpuguard.epilog.judge import judge_parts
 
     meta = dict(job, job_id=job_id, nodes=[node])
@@ -350,8 +450,8 @@ def _judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any
 
         same = os.path.abspath(cfg.cluster_store_path) == os.path.abspath(cfg.store_path)
         cluster = store if same else open_store(cfg.cluster_store_path)
-        res = judge_parts(cluster, job_id, {node: part}, cfg=cfg, meta=meta, slurm=slurm, log=log,
-                          set_comment=False)
+        res = judge_parts(cluster, job_id, {node: part}, cfg=cfg, meta=meta, slurm=None, log=log,
+                          set_comment=False, drainer=pend)
     except Exception as e:
         log.error("tool error: verdict: %s: %s", type(e).__name__, e)
         return
@@ -362,30 +462,18 @@ def _judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any
     log.info("verdict %s (template %s): %s", v.get("cause"), v.get("template"), v.get("summary"))
 
 
-def _drain(cfg: Any, node: str, reason: str, log: Any) -> None:
-    if not cfg.get("slurm", "drain"):
-        log.warning("dry run: would drain %s: %s", node, reason)
-        return
-    from gpuguard.slurm import SlurmCli, SlurmError
-
-    try:
-        SlurmCli(cfg.get("slurm", "bin_dir")).drain_node(node, reason)
-        log.warning("drained %s: %s", node, reason)
-    except (SlurmError, ValueError) as e:
-        log.error("tool error: drain failed: %s", e)
-
-
 def _close(store: Any) -> None:
     if store is not None:
         store.close()
 
 
 def run_with_budget(budget_s: float, env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
-    """Run :func:`run` under :func:`gpuguard.hookrun.run_with_budget` (exit 0 on a crash
-    or an overrun)."""
-    from gpuguard.hookrun import run_with_budget as guarded
+    """Run :func:`run` under the watchdog :func:`gpuguard.hookrun.run_watched` (exit 0 on
+    a crash or an overrun, unless a verdict was announced)."""
+    from gpuguard.hookrun import run_watched as guarded
 
-    return guarded(lambda: run(env, loaded), budget_s, "epilog")
+    log_file = loaded[0].get("paths", "log_file") if loaded else None
+    return guarded(lambda: run(env, loaded), budget_s, "epilog", log_file=log_file)
 
 
 def main() -> int:

@@ -31,15 +31,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.model import CLOCK_EVENT_REASONS
+from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 
-#: Clock-event reasons that mean the GPU was slowed by a limit, not idle or by a
-#: setting (nvml.h ``nvmlClocksEventReason*``; the DCGM/GPUd "throttle" set).
-SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                    "hw_power_brake_slowdown")
-SLOWDOWN_MASK = 0
-for _r in SLOWDOWN_REASONS:
-    SLOWDOWN_MASK |= CLOCK_EVENT_REASONS[_r][0]
+SLOWDOWN_MASK = reasons_mask(SLOWDOWN_REASONS)
 
 _CKPT_COLS = ("duration_s", "save_s", "write_s", "elapsed_s", "checkpoint_time_s")
 _PHASES = ("data_wait_s", "fwd_bwd_s", "comm_s", "optim_s")

@@ -85,29 +85,67 @@ def sacct_header(slurm: Any, job_id: str) -> dict[str, Any] | None:
     return None
 
 
-def _from_store(store: Any, job_id: str) -> dict[str, Any] | None:
+def _duration_s(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` (Elapsed, Timelimit) in seconds; None for
+    ``UNLIMITED``, ``Partition_Limit`` or anything else."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None
+    secs = 0
+    for p in parts:
+        secs = secs * 60 + int(p)
+    if len(parts) == 2:  # MM:SS
+        pass
+    return float(secs + (int(days) * 86400 if days else 0))
+
+
+def _local_epoch(text: str) -> float | None:
+    """sacct's local wall-clock time (``2026-11-30T18:23:55``) as epoch seconds."""
+    import time
+
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def page_header(h: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """:func:`sacct_header` in the job page's header shape
+    (:func:`gpuguard.epilog.jobpage.job_header`)."""
+    ec = h.get("exit_code") or None
+    return {"job_id": h["job_id"], "name": h.get("name") or None, "user": h.get("user") or None,
+            "account": h.get("account") or None, "partition": h.get("partition") or None,
+            "state": h.get("state") or None, "exit": ec, "elapsed_s": _duration_s(h.get("elapsed") or ""),
+            "time_limit_s": _duration_s(h.get("time_limit") or ""), "start_at": _local_epoch(h.get("start") or ""),
+            "end_at": _local_epoch(h.get("end") or ""), "nodes": nodes or ([h["nodes"]] if h.get("nodes") else []),
+            "gpus": h.get("gpus"), "source": "sacct"}
+
+
+def _from_store(store: Any, job_id: str, tz: Any) -> dict[str, Any] | None:
     from gpuguard.epilog.cli import JobNotFound, job_report
 
     try:
-        rep = job_report(store, job_id)
+        rep = job_report(store, job_id, tz)
     except JobNotFound:
         rep = None
     row = None
     try:
         rows = store.query("select * from cluster_jobs where job_id = ?", [str(job_id)])
         row = rows[0] if rows else None
-    except Exception:  # a node store from before the cluster tables: no cluster row
+    except Exception:  # a node store without the cluster tables: no cluster row
         row = None
     if rep is None and row is None:
         return None
-    if rep is None:
-        import json
+    import json
 
+    if rep is None:
         rep = {"job_id": str(job_id), "nodes": json.loads(row["nodes"] or "[]"), "verdict": None, "gpus": [],
                "summaries": [], "health_runs": [], "findings": [], "events": []}
-    if row is not None:
-        import json
+    from gpuguard.epilog.jobpage import job_header
 
+    rep["job"] = job_header(store, rep)
+    if row is not None:
         rep["cluster"] = {"user": row["user"], "account": row["account"], "partition": row["partition"],
                           "nodes": json.loads(row["nodes"] or "[]"), "missing_nodes": json.loads(row["missing"] or "[]"),
                           "gpus": row["gpus"], "state": row["state"]}
@@ -115,6 +153,8 @@ def _from_store(store: Any, job_id: str) -> dict[str, Any] | None:
 
 
 def _from_admin_comment(job_id: str, text: str) -> dict[str, Any] | None:
+    """A report in :func:`gpuguard.epilog.cli.job_report`'s shape from the AdminComment:
+    the verdict's headline and one summary per node (its figures, per-GPU utilisation)."""
     from gpuguard.epilog import admincomment
 
     doc = admincomment.decode(text)
@@ -130,18 +170,32 @@ def _from_admin_comment(job_id: str, text: str) -> dict[str, Any] | None:
         verdict = {"job_id": str(job_id), "cause": doc["c"], "state": doc.get("s"), "template": doc.get("t"),
                    "summary": doc.get("m") or "", "baseline_runs": doc.get("b"), "evidence": e, "also": [],
                    "comparisons": comps, "context": []}
-    nodes = admincomment.node_summaries(doc)
-    return {"job_id": str(job_id), "nodes": sorted(nodes), "verdict": verdict, "node_figures": nodes,
-            "missing_nodes": doc.get("x") or [], "format": doc.get("v")}
+    from gpuguard.epilog.summary import JobSummary
+
+    figures = admincomment.node_summaries(doc)
+    summaries = []
+    for n, f in sorted(figures.items()):
+        # the summary shape, with what the AdminComment does not carry left unknown
+        gpus = [{"gpu_index": g.get("gpu_index"), "gpu_uuid": None, "sample_count": 0,
+                 "gpu_util_mean_pct": g.get("gpu_util_mean_pct")} for g in f.get("gpus") or []]
+        s = JobSummary.from_dict(dict(f, job_id=str(job_id), node=n, gpus=gpus)).to_dict()
+        s["source"] = "admin_comment"
+        summaries.append(s)
+    return {"job_id": str(job_id), "nodes": sorted(figures), "verdict": verdict,
+            "gpus": [{"node": s["node"], "gpu_index": g["gpu_index"], "gpu_uuid": None}
+                     for s in summaries for g in s["gpus"]],
+            "summaries": summaries, "health_runs": [], "findings": [], "events": [],
+            "missing_nodes": doc.get("x") or [], "admin_comment_version": doc.get("v")}
 
 
-def job_view(job_id: str, *, cfg: Any, slurm: Any, store_path: str | None = None) -> dict[str, Any]:
-    """Everything this user may see about ``job_id``, JSON-ready::
-
-        {"job_id", "source": "cluster store PATH" | "AdminComment (sacct)" | "store PATH",
-         "header": sacct_header(...) or None, "sacct_error": str?, ...the report fields
-         (gpuguard.epilog.cli.job_report) or {"verdict", "nodes", "node_figures",
-         "missing_nodes"} from the AdminComment}
+def job_view(job_id: str, *, cfg: Any, slurm: Any, store_path: str | None = None,
+             tz: Any = None) -> tuple[dict[str, Any], str | None]:
+    """Everything this user may see about ``job_id``, in
+    :func:`gpuguard.epilog.cli.job_report`'s shape plus ``job`` (the header:
+    :func:`gpuguard.epilog.jobpage.job_header`'s keys, from the user's ``sacct`` when it
+    answers), ``source`` (``cluster store PATH`` | ``store PATH`` | ``AdminComment
+    (sacct)`` | ``sacct``) and ``sacct_error`` when sacct could not run. Returns ``(report,
+    path of the store read or None)``.
 
     ``store_path`` reads that store (read-only) instead of the cluster store; a store
     named so that cannot be read is :class:`gpuguard.store.StoreError`. Raises
@@ -156,33 +210,38 @@ def job_view(job_id: str, *, cfg: Any, slurm: Any, store_path: str | None = None
         sacct_error = str(e)
     tried: list[str] = []
     path = store_path or cfg.cluster_store_path
-    rep = None
+    rep, used, source = None, None, ""
     if path:
         try:
             store = open_readonly(path)
             try:
-                rep = _from_store(store, job_id)
+                rep = _from_store(store, job_id, tz)
             finally:
                 store.close()
             if rep is None:
                 tried.append(f"not found in store {path}")
+            else:
+                used, source = path, f"{'store' if store_path else 'cluster store'} {path}"
         except StoreError as e:
             if store_path:
                 raise
             tried.append(str(e))
-        source = f"{'store' if store_path else 'cluster store'} {path}"
     if rep is None and header and header.get("admin_comment"):
         rep = _from_admin_comment(job_id, header["admin_comment"])
         source = "AdminComment (sacct)"
     if rep is None and header is not None:
-        rep = {"job_id": str(job_id), "verdict": None, "nodes": [], "note": "no gpuguard record for this job"}
+        rep = {"job_id": str(job_id), "nodes": [], "verdict": None, "gpus": [], "summaries": [],
+               "health_runs": [], "findings": [], "events": [], "note": "no gpuguard record for this job"}
         source = "sacct"
     if rep is None:
         if not store_path:
             tried.append(sacct_error or "sacct shows no such job for this user (Slurm's PrivateData decides)")
         raise JobNotVisible(f"job {job_id}: " + "; ".join(tried))
+    if header is not None:
+        rep["job"] = page_header(header, list(rep.get("nodes") or []))
+    elif "job" not in rep:
+        rep["job"] = {"job_id": str(job_id), "nodes": list(rep.get("nodes") or []), "source": source}
     rep["source"] = source
-    rep["header"] = header
     if sacct_error:
         rep["sacct_error"] = sacct_error
-    return rep
+    return rep, used

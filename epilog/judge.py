@@ -110,24 +110,16 @@ def _prev(store: Any, job_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-def _drain(store: Any, cfg: Any, slurm: Any, job_id: str, node: str, reason: str, now: float, log: Any) -> bool:
-    """Drain ``node`` once for this job; returns whether a drain was made now."""
+def _drain(store: Any, drainer: Any, job_id: str, node: str, reason: str, now: float) -> bool:
+    """Drain ``node`` once for this job through ``drainer`` (the controller's
+    :class:`gpuguard.actuator.Actuator`, or a node Epilog's pending-drain list); returns
+    whether Slurm took it. Logged by the drainer, recorded in ``cluster_drains``."""
     if store.query("select 1 from cluster_drains where job_id = ? and node = ?", [job_id, node]):
         return False
-    done = 0
-    if not cfg.get("slurm", "drain"):
-        log.warning("dry run: would drain %s: %s", node, reason)
-    else:
-        from gpuguard.slurm import SlurmError
-
-        try:
-            slurm.drain_node(node, reason)
-            done = 1
-            log.warning("drained %s: %s", node, reason)
-        except (SlurmError, ValueError) as e:
-            log.error("tool error: drain of %s failed: %s", node, e)
-    store.insert("cluster_drains", {"job_id": job_id, "node": node, "at": now, "reason": reason, "done": done})
-    return bool(done)
+    res = drainer.drain(node, reason)
+    done = getattr(res, "status", "") in ("done", "confirmed")
+    store.insert("cluster_drains", {"job_id": job_id, "node": node, "at": now, "reason": reason, "done": int(done)})
+    return done
 
 
 def _set_comment(slurm: Any, job_id: str, text: str, log: Any, retries: int, retry_sleep_s: float) -> bool:
@@ -148,12 +140,16 @@ def _set_comment(slurm: Any, job_id: str, text: str, log: Any, retries: int, ret
 
 def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]], *, cfg: Any,
                 meta: Mapping[str, Any], slurm: Any, log: Any, now: float | None = None,
-                set_comment: bool = True, retries: int = 3, retry_sleep_s: float = 2.0) -> JudgeResult:
+                set_comment: bool = True, retries: int = 3, retry_sleep_s: float = 2.0,
+                drainer: Any = None) -> JudgeResult:
     """Judge job ``job_id`` from ``parts`` (node -> decoded part) in the cluster ``store``
     (module docstring). ``meta``: the job's manifest (:func:`meta_from_env`, else
     :func:`meta_from_parts`); its ``nodes`` are the nodes expected. ``slurm``: a
-    :class:`gpuguard.slurm.SlurmCli` for drains and the AdminComment; ``set_comment``
-    False leaves the AdminComment alone (single host without slurmdbd access).
+    :class:`gpuguard.slurm.SlurmCli` for the AdminComment; ``set_comment`` False leaves
+    the AdminComment alone (single host without slurmdbd access). ``drainer``: what
+    escalation drains go through (default: :meth:`gpuguard.actuator.Actuator.from_config`:
+    ``gpuguard:`` reasons only, never over someone else's reason, dry run unless
+    ``[slurm] drain``).
 
     Raises :class:`gpuguard.store.StoreError` and :class:`gpuguard.config.ConfigError`;
     callers log them as tool errors (nothing is drained for them)."""
@@ -197,9 +193,13 @@ def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]],
             node = f.evidence.get("node") or (v.nodes[0] if len(v.nodes) == 1 else None)
             if node:
                 by_node.setdefault(node, []).append(f)
+    if by_node and drainer is None:
+        from gpuguard.actuator import Actuator
+
+        drainer = Actuator.from_config(cfg, log=log)
     for node, fs in sorted(by_node.items()):
         reason = policy_mod.format_reason(fs)
-        if _drain(store, cfg, slurm, job_id, node, reason, t, log):
+        if _drain(store, drainer, job_id, node, reason, t):
             res.drains.append((node, reason))
     summaries = {n: parts[n].get("summary") for n in present}
     text = admincomment.encode(admincomment.build(job_id, res.verdict, summaries, missing))

@@ -19,7 +19,9 @@ Conventions:
   latest Prolog health run on the node (so the XIDs the Prolog itself found are not
   counted, and a requeued job with the same id is summarised from its last attempt),
   ``ended_at`` the Epilog's time. Without a Prolog run the window is open at the start
-  and events are matched by job id instead.
+  and events are matched by job id instead. Samples are counted by insertion order: every
+  sample of the job stored from the first one stamped after ``started_at`` on, whatever
+  later stamps say (a clock stepped back or forward during the job).
 
 Only the standard library is used (``statistics``, ``math``): the Epilog's budget
 (issue 3) is a 1-hour, 4-GPU job at 1 s sampling — 14,400 sample rows, 3,600 steps —
@@ -216,6 +218,10 @@ class JobSummary:
     exit_signal: int | None = None
     exit_text: str = "unknown"
     collector_status: str = "unknown"
+    #: times the supervisor restarted a killed collector, and the seconds it was down
+    #: (death to restart, summed; :mod:`gpuguard.collector.supervise`)
+    collector_restarts: int = 0
+    collector_down_s: float | None = None
     sample_count: int = 0
     first_sample_at: float | None = None
     last_sample_at: float | None = None
@@ -279,13 +285,25 @@ def _job_window(store: Any, job_id: str, node: str) -> float | None:
     return rows[0]["finished_at"] if rows else None
 
 
+def _first_rowid(store: Any, table: str, job_id: str, node: str, started_at: float | None) -> int:
+    """The first row of this attempt of the job: the earliest (by rowid) row stamped at or
+    after ``started_at``; every later row belongs to the attempt whatever its stamp (a
+    clock step). All of the job's rows when none is (the clock stepped back before the
+    first sample) or when there is no window."""
+    if started_at is None:
+        return 0
+    rows = store.query(f"select min(rowid) as r from {table} where job_id = ? and node = ? and at >= ?",
+                       [job_id, node, started_at])
+    return rows[0]["r"] if rows and rows[0]["r"] is not None else 0
+
+
 def _integrate_reasons(ats: list[float], masks: list[int | None]) -> dict[str, float]:
     """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
     until the next sample (left-point rule; the last sample adds nothing), each interval
     cut to :data:`MAX_GAP_FACTOR` times the median interval. A ``None`` mask adds nothing."""
     if len(ats) < 2:
         return {}
-    diffs = [b - a for a, b in itertools.pairwise(ats)]
+    diffs = [max(0.0, b - a) for a, b in itertools.pairwise(ats)]  # a clock step back: 0
     cap = statistics.median(diffs) * MAX_GAP_FACTOR
     by_mask: dict[int, float] = {}
     for mask, dt in zip(masks[:-1], diffs, strict=True):
@@ -322,7 +340,7 @@ def _gpu_part(summary: JobSummary, rows: list[tuple]) -> None:
         g_ecc = [r[9] for r in grows if r[9] is not None]
         ats = [r[2] for r in grows]
         g_reasons = _integrate_reasons(ats, [r[8] for r in grows])
-        intervals += [b - a for a, b in itertools.pairwise(ats)]
+        intervals += [b - a for a, b in itertools.pairwise(ats) if b > a]
         inc = max(max(g_ecc) - g_ecc[0], 0) if g_ecc else None
         if inc is not None:
             ecc_total = (ecc_total or 0) + inc
@@ -463,17 +481,18 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     s = JobSummary(job_id=str(job_id), node=node, created_at=now, started_at=started_at, ended_at=ended_at,
                    exit_status_raw=exit_status_raw, exit_code=ex.code, exit_signal=ex.signal, exit_text=ex.text,
                    collector_status=collector_status)
-    window = " and at <= ?"
-    params: list[Any] = [job_id, node, ended_at]
-    if started_at is not None:
-        window += " and at >= ?"
-        params.append(started_at)
+    # Samples of this attempt are counted by insertion order (rowid), not by a wall-clock
+    # window: a clock stepped back during the job stamps later samples before started_at,
+    # and the epilog's own "now" then lies before the samples taken before the step. The
+    # collector is stopped before the summary, so nothing is stored after the job.
+    first = _first_rowid(store, "samples", job_id, node, started_at)
     rows = [tuple(r.values()) for r in store.query(
         "select gpu_index, gpu_uuid, at, gpu_util_pct, mem_used_mib, power_w, temp_c, sm_clock_mhz, "
-        "clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ? and node = ?"
-        f"{window} order by gpu_index, at", params)]
+        "clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ? and node = ? and rowid >= ? "
+        "order by gpu_index, rowid", [job_id, node, first])]
     _gpu_part(s, rows)
-    host = store.query(f"select cpu_pct, rss_mib from host_samples where job_id = ? and node = ?{window}", params)
+    host = store.query("select cpu_pct, rss_mib from host_samples where job_id = ? and node = ? and rowid >= ?",
+                       [job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at)])
     s.host_sample_count = len(host)
     s.host_cpu_mean_pct = _r(_mean([h["cpu_pct"] for h in host if h["cpu_pct"] is not None]))
     s.host_rss_peak_mib = _max([h["rss_mib"] for h in host if h["rss_mib"] is not None])

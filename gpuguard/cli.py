@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
-
 import click
 
 from gpuguard import config as config_mod
+from gpuguard.output import emit, output_options, table
 
 
 class _Obj:
@@ -49,17 +48,9 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     ctx.obj = _Obj(config_path)
 
 
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cols = [headers] + [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 # --- check --------------------------------------------------------------------------
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
               help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
 @click.option("--gpu-source", type=click.Choice(["nvml", "replay"]), help="override [gpu] source")
@@ -69,7 +60,7 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 @click.option("--record", is_flag=True, help="store the run and advance the kernel-log cursor like the prolog does")
 @click.option("--list", "list_checks", is_flag=True, help="list the checks and exit")
 @click.pass_obj
-def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
+def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
           kernel_log: str | None, record: bool, list_checks: bool) -> None:
     """Run every health check once and print the findings with their policy action.
 
@@ -113,24 +104,26 @@ def check(obj: _Obj, as_json: bool, nvsmi: str | None, gpu_source: str | None, r
                      kernel_log=None if kl == "none" else kl, scan_xid=kl != "none", record=record)
     if res.snapshot is None:
         _fail("; ".join(res.tool_errors))
-    if as_json:
+    rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
+            for f, a in res.decision.actions]
+    if fmt == "json":
         from gpuguard.policy import summarize
 
         doc = summarize(res.decision)
         doc["tool_errors"] = res.tool_errors
         doc["gpus"] = len(res.snapshot.gpus)
-        click.echo(json.dumps(doc, indent=2, default=str))
+        emit(fmt, doc)
+    elif fmt == "csv":
+        emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
     else:
-        rows = [[f.severity, a, f.code, "" if f.gpu_index is None else f.gpu_index, f.message]
-                for f, a in res.decision.actions]
         click.echo(f"{len(res.snapshot.gpus)} GPU(s) from {res.snapshot.source}")
         if rows:
-            click.echo(_table(rows, ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"]))
+            click.echo(table([list(r.values()) for r in rows], ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"]))
         else:
             click.echo("no findings")
         click.echo(f"decision: {res.decision.outcome}" + (f" ({res.decision.reason})" if res.decision.reason else ""))
-        for e in res.tool_errors:
-            click.echo(f"tool error: {e}", err=True)
+    for e in res.tool_errors if fmt != "json" else []:
+        click.echo(f"tool error: {e}", err=True)
     worst = res.worst_severity
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
@@ -151,25 +144,32 @@ def _snapshot(obj: _Obj, nvsmi: str | None):
 
 
 @gpu.command("show")
-@click.option("--json", "as_json", is_flag=True)
+@output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
-def gpu_show(obj: _Obj, as_json: bool, nvsmi: str | None) -> None:
-    """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, throttle reasons."""
+def gpu_show(obj: _Obj, fmt: str, nvsmi: str | None) -> None:
+    """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, clock-event
+    (throttle) reasons. JSON is the full snapshot; CSV and text one row per GPU."""
     snap = _snapshot(obj, nvsmi)
-    if as_json:
-        click.echo(json.dumps(snap.to_dict(), indent=2))
+    if fmt == "json":
+        emit(fmt, snap.to_dict())
+        return
+    rows = [{"gpu": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "temp_c": g.temp_c, "power_w": g.power_w,
+             "sm_clock_mhz": g.sm_clock_mhz, "mem_used_mib": g.mem_used_mib, "mem_total_mib": g.mem_total_mib,
+             "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected,
+             "pcie_link": f"gen{g.pcie_gen_current} x{g.pcie_width_current}",
+             "clock_event_reasons": ",".join(g.clock_event_reasons or []),
+             "read_errors": ",".join(sorted(g.read_errors))} for g in snap.gpus]
+    if fmt == "csv":
+        emit(fmt, rows, headers=list(rows[0]) if rows else ["gpu"])
         return
     if snap.error:
         click.echo(f"source error: {snap.error}")
-    rows = []
-    for g in snap.gpus:
-        rows.append([g.index, g.name, g.pci_bus_id, g.temp_c, g.power_w, g.sm_clock_mhz,
-                     f"{g.mem_used_mib}/{g.mem_total_mib}", g.ecc_volatile_uncorrected,
-                     f"{g.pcie_gen_current}x{g.pcie_width_current}",
-                     ",".join(g.clock_event_reasons or []) or "-", ",".join(sorted(g.read_errors)) or "-"])
-    click.echo(_table(rows, ["GPU", "NAME", "PCI", "TEMP_C", "POWER_W", "SM_MHZ", "MEM_MIB",
-                             "ECC_UNC_VOL", "PCIE", "CLOCK_EVENTS", "READ_ERRORS"]))
+    click.echo(table([[r["gpu"], r["name"], r["pci_bus_id"], r["temp_c"], r["power_w"], r["sm_clock_mhz"],
+                       f"{r['mem_used_mib']}/{r['mem_total_mib']}", r["ecc_volatile_uncorrected"], r["pcie_link"],
+                       r["clock_event_reasons"] or "-", r["read_errors"] or "-"] for r in rows],
+                     ["GPU", "NAME", "PCI", "TEMP_C", "POWER_W", "SM_MHZ", "MEM_MIB", "ECC_UNC_VOL", "PCIE",
+                      "CLOCK_EVENTS", "READ_ERRORS"]))
 
 
 @gpu.command("snapshot")
@@ -198,16 +198,16 @@ def config_group() -> None:
 
 
 @config_group.command("show")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@output_options()
 @click.pass_obj
 def config_show(obj: _Obj, fmt: str) -> None:
     """Print the effective configuration and where each value came from."""
-    rows = config_mod.describe(obj.cfg)
-    if fmt == "json":
-        click.echo(json.dumps([{"key": k, "value": v, "origin": o} for k, v, o in rows], indent=2))
+    rows = [{"key": k, "value": v, "origin": o} for k, v, o in config_mod.describe(obj.cfg)]
+    if fmt != "text":
+        emit(fmt, rows, headers=["key", "value", "origin"])
         return
     click.echo(f"# config file: {obj.cfg.path or '(none: defaults only)'}")
-    click.echo(_table([[k, json.dumps(v), o] for k, v, o in rows], ["KEY", "VALUE", "FROM"]))
+    click.echo(table([[r["key"], json.dumps(r["value"]), r["origin"]] for r in rows], ["KEY", "VALUE", "FROM"]))
 
 
 @config_group.command("example")

@@ -50,7 +50,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "store": ("/var/lib/gpuguard/node.db", str, "node store (SQLite); {node} is replaced by the node name"),
         "cluster_store": ("", str, "cluster store; empty = same file as the node store (single host)"),
         "state_dir": ("/var/lib/gpuguard", str, "pid files, collector state; {node} allowed"),
-        "job_dir_root": ("/var/lib/gpuguard/jobs", str, "parent of per-job directories for training records; {node} allowed"),
+        "run_dir": ("/run/gpuguard/{node}", str, "second copy of the kernel-log cursor and pending drains on a tmpfs, so a read-only or full state_dir never loses or repeats a drain; empty = off"),
+        "job_dir_root": ("/var/spool/gpuguard/jobs", str, "parent of per-job directories for training records, under its own root apart from the store (users write there; best its own filesystem); {node} allowed"),
+        "job_dir_max_mib": (64.0, (int, float), "per-job size cap of a job directory, checked by the collector every liveness period; files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
         "spool_dir": ("", str, "shared directory (owned by SlurmUser) where node Epilogs leave each job's per-node part for the job judge on the controller; empty = single host: the node Epilog judges its own job"),
         "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
     },
@@ -62,6 +64,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "xid": {
         "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
         "first_scan_lookback": ("all", str, "on the first scan ever: 'all' reads the whole buffer, 'none' starts at the end"),
+        "kernel_log_kernel_only": (False, bool, "the text file named by kernel_log holds kernel messages only (e.g. rsyslog's kern.* file); only then may its XIDs drain: a syslog file of all facilities can hold any user's `logger -t kernel` line (our choice: refuse what users can fake)"),
     },
     "checks": {
         "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),
@@ -124,6 +127,17 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+    },
+    "job_page": {
+        "advice_file": ("", str, "TOML file of per-cause advice for `gpuguard job show` and end-of-job mail (keys who, check, docs per cause); merged over the shipped gpuguard/data/advice.toml; empty = shipped advice only"),
+        "idle_gpu_pct": (5.0, (int, float), "a GPU whose mean utilisation is under this is flagged idle on the job page (same default as [reports] idle_util_pct)"),
+    },
+    "mail": {
+        "mailer": ("/usr/bin/mail", str, "real mail program the MailProg wrapper (gpuguard-mail) runs with Slurm's arguments (Slurm's default MailProg)"),
+        "store": ("", str, "store the MailProg wrapper reads job summaries from; empty = [paths] cluster_store, else [paths] store"),
+    },
+    "display": {
+        "timezone": ("", str, "IANA zone of every time printed by gpuguard commands (text and JSON, ISO 8601 with offset); empty = [reports] timezone, else $TZ, else the system zone"),
     },
     "policy": {},  # finding code -> action; validated separately
 }
@@ -437,7 +451,7 @@ def example_toml() -> str:
         out.append("")
     out += [
         "# Policy overrides: finding code -> record | alert | drain | fail-job.",
-        "# Shipped defaults and their sources: gpuguard/policy.py (DEFAULT_ACTIONS) and the XID",
+        "# Shipped defaults and their sources: each family's CODES (gpuguard/checks/*.py) and the XID",
         "# catalog gpuguard/xid/catalog.py. Disputed XIDs (63, 68, 92, 109) are where sites differ.",
         "[policy]",
         '# "pcie.width_degraded" = "drain"',

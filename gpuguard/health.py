@@ -18,7 +18,9 @@ from typing import Any
 from gpuguard import policy as policy_mod
 from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
+from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
 from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.rows import event_row, finding_row
 
 CURSOR_NAME = "kernel_log"
 
@@ -34,6 +36,8 @@ class HealthResult:
     tool_errors: list[str] = field(default_factory=list)
     xid_events: list[Any] = field(default_factory=list)
     run_id: int | None = None
+    #: ``table -> rows`` the checks want stored with the run (``CheckContext.records``)
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def worst_severity(self) -> str | None:
@@ -47,15 +51,6 @@ class HealthResult:
 def gpus_expected(cfg: Config, job_gpus: list[int] | None) -> bool:
     """True when this node should have GPUs: configured count, job gres, or device files."""
     return bool(cfg.get("node", "gpu_count") or job_gpus or glob.glob("/dev/nvidia[0-9]*"))
-
-
-def parse_job_gpus(value: str | None) -> list[int] | None:
-    """``SLURM_JOB_GPUS`` (``"0,1"``, gres indices; SLURM-FACTS §4) -> ``[0, 1]``;
-    unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored."""
-    if not value:
-        return None
-    out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
-    return out or None
 
 
 def take_snapshot(cfg: Config, *, budget_s: float | None = None,
@@ -89,11 +84,22 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     Returns ``(events, new_cursor, tool_errors)``. The caller stores the cursor only after
     the events are stored, so a failed write re-reads them next time instead of losing
     them. With ``xid.first_scan_lookback = "none"`` the first scan only sets the cursor.
+
+    Spoofing rule: structured sources (kmsg, journalctl JSON, raw dmesg) deliver the
+    kernel's own messages. A text file from ``[xid] kernel_log`` can hold any user's
+    ``logger -t kernel`` line (``/var/log/syslog``, ``/var/log/messages``), so its events
+    are marked ``untrusted_source`` (their findings are capped at ``alert``) unless
+    ``[xid] kernel_log_kernel_only = true`` says the file holds kernel messages only. A
+    ``source`` passed explicitly (``gpuguard check --kernel-log FILE``: the operator
+    names the file) is trusted. Lines with an XID marker that are not accepted are
+    reported in ``tool_errors`` with their reasons.
     """
-    from gpuguard.xid.kernel_log import KernelLogError, read_since
+    from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
     from gpuguard.xid.parse import parse_lines
 
     src = source or cfg.get("xid", "kernel_log")
+    structured = is_structured(src)
+    trusted = structured or source is not None or bool(cfg.get("xid", "kernel_log_kernel_only"))
     errors: list[str] = []
     cursor = read_cursor_file(cfg)
     if cursor is None and store is not None:
@@ -107,24 +113,38 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
         return [], None, [*errors, f"kernel log: {e}"]
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
-    res = parse_lines(lines)
+    res = parse_lines(lines, structured=structured)
     if res.unparsed:
-        errors.append(f"kernel log: {res.unparsed} NVRM line(s) not understood")
+        errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
+    if not trusted:
+        for ev in res.events:
+            ev.untrusted_source = src
     return res.events, new_cursor, errors
 
 
-def _cursor_path(cfg: Config) -> str:
+CURSOR_FILE = "kernel_log.cursor.json"
+
+
+def _legacy_cursor_path(cfg: Config) -> str:
     return os.path.join(cfg.get("paths", "state_dir"), "kernel_log.cursor")
 
 
 def read_cursor_file(cfg: Config) -> str | None:
-    """The kernel-log cursor kept in ``{state_dir}/kernel_log.cursor`` (None if absent).
+    """The kernel-log cursor kept beside the store (None if absent).
 
-    The cursor lives in a small file as well as the store so that a broken store (corrupt,
-    locked, full) does not make every prolog re-read the whole kernel log and drain the
-    node again for an XID that was already acted on."""
+    The cursor lives in small files as well as the store so that a broken store (corrupt,
+    locked, full) does not make every hook re-read the whole kernel log and drain the
+    node again for an XID that was already acted on; the files are written to
+    ``state_dir`` and ``run_dir`` (:mod:`gpuguard.durable`), so a read-only or full
+    state directory does not either. A plain ``kernel_log.cursor`` file of earlier
+    versions is read when no copy exists."""
+    from gpuguard import durable
+
+    value, _seq = durable.read(durable.state_dirs(cfg), CURSOR_FILE)
+    if isinstance(value, str) and value:
+        return value
     try:
-        fd = os.open(_cursor_path(cfg), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(_legacy_cursor_path(cfg), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as fh:
             return fh.read(4096).strip() or None
     except OSError:
@@ -132,31 +152,47 @@ def read_cursor_file(cfg: Config) -> str | None:
 
 
 def write_cursor_file(cfg: Config, cursor: str) -> None:
-    """Atomically replace the cursor file. Raises ``OSError``."""
-    d = cfg.get("paths", "state_dir")
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    tmp = _cursor_path(cfg) + f".{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(cursor + "\n")
-    os.replace(tmp, _cursor_path(cfg))
+    """Write the cursor to every state directory that takes it. Raises ``OSError``
+    only when none does."""
+    from gpuguard import durable
+
+    durable.write(durable.state_dirs(cfg), CURSOR_FILE, cursor)
 
 
-def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None = None,
-               job_gpus: list[int] | None = None, nvidia_smi_file: str | None = None,
-               kernel_log: str | None = None, scan_xid: bool = True, record: bool = True,
-               budget_s: float | None = None) -> HealthResult:
-    """Run every enabled check and decide (see the module docstring).
+@dataclass
+class Collected:
+    """What :func:`collect` read: the GPU snapshot (None: our own fault), new kernel-log
+    events, the cursor to store once they are acted on, and tool errors."""
 
-    ``store`` is an open :class:`gpuguard.store.Store` or None (no history, nothing
-    recorded). ``record=False`` reads history but writes nothing and leaves the kernel-log
-    cursor alone (``gpuguard check`` on a live node must not consume the prolog's XIDs).
-    """
+    started: float
+    snapshot: NodeSnapshot | None
+    events: list[Any]
+    new_cursor: str | None
+    tool_errors: list[str]
+
+
+def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str | None = None,
+            kernel_log: str | None = None, scan_xid: bool = True, store: Any = None) -> Collected:
+    """Take the GPU snapshot and read the kernel log since the cursor. Touches the store
+    only to find a cursor when no cursor file exists (``store`` may be None)."""
     started = time.time()
-    tool_errors: list[str] = []
-    snap, errs = take_snapshot(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file)
-    tool_errors += errs
+    snap, errors = take_snapshot(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file)
+    events: list[Any] = []
+    new_cursor = None
+    if scan_xid:
+        events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log)
+        errors += errs
+    return Collected(started, snap, events, new_cursor, errors)
+
+
+def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: str | None = None,
+          job_gpus: list[int] | None = None, record: bool = True) -> HealthResult:
+    """Run every enabled check on ``col`` and decide. With ``store`` the checks also see
+    the history (counters and inventory of the last run, the idle baseline); without it
+    they judge the live state alone, which is all a drain decision needs (every default
+    drain rests on live state: XIDs, volatile ECC, lost GPUs, links)."""
     node = cfg.node_name
+    tool_errors = list(col.tool_errors)
     previous: dict[str, Any] = {}
     inventory: dict[str, Any] = {}
     if store is not None:
@@ -165,49 +201,48 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
             inventory = {r["uuid"]: r for r in store.query("select * from inventory where node = ?", [node])}
         except Exception as e:
             tool_errors.append(f"store: {e}")
-    events: list[Any] = []
-    new_cursor = None
-    if scan_xid:
-        events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log)
-        tool_errors += errs
-    if snap is None:
-        # Our own problem (unreadable replay file): nothing to judge the GPUs by. XID
-        # events still count, mapped to no GPU.
-        snap_for_checks = NodeSnapshot(taken_at=started, source="none", error=None)
-    else:
-        snap_for_checks = snap
+    snap = col.snapshot
+    # Our own problem (unreadable replay file): nothing to judge the GPUs by. XID events
+    # still count, mapped to no GPU.
+    snap_for_checks = snap if snap is not None else NodeSnapshot(taken_at=col.started, source="none", error=None)
     ctx = CheckContext(
         snapshot=snap_for_checks, previous=previous, previous_inventory=inventory,
         expected_gpu_count=cfg.get("node", "gpu_count") or None, job_gpu_indices=job_gpus,
-        xid_events=events, settings=cfg.values["checks"],
-        gpu_nodes_expected=gpus_expected(cfg, job_gpus),
+        xid_events=col.events, settings=cfg.values["checks"],
+        gpu_nodes_expected=gpus_expected(cfg, job_gpus), hook=hook, node=node, job_id=job_id,
+        store=store if snap is not None else None, config=cfg,
     )
     disabled = list(cfg.get("checks", "disabled"))
     if snap is None:
         disabled += ["gpu_count", "driver"]
     findings, errs = run_checks(ctx, disabled)
     tool_errors += errs
-    if hook in ("prolog", "check") and store is not None and snap is not None and snap.gpus:
-        # Node health baseline (issue 4): each idle GPU against its own idle history on
-        # this node ("this GPU idles 12 C hotter than it used to"); the prolog records
-        # the reading, `gpuguard check` only compares.
-        try:
-            from gpuguard.epilog.baseline import judge_idle
-
-            findings += judge_idle(store, node, snap, cfg=cfg, job_id=job_id, record=record)
-        except Exception as e:  # our fault: a missing table, a store error
-            tool_errors.append(f"idle baseline: {type(e).__name__}: {e}")
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
-    result = HealthResult(snap, findings, decision, tool_errors, events)
+    return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records)
+
+
+def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None = None,
+               job_gpus: list[int] | None = None, nvidia_smi_file: str | None = None,
+               kernel_log: str | None = None, scan_xid: bool = True, record: bool = True,
+               budget_s: float | None = None) -> HealthResult:
+    """Collect, judge, record and move the cursor in one go (``gpuguard check``).
+
+    ``store`` is an open :class:`gpuguard.store.Store` or None (no history, nothing
+    recorded). ``record=False`` reads history but writes nothing and leaves the kernel-log
+    cursor alone (``gpuguard check`` on a live node must not consume the prolog's XIDs).
+    The hooks use :mod:`gpuguard.nodecheck` instead, which acts before any store I/O.
+    """
+    col = collect(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file, kernel_log=kernel_log,
+                  scan_xid=scan_xid, store=store)
+    result = judge(cfg, col, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus, record=record)
     if store is not None and record:
         try:
-            result.run_id = record_run(store, cfg, hook, job_id, started, result, new_cursor)
+            result.run_id = record_run(store, cfg, hook, job_id, col.started, result, col.new_cursor)
         except Exception as e:
             result.tool_errors.append(f"store: {e}")
-    if record and new_cursor is not None:
-        # The decision above has acted on these events: move on even if the store failed.
+    if record and col.new_cursor is not None:
         try:
-            write_cursor_file(cfg, new_cursor)
+            write_cursor_file(cfg, col.new_cursor)
         except OSError as e:
             result.tool_errors.append(f"cursor file: {e}")
     return result
@@ -226,12 +261,8 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         "tool_errors": json.dumps(res.tool_errors), "gpu_count": len(snap.gpus) if snap else None,
         "source": snap.source if snap else None,
     })
-    store.insert_many("findings", [
-        {"run_id": run_id, "node": node, "at": now, "job_id": job_id, "code": f.code, "severity": f.severity,
-         "action": a, "gpu_index": f.gpu_index, "gpu_uuid": f.gpu_uuid, "message": f.message,
-         "evidence": json.dumps(f.evidence, default=str)}
-        for f, a in res.decision.actions
-    ])
+    store.insert_many("findings", [finding_row(f, a, node=node, at=now, job_id=job_id, run_id=run_id)
+                                   for f, a in res.decision.actions])
     if res.xid_events:
         from gpuguard.xid.catalog import classify
 
@@ -239,13 +270,12 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         rows = []
         for ev in res.xid_events:
             g = by_pci.get(ev.pci_bus_id) if ev.kind != "sxid" and ev.pci_bus_id else None
-            rows.append({
-                "node": node, "at": ev.timestamp or now, "kind": ev.kind, "code": ev.xid,
-                "gpu_index": g.index if g else None, "gpu_uuid": g.uuid if g else None,
-                "pci_bus_id": ev.pci_bus_id, "pid": ev.pid, "process": ev.process, "message": ev.message,
-                "action": classify(ev).action, "job_id": job_id, "source": "kernel_log", "raw": ev.raw[:2000],
-            })
+            rows.append(event_row(node=node, at=ev.timestamp or now, kind=ev.kind, code=ev.xid, gpu=g,
+                                  pci_bus_id=ev.pci_bus_id, pid=ev.pid, process=ev.process, message=ev.message,
+                                  action=classify(ev).action, job_id=job_id, source="kernel_log", raw=ev.raw))
         store.insert_many("events", rows)
+    for table, rows in res.records.items():  # rows the checks asked to keep (idle baseline)
+        store.insert_many(table, rows)
     if snap and snap.gpus:
         _record_inventory(store, node, snap, now)
         store.set_counters(node, counters_of(snap))

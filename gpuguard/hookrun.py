@@ -1,10 +1,20 @@
 """What every Slurm hook of gpuguard shares: a hard time budget and a clean exit.
 
-A hook's work runs in a daemon thread; the main thread waits at most the budget and the
-process leaves through ``os._exit``, because a hung NVML or filesystem call cannot be
-interrupted and must not keep the job (Prolog) or the node (Epilog) waiting. A crash or an
-overrun is gpuguard's own fault: it is logged as a tool error and the hook returns
-``fallback_rc`` (0), never a failure that would drain the node.
+**The watchdog.** A hook's work runs in a forked child process; the parent (the process
+slurmd waits for) does nothing but relay the child's output and wait, at most the
+budget. A thread would not do: a thread blocked in uninterruptible sleep (a hung NFS or
+disk, a D-state ``read``) keeps the whole process from exiting, ``os._exit`` included,
+and slurmd would wait for it and then drain the node with "Prolog error". The parent
+never touches the store, the job directory or the kernel log, so it cannot hang on them.
+At the budget it sends SIGKILL to the child (which dies whenever its system call
+returns), logs the overrun and exits. slurmd reads the hook's stdout until EOF, so the
+child writes into pipes the parent owns, never into slurmd's pipe.
+
+**The exit status.** A crash or an overrun is gpuguard's own fault: it is logged as a
+tool error and the hook returns ``fallback_rc`` (0), never a failure that would drain the
+node -- except when the child has already *announced* its verdict (:func:`announce`, done
+by the Prolog right after the live checks, before any store I/O): a Prolog that decided
+to drain exits 1 even if the bookkeeping after the decision hangs.
 """
 
 from __future__ import annotations
@@ -15,11 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
-def is_job_id(value: str | None) -> bool:
-    """A Slurm job id as the hooks get it: 1 to 20 ASCII digits (``str.isdigit`` alone
-    accepts other scripts' digits). Every hook and path builder checks ids with this."""
-    return bool(value) and value.isascii() and value.isdigit() and len(value) <= 20
+from gpuguard.hookenv import is_job_id  # noqa: F401  (re-exported: hooks and path builders)
 
 
 def load_config() -> tuple[Any, str | None]:
@@ -37,9 +43,147 @@ def load_config() -> tuple[Any, str | None]:
         return config_mod.from_dict({}), str(e)
 
 
+#: Write end of the pipe to the watchdog parent in the child; None when not watched.
+_ANNOUNCE_FD: int | None = None
+
+
+def announce(rc: int) -> None:
+    """Tell the watchdog the exit status decided so far (used when the budget runs out
+    before the work returns). A no-op outside a watched child."""
+    if _ANNOUNCE_FD is None:
+        return
+    try:
+        os.write(_ANNOUNCE_FD, f"{int(rc)}\n".encode())
+    except OSError:
+        pass
+
+
+def _log_overrun(message: str, log_file: str | None) -> None:
+    """One line to stderr and, from a daemon thread given 0.5 s, to the log file: the
+    parent must not block on a hung filesystem either."""
+    try:
+        os.write(2, (message + "\n").encode())
+    except OSError:
+        pass
+    if not log_file:
+        return
+
+    def append() -> None:
+        import time as _time
+
+        try:
+            fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+            try:
+                stamp = _time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                os.write(fd, f"{stamp} watchdog[{os.getpid()}] ERROR {message}\n".encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=append, daemon=True)
+    t.start()
+    t.join(0.5)
+
+
+def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: int = 0,
+                log_file: str | None = None) -> int:
+    """Run ``work()`` in a forked child under the watchdog (module docstring); return its
+    exit status, the status it announced, or ``fallback_rc`` when it crashed or was still
+    running after ``budget`` seconds (logged to stderr and ``log_file``)."""
+    import select
+    import signal
+    import time
+
+    ctl_r, ctl_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: do the work, report through the pipes
+        global _ANNOUNCE_FD
+        rc = fallback_rc
+        try:
+            os.close(ctl_r)
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            _ANNOUNCE_FD = ctl_w
+            rc = _run_guarded(work, hook, fallback_rc)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    for fd in (ctl_w, out_w, err_w):
+        os.close(fd)
+    deadline = time.monotonic() + budget
+    announced: int | None = None
+    relay = {out_r: 1, err_r: 2}
+    status: int | None = None
+    open_fds = [ctl_r, out_r, err_r]
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select(open_fds, [], [], min(left, 0.05))
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                open_fds.remove(fd)
+            elif fd == ctl_r:
+                for tok in data.split():
+                    if tok.lstrip(b"-").isdigit():
+                        announced = int(tok)
+            else:
+                try:
+                    os.write(relay[fd], data)
+                except OSError:
+                    pass
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+    if status is None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        rc = announced if announced is not None else fallback_rc
+        _log_overrun(f"tool error: {hook} exceeded its time budget of {budget:.1f} s (work still blocked); "
+                     f"exiting {rc}" + (" as announced" if announced is not None else ""), log_file)
+        return rc
+    for fd in open_fds:
+        os.close(fd)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    _log_overrun(f"tool error: {hook} worker died with signal {os.WTERMSIG(status)}; exiting {fallback_rc}",
+                 log_file)
+    return announced if announced is not None else fallback_rc
+
+
+def _run_guarded(work: Callable[[], int], hook: str, fallback_rc: int) -> int:
+    """``work()``; a crash is logged and gives ``fallback_rc``."""
+    try:
+        return int(work())
+    except BaseException as e:  # a bug in gpuguard: log it, never fail the hook
+        try:
+            from gpuguard.log import LOG
+
+            LOG.exception("tool error: %s crashed: %s", hook, e)
+        except BaseException:
+            pass
+        return fallback_rc
+
+
 def run_with_budget(work: Callable[[], int], budget: float, hook: str, fallback_rc: int = 0) -> int:
     """Run ``work()`` in a daemon thread; return its exit status, or ``fallback_rc`` when
-    it raises or is still running after ``budget`` seconds (both logged)."""
+    it raises or is still running after ``budget`` seconds (both logged). In-process: a
+    thread in uninterruptible sleep can still hold the process; the Prolog and Epilog use
+    :func:`run_watched`."""
     result: list[int] = []
 
     def target() -> None:

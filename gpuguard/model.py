@@ -24,6 +24,41 @@ from typing import Any
 
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+#: Policy actions, mildest first (see :mod:`gpuguard.policy`).
+ACTIONS = ("record", "alert", "fail-job", "drain")
+
+
+@dataclass(frozen=True)
+class FindingCode:
+    """A finding code as its family declares it: ``severity`` (one of
+    :data:`SEVERITIES`), ``action`` (the shipped default, one of :data:`ACTIONS`; the
+    ``[policy]`` config overrides it) and ``source`` (why that default: a document, a
+    tool's behaviour, or "our choice: why")."""
+
+    code: str
+    family: str
+    severity: str
+    action: str
+    source: str
+
+
+#: Every declared finding code; filled by :func:`declare_codes` in each family's module
+#: (``gpuguard.checks.*`` for hardware, ``gpuguard.epilog.finding_codes`` for verdicts).
+FINDING_CODES: dict[str, FindingCode] = {}
+
+
+def declare_codes(family: str, rows: dict[str, tuple[str, str, str]]) -> dict[str, FindingCode]:
+    """Declare ``family``'s codes: ``code -> (severity, default action, source)``. Raises
+    ValueError for an unknown severity/action or a code declared twice."""
+    out = {}
+    for code, (severity, action, source) in rows.items():
+        if severity not in SEVERITIES or action not in ACTIONS:
+            raise ValueError(f"finding code {code}: bad severity {severity!r} or action {action!r}")
+        fc = FindingCode(code, family, severity, action, source)
+        if FINDING_CODES.get(code, fc) != fc:
+            raise ValueError(f"finding code {code} declared twice")
+        FINDING_CODES[code] = out[code] = fc
+    return out
 
 #: Clock-event (throttle) reason names, in NVML bit order. Source: nvml.h
 #: ``nvmlClocksEventReason*`` (formerly ``nvmlClocksThrottleReason*``) and the
@@ -40,6 +75,23 @@ CLOCK_EVENT_REASONS: dict[str, tuple[int, str]] = {
     "hw_power_brake_slowdown": (0x80, "HW Power Brake Slowdown"),
     "display_clock_setting": (0x100, "Display Clock Setting"),
 }
+
+
+#: Reasons that mean a limit slowed the GPU (not idle, not a clock setting): the
+#: DCGM/GPUd "throttle" set. SW power cap is one: GPUs at TDP run capped.
+SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
+#: Slowdowns signalled by hardware (board sensor, thermal trip, external power brake):
+#: at idle they point at the board, its cooling or the node's power (GPUd treats HW
+#: slowdown the same way).
+HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+#: Slowdowns never part of a healthy run: every slowdown but the SW power cap.
+HARD_SLOWDOWN_REASONS = tuple(r for r in SLOWDOWN_REASONS if r != "sw_power_cap")
+
+
+def reasons_mask(names: tuple[str, ...] | list[str]) -> int:
+    """The NVML bit mask of reason ``names`` (see :data:`CLOCK_EVENT_REASONS`)."""
+    return encode_clock_event_reasons(list(names))
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -144,6 +196,9 @@ class GpuState:
     nvlinks: list[NvLinkState] | None = None
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
+    #: NVML nvmlDeviceGpuRecoveryAction_t (0 none, 1 GPU reset, 2 node reboot, 3 drain
+    #: P2P, 4 drain and reset); None = not reported (drivers before R550)
+    recovery_action: int | None = None
     #: field name -> error name ("GpuIsLost", "Timeout", "Unknown", ...) for reads that
     #: failed for a reason other than "not supported".
     read_errors: dict[str, str] = field(default_factory=dict)

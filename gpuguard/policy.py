@@ -6,8 +6,10 @@ operator), ``fail-job`` (the prolog notes the reason in the job's AdminComment a
 cancels the job; the node stays up), ``drain`` (``scontrol update state=drain`` with a ``gpuguard:``
 reason, then the prolog exits non-zero so Slurm requeues the job).
 
-:data:`DEFAULT_ACTIONS` holds the shipped default for every finding code, each with its
-source; ``[policy]`` in the config overrides per code and ``[policy.xid]`` per XID number.
+The shipped default for every finding code, with its source, is declared by the code's
+family (:func:`gpuguard.model.declare_codes` in ``gpuguard.checks.*`` and
+``gpuguard.epilog.finding_codes``); :func:`default_actions` collects them. ``[policy]`` in
+the config overrides per code and ``[policy.xid]`` per XID number.
 XID findings (``xid.N``/``sxid.N``) default to the XID catalog's action.
 """
 
@@ -17,46 +19,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.model import SEVERITY_RANK, Finding
+from gpuguard.model import FINDING_CODES, SEVERITY_RANK, Finding
 
 ACTION_RANK = {"record": 0, "alert": 1, "fail-job": 2, "drain": 3}
 
-#: code -> (default action, source of the default)
-DEFAULT_ACTIONS: dict[str, tuple[str, str]] = {
-    "gpu.driver_unusable": ("drain", "DCGM/NHC: a node whose GPU driver does not answer fails its health check"),
-    "gpu.none": ("record", "a node without GPUs is not a fault"),
-    "gpu.count_mismatch": ("drain", "NHC check_nv_gpu_count / DCGM: fewer GPUs than configured = failed node"),
-    "gpu.count_unexpected": ("alert", "more GPUs than configured: config out of date, not a broken node"),
-    "gpu.lost": ("drain", "NVML_ERROR_GPU_IS_LOST: GPU off the bus or inaccessible; XID 79 action is reboot"),
-    "gpu.read_error": ("alert", "a single failed read is not proof of a broken GPU"),
-    "ecc.uncorrectable_volatile": ("drain", "DCGM health watch MEM: volatile DBE = fail; XID 48 action reset GPU"),
-    "ecc.uncorrectable_aggregate": ("alert", "lifetime count grew: already drained via the volatile count if current"),
-    "ecc.disabled": ("alert", "ECC off on a data-center GPU is a configuration drift"),
-    "ecc.retired_pages_pending": ("drain", "NVIDIA Dynamic Page Retirement: pending pages retire at the next reset"),
-    "ecc.row_remap_pending": ("drain", "NVIDIA GPU Memory Error Management: a pending remap needs a GPU reset"),
-    "ecc.row_remap_failure": ("drain", "NVIDIA GPU Memory Error Management: remap failure = replace the GPU (XID 64)"),
-    "pcie.width_degraded": ("alert", "link width does not drop for power saving: degraded slot/riser"),
-    "pcie.gen_degraded": ("alert", "idle GPUs downshift the PCIe generation; opt-in check"),
-    "pcie.replay_growth": ("alert", "replays are retransmissions: a marginal link, watch the trend"),
-    "nvlink.link_down": ("drain", "DCGM health watch NVLINK: a down link fails the GPU"),
-    "nvlink.errors_rising": ("alert", "DCGM health watch NVLINK warns on CRC/replay/recovery error growth"),
-    "thermal.near_slowdown": ("alert", "idle GPU close to its own slowdown threshold: cooling problem"),
-    "throttle.hw_slowdown_idle": ("drain", "HW slowdown/power brake at idle: board, cooling or power fault (GPUd)"),
-    "throttle.sw_thermal_idle": ("alert", "SW thermal slowdown at idle: cooling problem"),
-    "config.persistence_off": ("alert", "NVIDIA driver persistence docs: enable on compute nodes"),
-    "inventory.changed": ("record", "change log context for verdicts"),
-    "inventory.new_gpu": ("record", "change log context for verdicts"),
-    "baseline.idle_temp_up": ("alert", "GPU idles >=10 C above its own idle median (robust z >= 3.5): cooling fault before it throttles in jobs"),
-    "baseline.idle_power_up": ("alert", "idle power >=30 % above the GPU's own median: clocks not dropping at idle or a board fault"),
-    "verdict.straggler_gpu": ("alert", "one GPU far below its peers in a job; 3 jobs on the same GPU in 24 h escalate to drain (DESIGN.md)"),
-    "verdict.straggler_node": ("alert", "one node far behind the others in a job; escalates like straggler_gpu"),
-    "verdict.gpu_throttling": ("alert", "SM clock down with slowdown reasons active for a sustained window"),
-    "verdict.communication": ("alert", "communication share up with a slowdown: fabric or NCCL problem to look at"),
-    "verdict.hardware_fault": ("record", "explains the job; the XID/ECC finding itself carries the drain"),
-    "verdict.memory_leak": ("record", "a leak in the user's code is not a node fault"),
-    "verdict.data_pipeline": ("record", "the user's data loader or storage; shown in job show"),
-    "verdict.job_changed": ("record", "the job itself differs; no operator action"),
-}
+def default_actions() -> dict[str, tuple[str, str]]:
+    """``code -> (default action, source)`` for every declared finding code: the hardware
+    families' (``gpuguard.checks.*``, loaded here) and those of stages already imported
+    (the verdict's ``verdict.*`` codes come with ``gpuguard.epilog``)."""
+    from gpuguard.checks import load_all
+
+    load_all()
+    return {c.code: (c.action, c.source) for c in FINDING_CODES.values()}
+
+
+def __getattr__(name: str) -> Any:
+    # DEFAULT_ACTIONS is computed from the declarations, so that a family imported later
+    # (a stage) is in it too.
+    if name == "DEFAULT_ACTIONS":
+        return default_actions()
+    raise AttributeError(name)
 
 
 @dataclass
@@ -87,8 +69,14 @@ def action_for(f: Finding, policy: dict[str, str] | None = None, xid_policy: dic
     """The action for finding ``f``: config override by code, then (XID) by number, then
     the shipped default; an unknown code falls back by severity (critical -> alert,
     never drain: a new code must be given a drain action on purpose)."""
-    policy = policy or {}
-    xid_policy = xid_policy or {}
+    action = _configured_action(f, policy or {}, xid_policy or {})
+    if f.evidence.get("untrusted_source") and ACTION_RANK[action] > ACTION_RANK["alert"]:
+        # read from a text file any user can write to (logger -t kernel): never drain on it
+        return "alert"
+    return action
+
+
+def _configured_action(f: Finding, policy: dict[str, str], xid_policy: dict[int, str]) -> str:
     if f.code in policy:
         return policy[f.code]
     if f.code.startswith(("xid.", "sxid.")):
@@ -100,8 +88,14 @@ def action_for(f: Finding, policy: dict[str, str] | None = None, xid_policy: dic
             if n in xid_policy:
                 return xid_policy[n]
         return f.evidence.get("catalog_action", "alert")
-    if f.code in DEFAULT_ACTIONS:
-        return DEFAULT_ACTIONS[f.code][0]
+    declared = FINDING_CODES.get(f.code)
+    if declared is None:
+        from gpuguard.checks import load_all
+
+        load_all()  # a hardware family not imported yet
+        declared = FINDING_CODES.get(f.code)
+    if declared is not None:
+        return declared.action
     return "alert" if SEVERITY_RANK[f.severity] >= SEVERITY_RANK["warning"] else "record"
 
 

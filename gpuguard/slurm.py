@@ -63,18 +63,20 @@ class SlurmCli:
         return p.stdout
 
     # -- nodes ----------------------------------------------------------------------
-    def drain_node(self, node: str, reason: str) -> None:
+    # The raw commands. Hooks and CLI commands act through gpuguard.actuator.Actuator,
+    # which adds the ``gpuguard:`` ownership rules, the time budget and typed results.
+    def drain_node(self, node: str, reason: str, *, timeout_s: float | None = None) -> None:
         """``scontrol update nodename=NODE state=drain reason=REASON``. The reason must
-        start with :data:`REASON_PREFIX` so that :meth:`resume_node` can tell our drains
-        from everyone else's (the LBNL NHC convention)."""
+        start with :data:`REASON_PREFIX` (raises ValueError otherwise) so that a resume can
+        tell our drains from everyone else's (the LBNL NHC convention)."""
         if not reason.startswith(REASON_PREFIX):
             raise ValueError(f"drain reason must start with {REASON_PREFIX!r}")
-        self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+        self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}", timeout_s=timeout_s)
 
-    def node_reasons(self) -> list[NodeReason]:
+    def node_reasons(self, *, timeout_s: float | None = None) -> list[NodeReason]:
         """Full drain/down reasons. Plain ``sinfo -R`` cuts them at 20 characters
         (SLURM-FACTS §6b), so the format is given explicitly."""
-        out = self.run("sinfo", "-h", "-R", "-o", "%E|%U|%H|%N")
+        out = self.run("sinfo", "-h", "-R", "-o", "%E|%U|%H|%N", timeout_s=timeout_s)
         rows = []
         for line in out.splitlines():
             parts = line.rsplit("|", 3)
@@ -82,38 +84,37 @@ class SlurmCli:
                 rows.append(NodeReason(*parts))
         return rows
 
-    def node_reason(self, node: str) -> str | None:
-        """The reason set on ``node`` (``scontrol show node``), or None."""
-        out = self.run("scontrol", "show", "node", node, "-o")
+    def node_reason(self, node: str, *, timeout_s: float | None = None) -> str | None:
+        """The reason set on ``node`` (``scontrol show node -o``), or None."""
+        out = self.run("scontrol", "show", "node", node, "-o", timeout_s=timeout_s)
         for tok in _scontrol_fields(out):
             if tok[0] == "Reason":
                 return tok[1] or None
         return None
 
-    def resume_node(self, node: str) -> bool:
-        """Resume ``node`` only when its reason was written by gpuguard; returns whether
-        it was resumed. Someone else's drain is never touched."""
-        reason = self.node_reason(node)
-        if not reason or not reason.startswith(REASON_PREFIX):
-            return False
-        self.run("scontrol", "update", f"nodename={node}", "state=resume")
-        return True
+    def resume_node(self, node: str, *, timeout_s: float | None = None) -> None:
+        """``scontrol update nodename=NODE state=resume``, unconditionally. Callers go
+        through :meth:`gpuguard.actuator.Actuator.resume`, which first checks that the
+        node's current reason is gpuguard's."""
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", timeout_s=timeout_s)
 
     # -- jobs -----------------------------------------------------------------------
-    def show_job(self, job_id: str) -> dict[str, str]:
+    def show_job(self, job_id: str, *, timeout_s: float | None = None) -> dict[str, str]:
         """``scontrol show job -o JOBID`` as a field dict (``JobName``, ``Comment``, ...)."""
-        out = self.run("scontrol", "show", "job", "-o", str(job_id))
+        out = self.run("scontrol", "show", "job", "-o", str(job_id), timeout_s=timeout_s)
         return dict(_scontrol_fields(out))
 
-    def fail_job(self, job_id: str, reason: str) -> None:
+    def fail_job(self, job_id: str, reason: str, *, timeout_s: float | None = None) -> None:
         """Fail a job from the Prolog *without* draining the node: note ``reason`` in the
         job's AdminComment (``scontrol`` may still update a job that has not finished:
         SLURM-FACTS §6c) and cancel it. A non-zero Prolog exit cannot do this in Slurm
-        22.05: any Prolog failure drains the node with "Prolog error" (SLURM-FACTS §5)."""
+        22.05: any Prolog failure drains the node with "Prolog error" (SLURM-FACTS §5).
+        The cancel is attempted even when the comment fails; raises :class:`SlurmError`
+        for the first failure."""
         try:
-            self.run("scontrol", "update", f"job={job_id}", f"AdminComment={reason}")
+            self.run("scontrol", "update", f"job={job_id}", f"AdminComment={reason}", timeout_s=timeout_s)
         finally:
-            self.run("scancel", str(job_id))
+            self.run("scancel", str(job_id), timeout_s=timeout_s)
 
     def set_admin_comment(self, job_id: str, text: str) -> None:
         """Store ``text`` in the job's AdminComment through slurmdbd: ``scontrol`` refuses
@@ -127,13 +128,16 @@ class SlurmCli:
     # -- accounting -------------------------------------------------------------------
     def sacct(self, *, fields: tuple[str, ...] | list[str], start: str | None = None, end: str | None = None,
               all_users: bool = True, allocations_only: bool = True, delimiter: str = "|",
-              timeout_s: float | None = None) -> str:
-        """``sacct [-a] [-X] -P -n --delimiter=D --format=F1,F2,... [-S start] [-E end]``;
+              timeout_s: float | None = None, duplicates: bool = False) -> str:
+        """``sacct [-a] [-X] [-D] -P -n --delimiter=D --format=F1,F2,... [-S start] [-E end]``;
         returns its stdout: one job per line, ``fields`` in order, no header. ``start``/
         ``end`` are sacct time specs (``YYYY-MM-DDTHH:MM:SS`` in sacct's local zone).
         Without ``-s`` sacct returns the jobs eligible or running in the window (sacct
-        man page, ``--starttime``). Raises :class:`SlurmError`."""
+        man page, ``--starttime``). ``duplicates``: ``-D``, every attempt of a requeued job
+        (without it sacct prints only the last). Raises :class:`SlurmError`."""
         args = ["-P", "-n", f"--delimiter={delimiter}", f"--format={','.join(fields)}"]
+        if duplicates:
+            args.insert(0, "-D")
         if all_users:
             args.insert(0, "-a")
         if allocations_only:

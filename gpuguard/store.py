@@ -1,7 +1,9 @@
 """The node store: SQLite through sqlite-utils (DESIGN.md, "Storage").
 
-WAL journal, a busy timeout, schema version in ``PRAGMA user_version`` with forward
-migrations (:data:`MIGRATIONS`, applied in order, each in one transaction). The file is
+WAL journal, a busy timeout, and named migration sets: each stage owns its tables as a
+:class:`MigrationSet` (sqlite-utils ``Migrations``) registered with :func:`register_set`
+(the core's set :data:`CORE` here; ``gpuguard.collector.schema``,
+``gpuguard.epilog.schema``, ``gpuguard.reports.schema``), applied by :func:`open_store`. The file is
 created on first use with mode 0640. Times are UTC epoch seconds (REAL); column names
 carry units.
 
@@ -18,6 +20,7 @@ import os
 import sqlite3
 import sys
 import time
+from datetime import UTC, datetime
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -33,6 +36,7 @@ def _import_sqlite_utils():  # type: ignore[no-untyped-def]
         sys.modules[m] = None  # type: ignore[assignment]  # import raises ImportError
     try:
         import sqlite_utils as mod
+        import sqlite_utils.migrations  # MigrationSet's base class
     finally:
         for m in blocked:
             del sys.modules[m]
@@ -48,7 +52,80 @@ class StoreError(Exception):
     """The store could not be opened, read or written; ``str()`` is one line."""
 
 
-def _m1(db: sqlite_utils.Database) -> None:
+# -- named migration sets -----------------------------------------------------------------
+class MigrationSet(sqlite_utils.migrations.Migrations):
+    """A stage's named, ordered store migrations (sqlite-utils ``Migrations``: each step
+    recorded by (set name, step name) in ``_sqlite_migrations``; append steps, never edit
+    a released one).
+
+    ``requires``: sets whose tables this one needs (applied first). ``legacy``: step name
+    -> the ``PRAGMA user_version`` of the numbered migration that created the same schema
+    before named sets existed; a store at that version or later gets the step recorded
+    as applied without running it.
+    """
+
+    def __init__(self, name: str, *, requires: tuple[str, ...] = (), legacy: dict[str, int] | None = None):
+        super().__init__(name)
+        self.requires = requires
+        self.legacy = dict(legacy or {})
+
+    @property
+    def names(self) -> list[str]:
+        """The step names, in order."""
+        return [m.name for m in self._migrations]
+
+    def record(self, db: sqlite_utils.Database, step: str) -> None:
+        """Record ``step`` as applied without running it (adopting a numbered-era store)."""
+        db[self.migrations_table].insert({"migration_set": self.name, "name": step,
+                                          "applied_at": str(datetime.now(UTC))})
+
+
+#: Registered sets by name, in registration order (:func:`register_set`).
+_SETS: dict[str, MigrationSet] = {}
+
+#: ``user_version`` of a store migrated by named sets. Stores at 1..5 were migrated by
+#: the numbered list that came before; they are adopted (see ``MigrationSet.legacy``).
+NAMED_SETS_VERSION = 6
+
+
+def register_set(ms: MigrationSet) -> MigrationSet:
+    """Register a stage's migration set; :func:`open_store` applies every registered set.
+    A stage registers its set when its package is imported, so a process that uses a
+    stage's tables has that stage's set; the core never imports a stage."""
+    if _SETS.get(ms.name, ms) is not ms:
+        raise ValueError(f"migration set {ms.name!r} registered twice")
+    _SETS[ms.name] = ms
+    return ms
+
+
+def registered_sets() -> list[MigrationSet]:
+    """The registered sets in dependency order (``requires`` first, else registration
+    order). Raises ValueError for a set requiring one that is not registered."""
+    out: list[MigrationSet] = []
+
+    def visit(ms: MigrationSet, path: tuple[str, ...]) -> None:
+        if ms in out:
+            return
+        for dep in ms.requires:
+            if dep not in _SETS:
+                raise ValueError(f"migration set {ms.name!r} requires {dep!r}, which is not registered")
+            if dep in path:
+                raise ValueError(f"migration sets {' -> '.join((*path, dep))} form a cycle")
+            visit(_SETS[dep], (*path, dep))
+        out.append(ms)
+
+    for ms in list(_SETS.values()):
+        visit(ms, (ms.name,))
+    return out
+
+
+CORE = MigrationSet("core", legacy={"health_tables": 1, "job_indexes": 2, "node_idle": 3})
+
+
+@CORE(name="health_tables")
+def _core_health_tables(db: sqlite_utils.Database) -> None:
+    """GPU inventory, health runs, findings, events (XIDs, collector deaths), kernel-log
+    cursors and the counters kept between runs ("rising since the last run")."""
     db["inventory"].create(
         {
             "node": str, "uuid": str, "gpu_index": int, "serial": str, "name": str,
@@ -86,75 +163,20 @@ def _m1(db: sqlite_utils.Database) -> None:
     db["gpu_counters"].create(
         {"node": str, "uuid": str, "at": float, "counters": str}, pk=("node", "uuid")
     )
-    db["samples"].create(
-        {"job_id": str, "node": str, "at": float, "gpu_index": int, "gpu_uuid": str,
-         "gpu_util_pct": float, "mem_util_pct": float, "mem_used_mib": float,
-         "power_w": float, "temp_c": float, "sm_clock_mhz": float, "mem_clock_mhz": float,
-         "clock_event_mask": int, "ecc_volatile_uncorrected": int,
-         "pcie_replay_count": int},
-    )
-    db["samples"].create_index(["job_id", "at"])
-    db["host_samples"].create(
-        {"job_id": str, "node": str, "at": float, "cpu_pct": float, "rss_mib": float,
-         "io_read_mib": float, "io_write_mib": float},
-    )
-    db["host_samples"].create_index(["job_id", "at"])
     db["events"].create_index(["node", "at"])
     db["findings"].create_index(["node", "code", "at"])
 
 
-def _m2(db: sqlite_utils.Database) -> None:
-    """Epilog tables: training steps and checkpoints ingested from the job directory, and
-    one summary per (job, node). ``summary`` holds :meth:`JobSummary.to_dict` as JSON
-    (``gpuguard.epilog.summary``); the scalar columns beside it are for SQL filters."""
-    db["steps"].create(
-        {"job_id": str, "node": str, "rank": int, "step": int, "t": float, "step_time_s": float,
-         "samples": int, "tokens": int, "loss": float, "loss_nonfinite": int, "grad_norm": float,
-         "data_wait_s": float, "fwd_bwd_s": float, "comm_s": float, "optim_s": float},
-    )
-    db["steps"].create_index(["job_id", "node", "rank", "step"])
-    db["checkpoints"].create(
-        {"job_id": str, "node": str, "rank": int, "step": int, "t": float, "duration_s": float},
-    )
-    db["checkpoints"].create_index(["job_id", "node"])
-    db["job_summaries"].create(
-        {"job_id": str, "node": str, "created_at": float, "started_at": float, "ended_at": float,
-         "exit_status_raw": int, "exit_code": int, "exit_signal": int, "collector_status": str,
-         "sample_count": int, "step_records": int, "summary_version": int, "summary": str},
-        pk=("job_id", "node"),
-    )
-    db["job_summaries"].create_index(["created_at"])
-    db["samples"].create_index(["job_id", "node", "gpu_index", "at"])
+@CORE(name="job_indexes")
+def _core_job_indexes(db: sqlite_utils.Database) -> None:
+    """Per-job lookups of events and findings (``gpuguard job show``)."""
     db["events"].create_index(["job_id"])
     db["findings"].create_index(["job_id"])
 
 
-def _m3(db: sqlite_utils.Database) -> None:
-    """Template baselines and verdicts (``gpuguard.epilog.baseline``/``verdict``): one row
-    per template, the cached baseline per (template, metric), one verdict per job, one
-    comparison per (job, metric), and the prolog's idle readings per GPU (node idle
-    baselines). Raw MAD (unscaled); z and relative change as computed at judging time."""
-    db["templates"].create(
-        {"name": str, "source": str, "first_seen": float, "last_seen": float, "jobs": int, "reset_at": float},
-        pk="name",
-    )
-    db["baselines"].create(
-        {"template": str, "metric": str, "median": float, "mad": float, "n": int, "updated_at": float},
-        pk=("template", "metric"),
-    )
-    db["verdicts"].create(
-        {"job_id": str, "template": str, "at": float, "state": str, "cause": str, "summary": str,
-         "evidence": str, "also": str, "context": str, "exit_code": int, "critical": int,
-         "baseline_ok": int, "nodes": str, "start_at": float, "end_at": float},
-        pk="job_id",
-    )
-    db["verdicts"].create_index(["template", "at"])
-    db["comparisons"].create(
-        {"job_id": str, "template": str, "metric": str, "value": float, "median": float, "mad": float,
-         "n": int, "z": float, "rel_change": float, "flagged": int, "sustained_s": float, "at": float},
-        pk=("job_id", "metric"),
-    )
-    db["comparisons"].create_index(["template", "metric"])
+@CORE(name="node_idle")
+def _core_node_idle(db: sqlite_utils.Database) -> None:
+    """The idle-baseline check's readings per GPU (:mod:`gpuguard.checks.idle`)."""
     db["node_idle"].create(
         {"id": int, "node": str, "uuid": str, "gpu_index": int, "at": float, "job_id": str,
          "temp_c": float, "power_w": float, "sm_clock_mhz": float, "flagged": int},
@@ -163,43 +185,7 @@ def _m3(db: sqlite_utils.Database) -> None:
     db["node_idle"].create_index(["node", "uuid", "at"])
 
 
-def _m4(db: sqlite_utils.Database) -> None:
-    """Reports: the ``sacct_jobs`` cache of Slurm accounting (``gpuguard.reports.schema``)."""
-    from gpuguard.reports.schema import create_sacct_cache
-
-    create_sacct_cache(db)
-
-
-def _m5(db: sqlite_utils.Database) -> None:
-    """Reports: ``job_gpu_util``, the per-GPU utilisation readings of ``job_summaries``
-    kept in step by triggers, so the efficiency report parses no JSON
-    (``gpuguard.reports.util_schema``)."""
-    from gpuguard.reports.util_schema import create_job_gpu_util
-
-    create_job_gpu_util(db)
-
-
-def _m6(db: sqlite_utils.Database) -> None:
-    """Cluster store (``gpuguard.epilog.judge``): one row per judged job (who, where, which
-    nodes' parts were judged, the AdminComment written) and the drains the job judge made
-    from the controller (so a re-judge never drains twice)."""
-    db["cluster_jobs"].create(
-        {"job_id": str, "user": str, "uid": int, "account": str, "partition": str, "job_name": str,
-         "nodes": str, "parts": str, "missing": str, "gpus": int, "exit_code_raw": int, "state": str,
-         "first_judged_at": float, "judged_at": float, "window_s": float, "cause": str,
-         "admin_comment": str, "admin_comment_at": float},
-        pk="job_id",
-    )
-    db["cluster_jobs"].create_index(["judged_at"])
-    db["cluster_drains"].create(
-        {"id": int, "job_id": str, "node": str, "at": float, "reason": str, "done": int},
-        pk="id",
-    )
-    db["cluster_drains"].create_index(["job_id", "node"], unique=True)
-
-
-#: Forward migrations; ``user_version`` = number applied. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1, _m2, _m3, _m4, _m5, _m6]
+register_set(CORE)
 
 
 class Store:
@@ -212,12 +198,20 @@ class Store:
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
     def tx(self) -> Iterator[None]:
-        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on error)."""
+        """One write transaction, rolled back on error. Outermost: ``BEGIN IMMEDIATE``, so
+        that a writer waits out the busy timeout for the write lock instead of failing on
+        a lock upgrade (sqlite-utils' ``db.atomic()`` begins a deferred transaction);
+        nested: ``db.atomic()``'s savepoint."""
+        if self.db.conn.in_transaction:
+            with self.db.atomic():
+                yield
+            return
         self.db.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            self.db.conn.execute("ROLLBACK")
+            if self.db.conn.in_transaction:
+                self.db.conn.execute("ROLLBACK")
             raise
         self.db.conn.execute("COMMIT")
 
@@ -280,13 +274,65 @@ class Store:
             pass  # closing a broken connection: nothing left to lose
 
 
-def open_store(path: str, *, create: bool = True, mode: int = 0o640) -> Store:
+def _applied(db: sqlite_utils.Database) -> set[tuple[str, str]]:
+    if not db.conn.execute("select 1 from sqlite_master where type = 'table' and name = '_sqlite_migrations'"
+                           ).fetchone():
+        return set()
+    return {(r[0], r[1]) for r in db.conn.execute("select migration_set, name from _sqlite_migrations")}
+
+
+def _migrate(db: sqlite_utils.Database, version: int, sets: list[MigrationSet]) -> None:
+    """Apply the pending steps of ``sets`` under one write lock. Raises ValueError for a
+    store newer than this code, sqlite3.Error when a step fails (all rolled back)."""
+    if version > NAMED_SETS_VERSION:
+        raise ValueError(f"schema version {version} is newer than this gpuguard ({NAMED_SETS_VERSION})")
+    # The common case (every hook run): one read, no write lock.
+    applied = _applied(db)
+    _refuse_newer(applied, sets)
+    if version == NAMED_SETS_VERSION and all((ms.name, n) in applied for ms in sets for n in ms.names):
+        return
+    conn = db.conn
+    # BEGIN IMMEDIATE takes the write lock up front: the prolog and the collector may
+    # open a new store at the same moment, and whoever waits must re-read what the other
+    # applied (a deferred BEGIN, as db.atomic() uses, would fail on the lock upgrade
+    # instead of waiting out the busy timeout). The steps run in savepoints inside it.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        applied = _applied(db)
+        for ms in sets:
+            ms.ensure_migrations_table(db)
+            for step, since in ms.legacy.items():
+                if 0 < since <= version < NAMED_SETS_VERSION and (ms.name, step) not in applied:
+                    ms.record(db, step)  # its tables were created by the numbered migration `since`
+            ms.apply(db)
+        conn.execute(f"PRAGMA user_version = {NAMED_SETS_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _refuse_newer(applied: set[tuple[str, str]], sets: list[MigrationSet]) -> None:
+    """A step of a known set that this code lacks was written by a newer gpuguard."""
+    for ms in sets:
+        newer = {n for s, n in applied if s == ms.name} - set(ms.names)
+        if newer:
+            raise ValueError(f"migration set {ms.name!r} has step(s) {', '.join(sorted(newer))} "
+                             "unknown to this gpuguard (written by a newer version)")
+
+
+def open_store(path: str, *, create: bool = True, mode: int = 0o640,
+               sets: list[MigrationSet] | None = None) -> Store:
     """Open (and on first use create, mode ``mode``) the store at ``path``, switch on WAL
-    and the busy timeout, and apply pending migrations.
+    and the busy timeout, and apply the pending steps of ``sets`` (default: every
+    registered set, :func:`registered_sets`).
 
     Raises :class:`StoreError` when the file or its directory cannot be created, the file
     is not a database (corrupt), or a migration fails. A database newer than this code
-    (``user_version`` above ``len(MIGRATIONS)``) is refused rather than written to.
+    (``user_version`` above :data:`NAMED_SETS_VERSION`, or a step of a known set this code
+    does not have) is refused rather than written to.
     """
     try:
         if create and not os.path.exists(path):
@@ -311,27 +357,9 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640) -> Store:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open: {e}") from None
-    if version > len(MIGRATIONS):
+    try:
+        _migrate(db, version, list(sets) if sets is not None else registered_sets())
+    except (sqlite3.Error, ValueError) as e:
         conn.close()
-        raise StoreError(
-            f"store {path}: schema version {version} is newer than this gpuguard ({len(MIGRATIONS)})"
-        )
-    for n in range(version, len(MIGRATIONS)):
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            # Another process (prolog and collector start together) may have migrated
-            # while we waited for the write lock: re-read inside the transaction.
-            if conn.execute("PRAGMA user_version").fetchone()[0] > n:
-                conn.execute("COMMIT")
-                continue
-            MIGRATIONS[n](db)
-            conn.execute(f"PRAGMA user_version = {n + 1}")
-            conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # no transaction left to roll back
-            conn.close()
-            raise StoreError(f"store {path}: migration {n + 1} failed: {e}") from None
+        raise StoreError(f"store {path}: {e}") from None
     return Store(db, path)

@@ -16,6 +16,8 @@ from datetime import datetime, timedelta, tzinfo
 
 import click
 
+from gpuguard.output import ZoneError, display_tz, output_options, resolve_zone
+
 DATE_HELP = "YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], 'now' or -Nd (N days ago), in the report timezone"
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([dh])$")
 
@@ -40,12 +42,12 @@ def parse_when(text: str, tz: tzinfo, now: float | None = None) -> float:
 
 
 def _tz(obj, override: str | None) -> tzinfo:
-    from gpuguard.reports.sacct import SacctParseError, resolve_timezone
-
+    """``--timezone``, else the display zone (:func:`gpuguard.output.display_tz`)."""
     try:
-        return resolve_timezone(override or obj.cfg.get("reports", "timezone") or None)
-    except SacctParseError as e:
-        raise click.BadParameter(str(e), param_hint="--timezone") from None
+        return resolve_zone(override) if override else display_tz(obj.cfg)
+    except ZoneError as e:
+        raise click.BadParameter(str(e), param_hint="--timezone" if override else "[display]/[reports] timezone") \
+            from None
 
 
 def _open_store(obj, *, create: bool):
@@ -136,18 +138,33 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
         sys.exit(1)
 
 
+def _csv_list(ctx, param, value):
+    """``a,b`` (repeatable) -> ``("a", "b")``."""
+    out: list[str] = []
+    for v in value or ():
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return tuple(out)
+
+
 def _report_options(f):
     f = click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False),
                      help="write to FILE instead of stdout")(f)
-    f = click.option("--format", "fmt", type=click.Choice(["text", "csv", "json", "html"]), default="text",
-                     show_default=True)(f)
+    f = output_options(formats=("text", "csv", "json", "html"))(f)
+    for name in reversed(("user", "account", "partition", "qos", "state", "gpu-type")):
+        f = click.option(f"--{name}", f"f_{name.replace('-', '_')}", metavar="A[,B]", multiple=True,
+                         callback=_csv_list, help=f"only jobs with this {name} (comma-separated or repeated)")(f)
     f = click.option("--cluster", metavar="NAME", help="only this cluster's jobs (default: all)")(f)
     f = click.option("--timezone", "tz_name", metavar="ZONE",
-                     help="zone of --since/--until and of printed times (default: [reports] timezone, $TZ, system)")(f)
+                     help="zone of --since/--until, of day/week/month buckets and of printed times "
+                          "(default: [reports] timezone, $TZ, system)")(f)
+    from gpuguard.reports.buckets import BUCKETS
     from gpuguard.reports.queries import BY_CHOICES
 
-    f = click.option("--by", type=click.Choice(BY_CHOICES), default="account", show_default=True,
-                     help="group rows by this (gpus = allocated-GPU-count bucket)")(f)
+    f = click.option("--per", type=click.Choice(BUCKETS), default=None,
+                     help="one row per group and day / ISO week / month (usage cut at the bucket edges)")(f)
+    f = click.option("--by", default="account", show_default=True, metavar="KEY[,KEY2]",
+                     help=f"group rows by one or two of: {', '.join(BY_CHOICES)} "
+                          "(gpus = allocated-GPU-count bucket), e.g. account,user")(f)
     f = click.option("--until", metavar="DATE", help=f"end of the window, exclusive ({DATE_HELP}); default now")(f)
     f = click.option("--since", metavar="DATE", help=f"start of the window ({DATE_HELP}); default 30 days "
                      "before --until")(f)
@@ -155,23 +172,30 @@ def _report_options(f):
 
 
 def _run(obj, names: list[str], since: str | None, until: str | None, by: str, tz_name: str | None,
-         cluster: str | None, fmt: str, output: str | None) -> None:
-    from gpuguard.reports.queries import Rates, ReportError, run_reports
+         cluster: str | None, fmt: str, output: str | None, per: str | None = None,
+         filters: dict | None = None) -> None:
+    from gpuguard.reports.queries import Filters, Rates, ReportError, by_keys, run_reports
     from gpuguard.reports.render import render
     from gpuguard.store import StoreError
 
     cfg = obj.cfg
     tz = _tz(obj, tz_name)
+    try:
+        by_keys(by)
+    except ReportError as e:
+        raise click.BadParameter(str(e).removeprefix("--by "), param_hint="--by") from None
     now = time.time()
     until_ts = parse_when(until, tz, now) if until else now
     since_ts = parse_when(since, tz, now) if since else until_ts - timedelta(days=30).total_seconds()
+    flt = Filters(cluster=cluster, **(filters or {}))
     store = _open_store(obj, create=False)
     try:
         rates = Rates(gpu_hour_rate=cfg.get("reports", "gpu_hour_rate"),
                       gpu_hour_rates=dict(cfg.get("reports", "gpu_hour_rates")),
                       cpu_hour_rate=cfg.get("reports", "cpu_hour_rate"), currency=cfg.get("reports", "currency"))
         reps = run_reports(store, names, since=since_ts, until=until_ts, by=by, rates=rates,
-                           idle_util_pct=cfg.get("reports", "idle_util_pct"), cluster=cluster)
+                           idle_util_pct=cfg.get("reports", "idle_util_pct"), cluster=flt, per=per, tz=tz,
+                           series=fmt == "html")
     except ReportError as e:
         raise click.ClickException(str(e)) from None
     except StoreError as e:
@@ -197,8 +221,11 @@ def _run(obj, names: list[str], since: str | None, until: str | None, by: str, t
 def _make(name: str, names: list[str], doc: str):
     @_report_options
     @click.pass_obj
-    def cmd(obj, since, until, by, tz_name, cluster, fmt, output):
-        _run(obj, names, since, until, by, tz_name, cluster, fmt, output)
+    def cmd(obj, since, until, by, per, tz_name, cluster, f_user, f_account, f_partition, f_qos, f_state,
+            f_gpu_type, fmt, output):
+        filters = {"user": f_user, "account": f_account, "partition": f_partition, "qos": f_qos,
+                   "state": f_state, "gpu_type": f_gpu_type}
+        _run(obj, names, since, until, by, tz_name, cluster, fmt, output, per=per, filters=filters)
 
     cmd.__doc__ = doc
     return report.command(name)(cmd)

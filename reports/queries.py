@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpuguard.store import Store
 
-BY_CHOICES = ("account", "user", "partition", "qos", "template", "gpus")
+BY_CHOICES = ("account", "user", "partition", "qos", "template", "gpus", "gpu_type")
+#: Most grouping keys one report takes (``--by account,user``).
+MAX_BY_KEYS = 2
+#: Filters a report takes (``--user alice,bob``...): option name -> column.
+FILTER_COLUMNS = {"user": "user", "account": "account", "partition": "partition", "qos": "qos", "state": "state",
+                  "gpu_type": "gpu_type"}
 REPORTS = ("cost", "wait", "failures", "efficiency")
 FAILURE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 PERCENTILES = (50, 90, 99)
@@ -43,6 +48,7 @@ PERCENTILES = (50, 90, 99)
 # bare column: no per-row function call.
 _GROUP_SQL = {
     "account": "account", "user": "user", "partition": "partition", "qos": "qos", "template": "template",
+    "gpu_type": "gpu_type",
     "gpus": ("CASE WHEN gpus <= 0 THEN '0' WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' "
              "WHEN gpus <= 8 THEN '5-8' WHEN gpus <= 16 THEN '9-16' ELSE '17+' END"),
 }
@@ -62,11 +68,94 @@ def _label(v: Any) -> str:
     return NONE_LABEL if v is None or v == "" else str(v)
 
 
-def _usage_where(store: Store, since: float, until: float, cluster: str | None) -> str:
+#: Separator of the two keys of a two-key group inside SQL (ASCII unit separator: no
+#: account, user or partition name holds it).
+_SEP = "\x1f"
+
+
+def by_keys(by: str) -> list[str]:
+    """``"account,user"`` -> ``["account", "user"]``; raises :class:`ReportError` for an
+    unknown key, a repeated one or more than :data:`MAX_BY_KEYS`."""
+    keys = [k.strip() for k in str(by).split(",") if k.strip()]
+    if not keys:
+        raise ReportError(f"--by: expected one of {', '.join(BY_CHOICES)}")
+    if len(keys) > MAX_BY_KEYS:
+        raise ReportError(f"--by {by!r}: at most {MAX_BY_KEYS} keys")
+    if len(set(keys)) != len(keys):
+        raise ReportError(f"--by {by!r}: a key is repeated")
+    for k in keys:
+        if k not in _GROUP_SQL:
+            raise ReportError(f"--by {k!r}: expected one of {', '.join(BY_CHOICES)}")
+    return keys
+
+
+def _groups(by: str, grp: Any) -> dict[str, str]:
+    """The aggregated ``grp`` value -> ``{"group": ..., "group2": ...}`` (labels)."""
+    keys = by_keys(by)
+    if len(keys) == 1:
+        return {"group": _label(grp)}
+    a, _, b = ("" if grp is None else str(grp)).partition(_SEP)
+    return {"group": _label(a), "group2": _label(b)}
+
+
+def group_columns(by: str) -> list[Column]:
+    """The leading label column(s) of a table grouped ``by``."""
+    keys = by_keys(by)
+    return [Column("group", keys[0])] + ([Column("group2", keys[1])] if len(keys) > 1 else [])
+
+
+@dataclass
+class Filters:
+    """Row filters of every report: each a tuple of accepted values (empty = all);
+    ``cluster`` one cluster name or None. ``gpu_type`` matches a job holding that type
+    (jobs of several types list them joined by ``,``)."""
+
+    cluster: str | Filters | None = None
+    user: tuple[str, ...] = ()
+    account: tuple[str, ...] = ()
+    partition: tuple[str, ...] = ()
+    qos: tuple[str, ...] = ()
+    state: tuple[str, ...] = ()
+    gpu_type: tuple[str, ...] = ()
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        """`` AND ...`` conditions (parameterised) and their parameters."""
+        conds, params = [], {}
+        if self.cluster is not None:
+            conds.append("cluster = :cluster")
+            params["cluster"] = self.cluster
+        for name, col in FILTER_COLUMNS.items():
+            vals = getattr(self, name)
+            if not vals:
+                continue
+            marks = []
+            for i, v in enumerate(vals):
+                params[f"f_{name}{i}"] = v.upper() if name == "state" else v
+                marks.append(f":f_{name}{i}")
+            if name == "gpu_type":
+                conds.append("(" + " OR ".join(f"(',' || gpu_type || ',') LIKE ('%,' || {m} || ',%')"
+                                               for m in marks) + ")")
+            else:
+                conds.append(f"{col} IN ({', '.join(marks)})")
+        return "".join(f" AND {c}" for c in conds), params
+
+    def describe(self) -> str:
+        """``user=alice,bob; state=FAILED`` (empty when nothing is filtered)."""
+        parts = [f"{n}={','.join(getattr(self, n))}" for n in FILTER_COLUMNS if getattr(self, n)]
+        if self.cluster is not None:
+            parts.insert(0, f"cluster={self.cluster}")
+        return "; ".join(parts)
+
+
+def _flt(cluster: str | Filters | None) -> Filters:
+    return cluster if isinstance(cluster, Filters) else Filters(cluster=cluster)
+
+
+def _usage_where(store: Store, since: float, until: float, cluster: str | Filters | None) -> str:
     """WHERE clause for jobs with usage in the window (cost, efficiency)."""
     col = "" if _narrow(store, "usage_end_at", since, until) else "+"
     w = f"{col}start_at < :until AND ({col}usage_end_at > :since OR {col}start_at >= :since)"
-    return w + (" AND cluster = :cluster" if cluster is not None else "")
+    return w + _flt(cluster).sql()[0]
 
 
 def _narrow(store: Store, column: str, since: float, until: float) -> bool:
@@ -125,6 +214,8 @@ class Report:
     tables: list[Table]
     notes: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    #: Usage over time for the HTML chart (:func:`gpuguard.reports.buckets.usage_series`).
+    series: dict[str, Any] | None = None
 
 
 @dataclass
@@ -158,25 +249,50 @@ class Rates:
 
 
 def _group_sql(by: str) -> str:
-    try:
-        return _GROUP_SQL[by]
-    except KeyError:
-        raise ReportError(f"--by {by!r}: expected one of {', '.join(BY_CHOICES)}") from None
+    keys = by_keys(by)
+    if len(keys) == 1:
+        return _GROUP_SQL[keys[0]]
+    return " || char(31) || ".join(f"COALESCE({_GROUP_SQL[k]}, '')" for k in keys)
 
 
-def _params(since: float, until: float, cluster: str | None, **kw: Any) -> dict[str, Any]:
+def _params(since: float, until: float, cluster: str | Filters | None, **kw: Any) -> dict[str, Any]:
     if not until > since:
         raise ReportError("empty window: --until must be after --since")
-    return {"since": float(since), "until": float(until), "cluster": cluster, **kw}
+    return {"since": float(since), "until": float(until), **_flt(cluster).sql()[1], **kw}
 
 
 def _sort(rows: list[dict], by: str, key: str) -> list[dict]:
-    if by == "gpus":
-        return sorted(rows, key=lambda r: _GPU_BUCKET_ORDER.get(r["group"], 99))
-    return sorted(rows, key=lambda r: (-(r.get(key) or 0), r["group"]))
+    """Largest ``key`` first (GPU-count buckets in bucket order); with two keys, the first
+    key's groups by their summed ``key``, and inside each its second-key rows."""
+    keys = by_keys(by)
+
+    def order(r: dict, field: str, k: str) -> tuple:
+        if k == "gpus":
+            return (_GPU_BUCKET_ORDER.get(r[field], 99),)
+        return ()
+
+    if len(keys) == 1:
+        if keys[0] == "gpus":
+            return sorted(rows, key=lambda r: order(r, "group", "gpus"))
+        return sorted(rows, key=lambda r: (-(r.get(key) or 0), r["group"]))
+    first: dict[str, float] = {}
+    for r in rows:
+        first[r["group"]] = first.get(r["group"], 0) + (r.get(key) or 0)
+    return sorted(rows, key=lambda r: (order(r, "group", keys[0]) or (-first[r["group"]],), r["group"],
+                                       order(r, "group2", keys[1]) or (-(r.get(key) or 0),), r["group2"]))
 
 
 # --- cost -------------------------------------------------------------------------------
+GPU_UNKNOWN_NOTE = ("GPU usage unknown for {n} job(s): no accounting field carries their GPUs (AllocTRES/ReqTRES "
+                    "without gres/gpu: AccountingStorageTRES lacks gres/gpu, or the file was saved without "
+                    "AllocTRES); their GPU-hours and GPU cost are not in the figures")
+
+
+def _unknown_gpu_figures(r: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """A group whose jobs all have unknown GPUs has unknown (None) GPU figures, not 0."""
+    if r.get("gpu_unknown_jobs") and r["gpu_unknown_jobs"] == r["jobs"]:
+        for k in keys:
+            r[k] = None
 def _rate_sql(rates: Rates) -> tuple[str, dict[str, Any]]:
     """The per-GPU-hour price of a row as a parameterised CASE (most specific key first)."""
     whens, params = [], {}
@@ -205,7 +321,7 @@ _OUTCOMES = {"failed": ("FAILED", "OUT_OF_MEMORY", "BOOT_FAIL"), "timeout": ("TI
 
 
 def cost_report(store: Store, *, since: float, until: float, by: str = "account", rates: Rates | None = None,
-                cluster: str | None = None) -> Report:
+                cluster: str | Filters | None = None) -> Report:
     """GPU-hours, CPU-hours, cost and job count per group; the cost of jobs that failed
     (FAILED, OUT_OF_MEMORY, BOOT_FAIL), timed out (TIMEOUT, DEADLINE) or hit a node
     failure (NODE_FAIL) is shown separately (it is included in ``cost``).
@@ -221,29 +337,42 @@ def cost_report(store: Store, *, since: float, until: float, by: str = "account"
         f"AS {name}_cost" for name, states in _OUTCOMES.items())
     agg = store.query(f"""
         SELECT grp, COUNT(*) AS jobs, SUM(gs) / 3600.0 AS gpu_hours, SUM(cs) / 3600.0 AS cpu_hours,
+               SUM(gs IS NULL) AS gpu_unknown_jobs, SUM(CASE WHEN gs IS NULL THEN s END) / 3600.0 AS gpu_unknown_hours,
                SUM(gc) / 3600.0 AS gpu_cost, SUM(cs) * :cpu_rate / 3600.0 AS cpu_cost, {outcome_sums}
-        FROM (SELECT {g} AS grp, state, gpus * s AS gs, COALESCE(cpus, 0) * s AS cs, gpus * s * {rate} AS gc
+        FROM (SELECT {g} AS grp, state, s, gpus * s AS gs, COALESCE(cpus, 0) * s AS cs, gpus * s * {rate} AS gc
               FROM (SELECT *, {_SECS} AS s FROM sacct_jobs WHERE {_usage_where(store, since, until, cluster)}))
         GROUP BY grp
     """, params)
     keys = ("jobs", "gpu_hours", "cpu_hours", "gpu_cost", "cpu_cost", "cost", "failed_cost",
             "timeout_cost", "node_fail_cost")
+    keys += ("gpu_unknown_jobs", "gpu_unknown_hours")
     rows = []
     for a in agg:
-        r = {"group": _label(a.pop("grp")), **{k: (a.get(k) or 0.0) for k in keys if k != "cost"}}
-        r["jobs"] = int(r["jobs"])
+        r = {**_groups(by, a.pop("grp")), **{k: (a.get(k) or 0.0) for k in keys if k != "cost"}}
+        r["jobs"], r["gpu_unknown_jobs"] = int(r["jobs"]), int(r["gpu_unknown_jobs"])
         r["cost"] = r["gpu_cost"] + r["cpu_cost"]
         rows.append(r)
     total: dict[str, Any] = {"group": "TOTAL", **{k: sum(r[k] for r in rows) for k in keys}}
+    for r in [*rows, total]:
+        _unknown_gpu_figures(r, ("gpu_hours", "gpu_cost", "cost"))
     cur = f" ({rates.currency})" if rates.currency else ""
-    cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
+    cols = [*group_columns(by), Column("jobs", "jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
             Column("cpu_hours", "CPU-h", "hours"), Column("gpu_cost", f"GPU cost{cur}", "money"),
             Column("cpu_cost", f"CPU cost{cur}", "money"), Column("cost", f"cost{cur}", "money"),
             Column("failed_cost", f"failed{cur}", "money"), Column("timeout_cost", f"timeout{cur}", "money"),
             Column("node_fail_cost", f"node fail{cur}", "money")]
+    if total["gpu_unknown_jobs"]:
+        n = len(group_columns(by))
+        cols.insert(n + 2, Column("gpu_unknown_jobs", "jobs, GPU usage unknown", "count"))
+        cols.insert(n + 3, Column("gpu_unknown_hours", "their job-hours", "hours"))
+    else:
+        for r in [*rows, total]:
+            del r["gpu_unknown_jobs"], r["gpu_unknown_hours"]
     notes = ["usage inside the window (jobs overlapping its edges are prorated); running jobs up to the last sync",
              "failed/timeout/node fail: cost of jobs ending FAILED, OUT_OF_MEMORY or BOOT_FAIL / TIMEOUT or "
              "DEADLINE / NODE_FAIL; included in cost"]
+    if total.get("gpu_unknown_jobs"):
+        notes.append(GPU_UNKNOWN_NOTE.format(n=total["gpu_unknown_jobs"]))
     if not rates.gpu_hour_rate and not rates.gpu_hour_rates and not rates.cpu_hour_rate:
         notes.append("no rates configured ([reports] gpu_hour_rate, gpu_hour_rates, cpu_hour_rate): costs are 0")
     return Report("cost", "Cost", since, until, by,
@@ -281,7 +410,7 @@ def _wait_sql(g: str, where: str) -> str:
     """
 
 
-def wait_report(store: Store, *, since: float, until: float, by: str = "account", cluster: str | None = None,
+def wait_report(store: Store, *, since: float, until: float, by: str = "account", cluster: str | Filters | None = None,
                 pending_limit: int = 20) -> Report:
     """Queue wait per group (job-weighted mean, p50/p90/p99 nearest-rank, max; mean and
     max of start - submit beside it) for jobs that started in the window; jobs pending at
@@ -292,34 +421,35 @@ def wait_report(store: Store, *, since: float, until: float, by: str = "account"
     _fast(store)
     col = "" if _narrow(store, "start_at", since, until) else "+"
     where = (f"{col}start_at >= :since AND {col}start_at < :until AND wait_s IS NOT NULL"
-             + (" AND cluster = :cluster" if cluster is not None else ""))
+             + _flt(cluster).sql()[0])
     rows, total = [], None
     for r in store.query(_wait_sql(g, where), p):
         lvl = r.pop("lvl")
-        r["group"] = _label(r.pop("grp"))
+        r.update(_groups(by, r.pop("grp")))
         r["jobs"] = int(r["jobs"])
         if lvl:
             total = r
         else:
             rows.append(r)
-    pend_where = "state = 'PENDING'" + (" AND cluster = :cluster" if cluster is not None else "")
+    fsql, fparams = _flt(cluster).sql()
+    pend_where = "state = 'PENDING'" + fsql
     cur = "MAX(0, synced_at - COALESCE(eligible_at, submit_at))"
     pend = store.query(f"""
         SELECT {g} AS grp, COUNT(*) AS jobs, SUM(eligible_at IS NULL) AS not_eligible,
                AVG({cur}) AS mean_current_s, MAX({cur}) AS max_current_s
         FROM sacct_jobs WHERE {pend_where} GROUP BY 1
-    """, {"cluster": cluster})
-    pend_rows = [dict(r, group=_label(r.pop("grp"))) for r in pend]
+    """, fparams)
+    pend_rows = [dict(r, **_groups(by, r.pop("grp"))) for r in pend]
     longest = store.query(f"""
         SELECT job_id, account, user, partition, gpus, submit_at, eligible_at, {cur} AS current_wait_s
         FROM sacct_jobs WHERE {pend_where}
         ORDER BY current_wait_s DESC, job_id_raw LIMIT :limit
-    """, {"cluster": cluster, "limit": int(pending_limit)})
-    cols = [Column("group", by), Column("jobs", "jobs", "count"), Column("mean_s", "mean", "seconds")]
+    """, {**fparams, "limit": int(pending_limit)})
+    cols = [*group_columns(by), Column("jobs", "jobs", "count"), Column("mean_s", "mean", "seconds")]
     cols += [Column(f"p{q}_s", f"p{q}", "seconds") for q in PERCENTILES]
     cols += [Column("max_s", "max", "seconds"), Column("submit_mean_s", "mean (from submit)", "seconds"),
              Column("submit_max_s", "max (from submit)", "seconds")]
-    pcols = [Column("group", by), Column("jobs", "pending", "count"),
+    pcols = [*group_columns(by), Column("jobs", "pending", "count"),
              Column("not_eligible", "not yet eligible", "count"),
              Column("mean_current_s", "mean current wait", "seconds"),
              Column("max_current_s", "max current wait", "seconds")]
@@ -341,7 +471,7 @@ def wait_report(store: Store, *, since: float, until: float, by: str = "account"
 
 # --- failures ---------------------------------------------------------------------------
 def failures_report(store: Store, *, since: float, until: float, by: str = "account",
-                    cluster: str | None = None) -> Report:
+                    cluster: str | Filters | None = None) -> Report:
     """Shares (fractions 0..1) of COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,
     OUT_OF_MEMORY, PREEMPTED (and OTHER: BOOT_FAIL, DEADLINE, REVOKED) among jobs that
     ended in the window, and the GPU-hours of each (lost, for every state but COMPLETED).
@@ -361,13 +491,13 @@ def failures_report(store: Store, *, since: float, until: float, by: str = "acco
         FROM (SELECT {g} AS grp, state, COALESCE(charge_s, 0) * gpus AS gh FROM sacct_jobs
               WHERE {col}end_at >= :since AND {col}end_at < :until
                 AND state NOT IN ('PENDING', 'RUNNING', 'REQUEUED', 'SUSPENDED', 'RESIZING')
-                {"AND cluster = :cluster" if cluster is not None else ""})
+                {_flt(cluster).sql()[0]})
         GROUP BY grp
     """, params)
     states = (*FAILURE_STATES, "OTHER")
     rows = []
     for a in agg:
-        r: dict[str, Any] = {"group": _label(a.pop("grp")), "jobs": a["jobs"], "gpu_hours": a["gpu_hours"] or 0.0}
+        r: dict[str, Any] = {**_groups(by, a.pop("grp")), "jobs": a["jobs"], "gpu_hours": a["gpu_hours"] or 0.0}
         r["lost_gpu_hours"] = r["gpu_hours"] - (a["COMPLETED_gpu_hours"] or 0.0)
         for st in states:
             r[f"{st}_share"] = a[f"n_{st}"] / a["jobs"]
@@ -381,7 +511,7 @@ def failures_report(store: Store, *, since: float, until: float, by: str = "acco
         n = sum(r.pop(f"_n_{st}") for r in rows)
         total[f"{st}_share"] = n / total["jobs"] if total["jobs"] else 0.0
         total[f"{st}_gpu_hours"] = sum(r[f"{st}_gpu_hours"] for r in rows)
-    cols = [Column("group", by), Column("jobs", "jobs", "count")]
+    cols = [*group_columns(by), Column("jobs", "jobs", "count")]
     cols += [Column(f"{s}_share", s, "share") for s in states]
     cols += [Column("gpu_hours", "GPU-h", "hours"), Column("lost_gpu_hours", "GPU-h lost", "hours")]
     cols += [Column(f"{s}_gpu_hours", f"GPU-h {s}", "hours") for s in states if s != "COMPLETED"]
@@ -427,7 +557,7 @@ def _summary_source(store: Store) -> tuple[str, str | None]:
 
 
 def efficiency_report(store: Store, *, since: float, until: float, by: str = "account", idle_util_pct: float = 5.0,
-                      cluster: str | None = None) -> Report:
+                      cluster: str | Filters | None = None) -> Report:
     """Per group, over GPU jobs (usage in the window, as the cost report): GPU-hours;
     GPU-hours weighted by utilisation (GPU-h x util/100); idle GPU-hours (GPU-h x the
     fraction of the job's GPUs whose mean utilisation is under ``idle_util_pct``); jobs
@@ -441,10 +571,11 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
         j AS (
             SELECT {g} AS grp, gpus * {_SECS} AS gs, s.util AS util, s.idle_frac AS idle_frac
             FROM sacct_jobs LEFT JOIN s ON s.jid = sacct_jobs.job_id_raw
-            WHERE {_usage_where(store, since, until, cluster)} AND gpus > 0
+            WHERE {_usage_where(store, since, until, cluster)} AND (gpus > 0 OR gpus IS NULL)
         )
-        SELECT grp, COUNT(*) AS jobs, SUM(gs) / 3600.0 AS gpu_hours,
-               SUM(util IS NOT NULL) AS jobs_with_summary, SUM(util IS NULL) AS jobs_no_summary,
+        SELECT grp, SUM(gs IS NOT NULL) AS jobs, SUM(gs) / 3600.0 AS gpu_hours, SUM(gs IS NULL) AS gpu_unknown_jobs,
+               SUM(util IS NOT NULL AND gs IS NOT NULL) AS jobs_with_summary,
+               SUM(util IS NULL AND gs IS NOT NULL) AS jobs_no_summary,
                COALESCE(SUM(CASE WHEN util IS NOT NULL THEN gs END), 0) / 3600.0 AS measured_gpu_hours,
                COALESCE(SUM(CASE WHEN util IS NULL THEN gs END), 0) / 3600.0 AS no_summary_gpu_hours,
                COALESCE(SUM(gs * util / 100.0), 0) / 3600.0 AS util_weighted_gpu_hours,
@@ -452,14 +583,20 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
                SUM(CASE WHEN idle_frac > 0 THEN 1 ELSE 0 END) AS jobs_with_idle_gpus
         FROM j GROUP BY grp
     """, _params(since, until, cluster, idle=float(idle_util_pct)))
-    rows = [dict(r, group=_label(r.pop("grp"))) for r in agg]
+    rows = [dict(r, **_groups(by, r.pop("grp"))) for r in agg]
     keys = ("jobs", "gpu_hours", "jobs_with_summary", "jobs_no_summary", "measured_gpu_hours",
-            "no_summary_gpu_hours", "util_weighted_gpu_hours", "idle_gpu_hours", "jobs_with_idle_gpus")
+            "no_summary_gpu_hours", "util_weighted_gpu_hours", "idle_gpu_hours", "jobs_with_idle_gpus",
+            "gpu_unknown_jobs")
     total: dict[str, Any] = {"group": "TOTAL", **{k: sum(r[k] or 0 for r in rows) for k in keys}}
+    for r in rows:
+        if not r["jobs"]:  # only jobs of unknown GPU count: no GPU figure is known
+            for k in ("gpu_hours", "measured_gpu_hours", "no_summary_gpu_hours", "util_weighted_gpu_hours",
+                      "idle_gpu_hours"):
+                r[k] = None
     for r in [*rows, total]:
-        r["mean_util_pct"] = (100.0 * r["util_weighted_gpu_hours"] / r["measured_gpu_hours"]
+        r["mean_util_pct"] = (100.0 * (r["util_weighted_gpu_hours"] or 0) / r["measured_gpu_hours"]
                               if r["measured_gpu_hours"] else None)
-    cols = [Column("group", by), Column("jobs", "GPU jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
+    cols = [*group_columns(by), Column("jobs", "GPU jobs", "count"), Column("gpu_hours", "GPU-h", "hours"),
             Column("util_weighted_gpu_hours", "used GPU-h (util-weighted)", "hours"),
             Column("mean_util_pct", "mean util %", "pct"),
             Column("idle_gpu_hours", f"idle GPU-h (<{idle_util_pct:g}%)", "hours"),
@@ -467,10 +604,18 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
             Column("jobs_with_summary", "with summary", "count"),
             Column("jobs_no_summary", "no gpuguard summary", "count"),
             Column("no_summary_gpu_hours", "GPU-h no summary", "hours")]
+    if total["gpu_unknown_jobs"]:
+        cols.insert(len(group_columns(by)) + 1, Column("gpu_unknown_jobs", "jobs, GPU usage unknown", "count"))
+    else:
+        for r in [*rows, total]:
+            del r["gpu_unknown_jobs"]
     notes = [f"GPU jobs only; usage in the window as in the cost report; idle GPU-h = GPU-h x share of the job's "
              f"GPUs whose mean utilisation is < {idle_util_pct:g}%",
              "jobs without a gpuguard summary (or without GPU samples) are counted under 'no gpuguard summary', "
              "never dropped"]
+    notes.append("utilisation: gpuguard's job summaries, else jobstats JS1: AdminComments (mean duty cycle per GPU)")
+    if total.get("gpu_unknown_jobs"):
+        notes.append(GPU_UNKNOWN_NOTE.format(n=total["gpu_unknown_jobs"]))
     if note:
         notes.append(note)
     return Report("efficiency", "Efficiency", since, until, by,
@@ -479,19 +624,47 @@ def efficiency_report(store: Store, *, since: float, until: float, by: str = "ac
 
 
 def run_reports(store: Store, names: list[str], *, since: float, until: float, by: str = "account",
-                rates: Rates | None = None, idle_util_pct: float = 5.0, cluster: str | None = None) -> list[Report]:
-    """Run the named reports (``cost``, ``wait``, ``failures``, ``efficiency``) in that order."""
+                rates: Rates | None = None, idle_util_pct: float = 5.0, cluster: str | Filters | None = None,
+                per: str | None = None, tz=None, series: bool = False) -> list[Report]:
+    """Run the named reports (``cost``, ``wait``, ``failures``, ``efficiency``) in that
+    order. ``by``: one or two keys (``account,user``); ``cluster``: a cluster name or
+    :class:`Filters`; ``per``: ``day``/``week``/``month`` buckets in ``tz``
+    (:mod:`gpuguard.reports.buckets`); ``series``: give the cost report its usage-over-time
+    series (for the HTML chart). Raises :class:`ReportError`."""
+    by_keys(by)
+    flt = _flt(cluster)
     out = []
     for n in names:
         if n == "cost":
-            out.append(cost_report(store, since=since, until=until, by=by, rates=rates, cluster=cluster))
+            def run(a, b):
+                return cost_report(store, since=a, until=b, by=by, rates=rates, cluster=flt)
         elif n == "wait":
-            out.append(wait_report(store, since=since, until=until, by=by, cluster=cluster))
+            def run(a, b):
+                return wait_report(store, since=a, until=b, by=by, cluster=flt)
         elif n == "failures":
-            out.append(failures_report(store, since=since, until=until, by=by, cluster=cluster))
+            def run(a, b):
+                return failures_report(store, since=a, until=b, by=by, cluster=flt)
         elif n == "efficiency":
-            out.append(efficiency_report(store, since=since, until=until, by=by, idle_util_pct=idle_util_pct,
-                                         cluster=cluster))
+            def run(a, b):
+                return efficiency_report(store, since=a, until=b, by=by, idle_util_pct=idle_util_pct, cluster=flt)
         else:
             raise ReportError(f"unknown report {n!r}; expected one of {', '.join(REPORTS)}")
+        if per:
+            from datetime import UTC
+
+            from gpuguard.reports.buckets import bucketed
+
+            rep = bucketed(run, since, until, per, tz or UTC)
+        else:
+            rep = run(since, until)
+        if series and n == "cost":
+            from datetime import UTC
+
+            from gpuguard.reports.buckets import usage_series
+
+            rep.series = usage_series(store, since, until, by, tz or UTC, flt, per)
+        if flt.describe():
+            rep.notes.append(f"filtered: {flt.describe()}")
+            rep.params = {**rep.params, "filters": flt.describe()}
+        out.append(rep)
     return out

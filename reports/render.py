@@ -6,7 +6,8 @@ Shapes:
   REPORT is ``{"report", "title", "since", "until" (ISO 8601 with offset), "since_epoch",
   "until_epoch", "by", "params", "notes", "tables": [{"name", "title", "columns":
   [{"key", "label", "kind"}], "rows": [{key: value}], "total": {key: value} | null}]}``.
-  Numbers are raw: hours, seconds, money, shares as fractions 0..1, times as UTC epoch.
+  Numbers are raw: hours, seconds, money, shares as fractions 0..1; times (columns of
+  kind ``time``) ISO 8601 with offset in the report zone, like every time gpuguard prints.
 * **csv**: one header line of column keys, one line per row, then the ``TOTAL`` row.
   When the output holds more than one table (``wait``, ``all``), each table is preceded
   by a line ``# REPORT.TABLE`` and followed by an empty line. A text cell a spreadsheet
@@ -23,22 +24,20 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from datetime import datetime, tzinfo, UTC
 from typing import Any
 
+from gpuguard.output import csv_cell, iso_time, table, zone_name
 from gpuguard.reports.queries import Column, Report, Table
 
 
 def iso(ts: float | None, tz: tzinfo) -> str | None:
-    """UTC epoch -> ISO 8601 with offset in ``tz`` (seconds precision)."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, tz).isoformat(timespec="seconds")
+    """UTC epoch -> ISO 8601 with offset in ``tz`` (:func:`gpuguard.output.iso_time`)."""
+    return iso_time(ts, tz)
 
 
 def tz_name(tz: tzinfo) -> str:
-    return getattr(tz, "key", None) or str(tz)
+    return zone_name(tz)
 
 
 def duration(s: float | None) -> str:
@@ -56,9 +55,10 @@ def duration(s: float | None) -> str:
 
 
 def fmt(v: Any, kind: str, tz: tzinfo) -> str:
-    """A value for people (text and HTML tables)."""
+    """A value for people (text and HTML tables). A missing GPU-hour or cost figure is
+    ``unknown`` (the GPU count was not in the accounting), never a dash or 0."""
     if v is None:
-        return "-"
+        return "unknown" if kind in ("hours", "money") else "-"
     if kind == "hours":
         return f"{v:,.2f}"
     if kind == "money":
@@ -76,19 +76,53 @@ def fmt(v: Any, kind: str, tz: tzinfo) -> str:
     return str(v)
 
 
+#: Most columns of one HTML table; wider tables are split into parts that each repeat the
+#: label columns (our choice: 10 columns of numbers fit an A4 page in portrait at 8 pt).
+MAX_HTML_COLUMNS = 10
+_LABEL_KEYS = ("period", "group", "group2", "job_id")
+
+
+def split_columns(columns: list[Column], limit: int = MAX_HTML_COLUMNS) -> list[list[int]]:
+    """Column indexes of each part of a table: the leading label columns (period, group
+    keys, job id) in every part, the others in runs of ``limit - labels``."""
+    labels = [i for i, c in enumerate(columns) if c.key in _LABEL_KEYS]
+    rest = [i for i in range(len(columns)) if i not in labels]
+    if len(columns) <= limit or not rest:
+        return [list(range(len(columns)))]
+    n = max(1, limit - len(labels))
+    return [labels + rest[k:k + n] for k in range(0, len(rest), n)]
+
+
+def total_cells(t: Table, tz: tzinfo) -> list[str]:
+    """The TOTAL row's cells: ``TOTAL`` in the first column, the other label columns
+    (period, second group key) blank."""
+    out = []
+    for i, c in enumerate(t.columns):
+        if c.key in ("period", "group", "group2"):
+            out.append("TOTAL" if i == 0 else "")
+        else:
+            out.append(fmt(t.total.get(c.key), c.kind, tz))
+    return out
+
+
 # --- json -------------------------------------------------------------------------------
-def _table_doc(t: Table) -> dict[str, Any]:
-    keys = [c.key for c in t.columns]
+def _cells(row: dict[str, Any] | None, cols: list[Column], tz: tzinfo) -> dict[str, Any] | None:
+    """A row for JSON/CSV: values exact, ``time`` columns as ISO 8601 with offset."""
+    if row is None:
+        return None
+    return {c.key: (iso(row.get(c.key), tz) if c.kind == "time" else row.get(c.key)) for c in cols}
+
+
+def _table_doc(t: Table, tz: tzinfo) -> dict[str, Any]:
     return {"name": t.name, "title": t.title,
             "columns": [{"key": c.key, "label": c.label, "kind": c.kind} for c in t.columns],
-            "rows": [{k: r.get(k) for k in keys} for r in t.rows],
-            "total": ({k: t.total.get(k) for k in keys} if t.total is not None else None)}
+            "rows": [_cells(r, t.columns, tz) for r in t.rows], "total": _cells(t.total, t.columns, tz)}
 
 
 def report_doc(r: Report, tz: tzinfo) -> dict[str, Any]:
     return {"report": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
             "since_epoch": r.since, "until_epoch": r.until, "by": r.by, "params": r.params, "notes": r.notes,
-            "tables": [_table_doc(t) for t in r.tables]}
+            "tables": [_table_doc(t, tz) for t in r.tables]}
 
 
 def to_json(reports: list[Report], tz: tzinfo, generated_at: float) -> str:
@@ -98,21 +132,7 @@ def to_json(reports: list[Report], tz: tzinfo, generated_at: float) -> str:
 
 
 # --- csv --------------------------------------------------------------------------------
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_NUMBER_RE = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$", re.ASCII)
-
-
-def csv_cell(v: Any) -> Any:
-    """A value as a CSV cell: ``None`` empty; a string a spreadsheet would run as a formula
-    prefixed with ``'``; numbers, and strings that are plain decimal numbers, as they are."""
-    if v is None:
-        return ""
-    if isinstance(v, str) and v.startswith(_FORMULA_START) and not _NUMBER_RE.match(v):
-        return "'" + v
-    return v
-
-
-def to_csv(reports: list[Report]) -> str:
+def to_csv(reports: list[Report], tz: tzinfo) -> str:
     tables = [(r, t) for r in reports for t in r.tables]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -122,10 +142,9 @@ def to_csv(reports: list[Report]) -> str:
         if many:
             buf.write(f"# {r.name}.{t.name}\n")
         w.writerow(keys)
-        for row in t.rows:
-            w.writerow([csv_cell(row.get(k)) for k in keys])
-        if t.total is not None:
-            w.writerow([csv_cell(t.total.get(k)) for k in keys])
+        for row in [*t.rows, *([t.total] if t.total is not None else [])]:
+            cells = _cells(row, t.columns, tz)
+            w.writerow([csv_cell(cells[k]) for k in keys])
         if many:
             buf.write("\n")
     return buf.getvalue()
@@ -134,24 +153,11 @@ def to_csv(reports: list[Report]) -> str:
 # --- text -------------------------------------------------------------------------------
 def _text_table(t: Table, tz: tzinfo) -> str:
     cols: list[Column] = t.columns
-    body = [[fmt(r.get(c.key), c.kind, tz) for c in cols] for r in t.rows]
-    if t.total is not None and t.rows:
-        body.append([fmt(t.total.get(c.key), c.kind, tz) for c in cols])
-    head = [c.label for c in cols]
-    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
-    right = [c.kind not in ("text",) for c in cols]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
-
-    out = [line(head), "  ".join("-" * w for w in widths)]
-    out += [line(b) for b in body[:len(t.rows)]]
-    if len(body) > len(t.rows):
-        out.append("  ".join("-" * w for w in widths))
-        out.append(line(body[-1]))
     if not t.rows:
-        out.append("(no jobs)")
-    return "\n".join(out)
+        return table([], [c.label for c in cols]) + "\n(no jobs)"
+    body = [[fmt(r.get(c.key), c.kind, tz) for c in cols] for r in t.rows]
+    total = total_cells(t, tz) if t.total is not None else None
+    return table(body, [c.label for c in cols], right=[c.kind != "text" for c in cols], total=total)
 
 
 def to_text(reports: list[Report], tz: tzinfo) -> str:
@@ -182,23 +188,23 @@ def to_html(reports: list[Report], tz: tzinfo, generated_at: float, *, charts: b
     matplotlib with its own XML escaping, is inserted as markup."""
     from markupsafe import Markup
 
-    from gpuguard.reports.charts import chart_svg
+    from gpuguard.reports.charts import charts_svg
 
     view = []
     for r in reports:
-        svg = chart_svg(r) if charts else None
+        svgs = charts_svg(r) if charts else []
         tables = []
         for t in r.tables:
-            tables.append({
-                "title": t.title,
-                "columns": t.columns,
-                "rows": [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows],
-                "total": ([fmt(t.total.get(c.key), c.kind, tz) for c in t.columns]
-                          if t.total is not None and t.rows else None),
-            })
+            rows = [[fmt(row.get(c.key), c.kind, tz) for c in t.columns] for row in t.rows]
+            total = total_cells(t, tz) if t.total is not None and t.rows else None
+            tables.append({"title": t.title, "rows": rows,
+                           "parts": [{"columns": [t.columns[i] for i in idx],
+                                      "rows": [[row[i] for i in idx] for row in rows],
+                                      "total": [total[i] for i in idx] if total else None}
+                                     for idx in split_columns(t.columns)]})
         view.append({"name": r.name, "title": r.title, "since": iso(r.since, tz), "until": iso(r.until, tz),
                      "by": r.by, "notes": r.notes, "tables": tables,
-                     "chart": Markup(svg) if svg else None})
+                     "charts": [Markup(x) for x in svgs]})
     return _env().get_template("report.html.j2").render(
         reports=view, generated_at=iso(generated_at, tz), timezone=tz_name(tz),
         window=(iso(reports[0].since, tz), iso(reports[0].until, tz)) if reports else ("", ""),
@@ -211,7 +217,7 @@ def render(reports: list[Report], fmt_name: str, tz: tzinfo, generated_at: float
     if fmt_name == "json":
         return to_json(reports, tz, gen)
     if fmt_name == "csv":
-        return to_csv(reports)
+        return to_csv(reports, tz)
     if fmt_name == "html":
         return to_html(reports, tz, gen)
     return to_text(reports, tz)

@@ -55,12 +55,15 @@ import csv
 import itertools
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime, tzinfo
+
+from gpuguard.output import ZoneError, iso_time, resolve_zone
+
+from gpuguard.reports.gpucount import GpuCount
+from gpuguard.reports.gpucount import resolve as resolve_gpus
 
 #: Columns of the ``sacct_jobs`` cache table, in order (see :mod:`gpuguard.reports.schema`).
 COLUMNS = (
@@ -71,6 +74,7 @@ COLUMNS = (
     "state", "state_raw", "exit_code", "exit_signal",
     "gpus", "gpu_type", "cpus", "alloc_tres", "nnodes", "node_list",
     "comment", "admin_comment", "template", "synced_at", "source",
+    "attempt_at", "gpu_source", "time_limit_s",
 )
 
 #: The ``--format`` a live sync asks sacct for (``sacct -a -X -P -n --format=...``).
@@ -78,6 +82,7 @@ SACCT_FIELDS = (
     "JobIDRaw", "JobID", "Cluster", "JobName", "User", "Account", "Partition", "QOS",
     "Submit", "Eligible", "Start", "End", "ElapsedRaw", "State", "ExitCode",
     "AllocTRES", "AllocCPUS", "NNodes", "NodeList", "Comment", "AdminComment",
+    "ReqTRES", "TimelimitRaw",
 )
 
 #: States after which sacct's record no longer changes (sacct man page, JOB STATE CODES).
@@ -102,7 +107,7 @@ MAX_ELAPSED_S = 100 * 366 * 86400
 MIN_TIME, MAX_TIME = -62135596800.0, 253402300799.0
 #: sacct fields a job's owner writes free text into (lower-cased): a ``|`` in them is not
 #: escaped by ``sacct -P`` (see :func:`rebuild_row`).
-FREE_TEXT_FIELDS = ("jobname", "comment")
+FREE_TEXT_FIELDS = ("jobname", "comment", "submitline")
 #: A row with more extra fields than this is malformed instead of rebuilt.
 MAX_EXTRA_FIELDS = 1000
 
@@ -171,32 +176,15 @@ def check_int(n: int, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX, shown
 # --- time -------------------------------------------------------------------------------
 def resolve_timezone(name: str | None = None) -> tzinfo:
     """The zone sacct printed its times in: ``name`` (an IANA name such as
-    ``Europe/Berlin`` or ``UTC``), else ``$TZ``, else ``/etc/localtime``, else UTC.
+    ``Europe/Berlin`` or ``UTC``), else ``$TZ``, else ``/etc/localtime``, else UTC
+    (:func:`gpuguard.output.resolve_zone`).
 
     Raises :class:`SacctParseError` for an unknown zone name.
     """
-    if name:
-        try:
-            return ZoneInfo(name)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise SacctParseError(f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)") from None
-    env = os.environ.get("TZ", "").lstrip(":")
-    if env:
-        try:
-            return ZoneInfo(env)
-        except (ZoneInfoNotFoundError, ValueError):
-            pass  # a POSIX TZ string like "CET-1CEST": fall through to the system zone
     try:
-        target = os.path.realpath("/etc/localtime")
-        if "/zoneinfo/" in target:
-            return ZoneInfo(target.split("/zoneinfo/", 1)[1])
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        pass  # not a link into the zone database: read the file itself
-    try:
-        with open("/etc/localtime", "rb") as fh:
-            return ZoneInfo.from_file(fh, key="localtime")
-    except (OSError, ValueError):
-        return ZoneInfo("UTC")
+        return resolve_zone(name)
+    except ZoneError as e:
+        raise SacctParseError(str(e)) from None
 
 
 class TimeConverter:
@@ -353,13 +341,13 @@ _INT_RANGES = {
     "job_id_raw": (0, INT64_MAX), "array_job_id": (0, INT64_MAX), "array_task_id": (0, INT64_MAX),
     "het_job_id": (0, INT64_MAX), "het_job_offset": (0, INT64_MAX), "elapsed_s": (0, MAX_ELAPSED_S),
     "exit_code": (INT64_MIN, INT64_MAX), "exit_signal": (INT64_MIN, INT64_MAX),
-    "gpus": (0, MAX_COUNT), "cpus": (0, MAX_COUNT), "nnodes": (0, MAX_COUNT),
+    "gpus": (0, MAX_COUNT), "cpus": (0, MAX_COUNT), "nnodes": (0, MAX_COUNT), "time_limit_s": (0, MAX_ELAPSED_S),
 }
 _TIME_COLUMNS = ("submit_at", "eligible_at", "start_at", "end_at")
 
 
 def _iso_utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_time(ts) or "-"
 
 
 def _validate(job: dict) -> None:
@@ -413,8 +401,10 @@ def _finish(job: dict) -> dict:
     job["template"] = template_of(job.get("comment"))
     for c in COLUMNS:
         job.setdefault(c, None)
-    if job["gpus"] is None:
-        job["gpus"] = 0
+    if job.get("gpu_source") is None:  # a caller that set gpus itself
+        job["gpu_source"] = "AllocTRES" if job["gpus"] is not None else "unknown"
+    # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
+    job["attempt_at"] = job["submit_at"] if job["submit_at"] is not None else 0.0
     if job["cluster"] is None:
         job["cluster"] = ""
     return job
@@ -442,7 +432,9 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
         raise RowError(f"JobID {jid_text!r} is an array task or het component: its raw id needs the JobIDRaw field")
     else:
         raise RowError(f"JobIDRaw {raw_text!r} is not an integer")
-    gpus, gtype, tres_cpus = parse_tres(rec.get("alloctres"))
+    alloc = parse_tres(rec.get("alloctres")) if "alloctres" in rec else None
+    gpu = _pipe_gpus(rec, alloc)
+    tres_cpus = alloc[2] if alloc is not None else None
     code, sig = parse_exit_code(rec.get("exitcode"))
     elapsed = rec.get("elapsedraw")
     job = {
@@ -464,8 +456,10 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
         "state_raw": rec.get("state") or None,
         "exit_code": code,
         "exit_signal": sig,
-        "gpus": gpus,
-        "gpu_type": gtype,
+        "gpus": gpu.gpus,
+        "gpu_type": gpu.gpu_type,
+        "gpu_source": gpu.source,
+        "time_limit_s": _limit_s(rec),
         "cpus": _int_or_none(rec.get("alloccpus"), "AllocCPUS", 0, MAX_COUNT) if rec.get("alloccpus") else tres_cpus,
         "alloc_tres": rec.get("alloctres") or None,
         "nnodes": _int_or_none(rec.get("nnodes"), "NNodes", 0, MAX_COUNT),
@@ -480,7 +474,47 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
     return _finish(job), False
 
 
-_DISPLAY = {"jobname": "JobName", "comment": "Comment"}
+def _pipe_gpus(rec: dict[str, str], alloc: tuple[int, str | None, int | None] | None) -> GpuCount:
+    """The GPU count of a ``-P`` record from the fields it has (:mod:`gpuguard.reports.gpucount`)."""
+    tres: dict[str, tuple[int, str | None] | None] = {}
+    if alloc is not None:
+        tres["AllocTRES"] = alloc[:2]
+    if "reqtres" in rec:
+        tres["ReqTRES"] = parse_tres(rec.get("reqtres"))[:2]
+    gres = {name: rec.get(key) for key, name in (("allocgres", "AllocGRES"), ("reqgres", "ReqGRES")) if key in rec}
+    return resolve_gpus(tres, gres, js1_gpus=_js1_gpus(rec.get("admincomment")), submit_line=rec.get("submitline"))
+
+
+def _js1_gpus(admin_comment: str | None) -> int | None:
+    """GPU count from a jobstats ``JS1:`` AdminComment; None when absent or unreadable (a
+    broken comment is no reason to drop the job's accounting)."""
+    from gpuguard.reports.jobstats import Js1Error, decode_js1, gpu_count, is_js1
+
+    if not is_js1(admin_comment):
+        return None
+    try:
+        doc = decode_js1(admin_comment)
+    except Js1Error:
+        return None
+    return gpu_count(doc) if doc is not None else None
+
+
+def _limit_s(rec: dict[str, str]) -> int | None:
+    """``TimelimitRaw`` (minutes) or ``Timelimit`` (``[D-]HH:MM:SS``) -> seconds; None for
+    ``UNLIMITED``, ``Partition_Limit`` or absent."""
+    raw = (rec.get("timelimitraw") or "").strip()
+    if raw.isdigit() and raw.isascii():
+        return parse_int(raw, "TimelimitRaw", 0, MAX_ELAPSED_S // 60) * 60
+    text = (rec.get("timelimit") or "").strip()
+    if text and text[0].isdigit():
+        try:
+            return parse_elapsed(text)
+        except RowError:
+            return None
+    return None
+
+
+_DISPLAY = {"jobname": "JobName", "comment": "Comment", "submitline": "SubmitLine"}
 #: Job fields that come from the free-text columns (differ between readings of one row).
 _FREE_TEXT_COLUMNS = ("job_name", "comment", "template")
 
@@ -698,14 +732,19 @@ def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict,
         cur = cur[0] if cur else None
     if not cur:
         raise RowError("no state")
-    tres = (j.get("tres") or {}).get("allocated") or []
-    parts = []
-    for t in tres:
-        if isinstance(t, dict) and t.get("type"):
-            name = f"{t['type']}/{t['name']}" if t.get("name") else t["type"]
-            parts.append(f"{name}={t.get('count')}")
-    tres_text = ",".join(parts)
+    tres_obj = j.get("tres") or {}
+    tres_text = _json_tres_text(tres_obj.get("allocated"))
     gpus, gtype, cpus = parse_tres(tres_text)
+    tres_pairs: dict[str, tuple[int, str | None] | None] = {}
+    if "allocated" in tres_obj:
+        tres_pairs["AllocTRES"] = (gpus, gtype)
+    if "requested" in tres_obj:
+        tres_pairs["ReqTRES"] = parse_tres(_json_tres_text(tres_obj.get("requested")))[:2]
+    gres = {"AllocGRES": j["used_gres"]} if isinstance(j.get("used_gres"), str) else {}
+    comment0 = j.get("comment") or {}
+    admin = comment0.get("administrator") if isinstance(comment0, dict) else None
+    gpu = resolve_gpus(tres_pairs, gres, js1_gpus=_js1_gpus(admin), submit_line=j.get("submit_line"))
+    limit = _num((j.get("time") or {}).get("limit")) if isinstance(j.get("time"), dict) else None
     tm = j.get("time") or {}
     code, sig = _json_exit(j.get("exit_code"), buggy_exit)
     comment = j.get("comment") or {}
@@ -729,8 +768,10 @@ def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict,
         "state_raw": str(cur),
         "exit_code": code,
         "exit_signal": sig,
-        "gpus": gpus,
-        "gpu_type": gtype,
+        "gpus": gpu.gpus,
+        "gpu_type": gpu.gpu_type,
+        "gpu_source": gpu.source,
+        "time_limit_s": int(limit) * 60 if limit is not None and 0 <= limit <= MAX_ELAPSED_S // 60 else None,
         "cpus": cpus,
         "alloc_tres": tres_text or None,
         "nnodes": _num(j.get("allocation_nodes")),
@@ -741,6 +782,17 @@ def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict,
     if job["state"] in ("PENDING",):
         job["start_at"] = job["end_at"] = None
     return _finish(job), False
+
+
+def _json_tres_text(tres) -> str:
+    """A ``tres.allocated``/``tres.requested`` list of ``{"type", "name", "count"}`` ->
+    ``type/name=count,...`` (the text form AllocTRES prints)."""
+    parts = []
+    for t in tres or []:
+        if isinstance(t, dict) and t.get("type"):
+            name = f"{t['type']}/{t['name']}" if t.get("name") else t["type"]
+            parts.append(f"{name}={t.get('count')}")
+    return ",".join(parts)
 
 
 def iter_json(doc: dict, *, cluster: str = "", source: str = "<input>") -> Iterator[ParsedRow]:

@@ -37,6 +37,7 @@ from gpuguard.reports.sacct import (
     resolve_timezone,
     sniff_format,
 )
+from gpuguard.reports.jobstats import is_js1, store_readings
 from gpuguard.store import Store, StoreError
 
 CURSOR = "reports.sacct_sync"
@@ -53,26 +54,51 @@ _FINAL_SQL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATES))
 
 def _upsert_sql() -> str:
     cols = ", ".join(COLUMNS)
-    marks = ", ".join("?" for _ in COLUMNS)
+    # attempt_at: the record's submit time; a record without one (a file saved without
+    # Submit) is the job's latest stored attempt, or attempt 0 when none is stored
+    marks = ", ".join("?" if c != "attempt_at" else
+                      "COALESCE(?, (SELECT MAX(attempt_at) FROM sacct_jobs WHERE cluster = ? AND job_id_raw = ?), 0)"
+                      for c in COLUMNS)
     sets = []
     for c in COLUMNS:
         if c in ("cluster", "job_id_raw"):
             continue
         if c in _KEEP_IF_NULL:
             sets.append(f"{c} = COALESCE(excluded.{c}, sacct_jobs.{c})")
-        elif c in ("gpus", "gpu_type"):
-            sets.append(f"{c} = CASE WHEN excluded.alloc_tres IS NULL THEN sacct_jobs.{c} ELSE excluded.{c} END")
+        elif c in ("gpus", "gpu_type", "gpu_source", "time_limit_s"):
+            # a record that cannot count the GPUs (no GPU field) keeps the stored count
+            keep = "excluded.gpus IS NULL AND sacct_jobs.gpus IS NOT NULL"
+            if c == "time_limit_s":
+                keep = "excluded.time_limit_s IS NULL"
+            sets.append(f"{c} = CASE WHEN {keep} THEN sacct_jobs.{c} ELSE excluded.{c} END")
+        elif c == "attempt_at":
+            continue
         elif c in ("exit_code", "exit_signal"):
             sets.append(f"{c} = CASE WHEN excluded.exit_code IS NULL AND excluded.exit_signal IS NULL "
                         f"THEN sacct_jobs.{c} ELSE excluded.{c} END")
         else:
             sets.append(f"{c} = excluded.{c}")
     return (f"INSERT INTO sacct_jobs ({cols}) VALUES ({marks}) "
-            f"ON CONFLICT(cluster, job_id_raw) DO UPDATE SET {', '.join(sets)} "
+            f"ON CONFLICT(cluster, job_id_raw, attempt_at) DO UPDATE SET {', '.join(sets)} "
             f"WHERE NOT (sacct_jobs.state IN ({_FINAL_SQL}) AND excluded.state NOT IN ({_FINAL_SQL}))")
 
 
 UPSERT_SQL = _upsert_sql()
+#: A record with a submit time replaces the job's attempt stored without one (attempt 0:
+#: imported from a file without Submit), so the same attempt is never charged twice.
+DROP_UNKNOWN_ATTEMPT_SQL = ("DELETE FROM sacct_jobs WHERE cluster = ? AND job_id_raw = ? AND attempt_at = 0 "
+                            "AND ? IS NOT NULL")
+
+
+def _row(j: dict) -> tuple:
+    """Parameters of :data:`UPSERT_SQL` for one parsed job."""
+    out: list = []
+    for c in COLUMNS:
+        if c == "attempt_at":
+            out += [j["submit_at"], j["cluster"], j["job_id_raw"]]
+        else:
+            out.append(j[c])
+    return tuple(out)
 
 
 @dataclass
@@ -89,16 +115,52 @@ class SyncResult:
     notes: list[tuple[int, str]] = field(default_factory=list)
     since: float | None = None
     until: float | None = None
+    #: ``(line, job id)`` of stored rows no report can count: no Start (so no usage or
+    #: wait) and no End (so no outcome), yet not PENDING (the wait report's pending list).
+    unreportable: list[tuple[int, str]] = field(default_factory=list)
+    #: ``(line, job id)`` of stored rows whose GPU count is unknown (gpucount module).
+    gpus_unknown: list[tuple[int, str]] = field(default_factory=list)
+    #: Job ids seen more than once in this input with different submit times (requeued
+    #: attempts, ``sacct -D``): each attempt is stored and charged.
+    attempts: dict[str, int] = field(default_factory=dict)
+    #: GPU utilisation readings taken from jobstats ``JS1:`` AdminComments.
+    js1_readings: int = 0
 
     def summary(self) -> str:
+        """One line: what was stored and what of it no report (or no GPU figure) can count,
+        e.g. ``f.txt: 2 job(s) stored; 2 without Start/End: in no report (lines 2, 3)``."""
         s = f"{self.source}: {self.jobs} job(s) stored"
+        requeued = {k: n for k, n in self.attempts.items() if n > 1}
+        if requeued:
+            s += f" ({sum(requeued.values())} attempts of {len(requeued)} requeued job(s), each charged)"
         if self.notes:
             s += f" ({len(self.notes)} with JobName/Comment unknown)"
+        if self.unreportable:
+            s += (f"; {len(self.unreportable)} without Start/End: in no report"
+                  f" ({_lines(self.unreportable)})")
+        if self.js1_readings:
+            s += f"; {self.js1_readings} GPU utilisation reading(s) from jobstats AdminComments"
+        if self.gpus_unknown:
+            s += (f"; {len(self.gpus_unknown)} with GPU usage unknown (no field carries their GPU count:"
+                  f" {_lines(self.gpus_unknown)})")
         if self.steps_skipped:
             s += f", {self.steps_skipped} step row(s) ignored"
         if self.malformed:
             s += f", {len(self.malformed)} malformed row(s) skipped"
         return s
+
+
+def _lines(items: list[tuple[int, str]], n: int = 5) -> str:
+    """``lines 2, 3, 9 ...`` naming the first ``n`` rows (with the job id)."""
+    shown = ", ".join(f"{line} (job {jid})" for line, jid in items[:n])
+    more = f", ... {len(items) - n} more" if len(items) > n else ""
+    return f"line{'s' if len(items) > 1 else ''} {shown}{more}"
+
+
+def in_no_report(job: dict) -> bool:
+    """Whether a stored row reaches no report: cost, efficiency and wait need a Start,
+    failures an End (and a final state); the wait report lists PENDING jobs."""
+    return job["start_at"] is None and job["end_at"] is None and job["state"] != "PENDING"
 
 
 def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None = None,
@@ -117,17 +179,22 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
 
         def go() -> None:
             with store.tx():
+                store.db.conn.executemany(DROP_UNKNOWN_ATTEMPT_SQL, [(j["cluster"], j["job_id_raw"], j["submit_at"])
+                                                                     for j in jobs_batch])
                 store.db.conn.executemany(UPSERT_SQL, batch)
                 # gpuguard's AdminComment -> job summaries: efficiency works where sacct does
                 store_admin_summaries(store, ((r[id_at], r[ac_at]) for r in batch if r[ac_at]), now)
         store._guard("sacct cache upsert", go)
         batch.clear()
+        jobs_batch.clear()
 
+    jobs_batch: list[dict] = []
     for j in jobs:
         j["synced_at"] = now
         if source is not None:
             j["source"] = source
-        batch.append(tuple(j[c] for c in COLUMNS))
+        batch.append(_row(j))
+        jobs_batch.append({"cluster": j["cluster"], "job_id_raw": j["job_id_raw"], "submit_at": j["submit_at"]})
         n += 1
         if len(batch) >= BATCH:
             flush()
@@ -137,7 +204,10 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
 
 
 def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
-             on_progress: Callable[[int], None] | None) -> None:
+             on_progress: Callable[[int], None] | None, gpus_tracked: bool | None = None) -> None:
+    seen: dict[str, set] = {}
+    js1: list[tuple[int, str]] = []
+
     def jobs() -> Iterator[dict]:
         for r in rows:
             if r.error is not None:
@@ -145,10 +215,22 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
             elif r.step:
                 result.steps_skipped += 1
             elif r.job is not None:
+                j = r.job
                 if r.note is not None:
                     result.notes.append((r.line, r.note))
-                yield r.job
+                if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
+                    j["gpus"], j["gpu_source"] = None, "unknown: AccountingStorageTRES has no gres/gpu"
+                if in_no_report(j):
+                    result.unreportable.append((r.line, j["job_id"]))
+                if j["gpus"] is None:
+                    result.gpus_unknown.append((r.line, j["job_id"]))
+                seen.setdefault(j["job_id"], set()).add(j["submit_at"])
+                if is_js1(j["admin_comment"]):
+                    js1.append((j["job_id_raw"], j["admin_comment"]))
+                yield j
     result.jobs = upsert_jobs(store, jobs(), synced_at=synced_at, source=result.source)
+    result.attempts = {k: len(v) for k, v in seen.items() if len(v) > 1}
+    result.js1_readings = store_readings(store, js1)
 
 
 class _CountingLines:
@@ -206,8 +288,11 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
 
 
 def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: str = "", source: str = "<text>",
-                fields: list[str] | None = None, delimiter: str = "|", synced_at: float | None = None) -> SyncResult:
-    """Like :func:`import_file` for text in memory (``fields`` for header-less ``-n`` output)."""
+                fields: list[str] | None = None, delimiter: str = "|", synced_at: float | None = None,
+                gpus_tracked: bool | None = None) -> SyncResult:
+    """Like :func:`import_file` for text in memory (``fields`` for header-less ``-n`` output).
+    ``gpus_tracked`` False (the cluster's AccountingStorageTRES has no ``gres/gpu``): a
+    job whose TRES hold no GPU has GPU usage unknown, not 0."""
     result = SyncResult(source=source)
     now = time.time() if synced_at is None else synced_at
     if sniff_format(text[:4096]) == "json":
@@ -215,12 +300,12 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise SacctParseError(f"{source}:{e.lineno}: invalid JSON: {e.msg}") from None
-        _consume(store, iter_json(doc, cluster=cluster, source=source), result, now, None)
+        _consume(store, iter_json(doc, cluster=cluster, source=source), result, now, None, gpus_tracked)
         return result
     conv = TimeConverter(tz or resolve_timezone())
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
-    _consume(store, rows, result, now, None)
+    _consume(store, rows, result, now, None, gpus_tracked)
     return result
 
 
@@ -237,10 +322,27 @@ def _local(ts: float, tz: tzinfo) -> str:
     return datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def gpus_tracked(slurm) -> bool | None:
+    """Whether the cluster's accounting records GPUs: ``AccountingStorageTRES`` of
+    ``scontrol show config`` names ``gres/gpu`` (slurm.conf man page). None when scontrol
+    cannot say (then a TRES without GPUs is taken as 0 GPUs, as before)."""
+    from gpuguard.slurm import SlurmError
+
+    try:
+        text = slurm.run("scontrol", "show", "config", timeout_s=30)
+    except SlurmError:
+        return None
+    for line in text.splitlines():
+        key, sep, val = line.partition("=")
+        if sep and key.strip() == "AccountingStorageTRES":
+            return any(t.strip() == "gres/gpu" or t.strip().startswith("gres/gpu:") for t in val.split(","))
+    return None
+
+
 def sync_from_slurm(store: Store, slurm, *, since: float | None = None, cluster: str = "",
                     first_sync_days: float = 30.0, overlap_s: float = 300.0,
                     now: float | None = None, timeout_s: float = 300.0) -> SyncResult:
-    """Pull ``sacct -a -X -P -n`` for every job eligible or running since ``since`` (UTC
+    """Pull ``sacct -a -X -D -P -n`` (every attempt) for every job eligible or running since ``since`` (UTC
     epoch; default: the last sync minus ``overlap_s``, or ``first_sync_days`` back on the
     first sync) up to now, upsert it, and advance the cursor to the sync's start time.
 
@@ -256,9 +358,9 @@ def sync_from_slurm(store: Store, slurm, *, since: float | None = None, cluster:
         since = prev - overlap_s if prev is not None else started - first_sync_days * 86400
     tz = resolve_timezone()
     out = slurm.sacct(fields=SACCT_FIELDS, start=_local(since, tz), end=_local(started, tz),
-                      delimiter=LIVE_DELIMITER, timeout_s=timeout_s)
+                      delimiter=LIVE_DELIMITER, timeout_s=timeout_s, duplicates=True)
     result = import_text(store, out, tz=tz, cluster=cluster, source="sacct", fields=list(SACCT_FIELDS),
-                         delimiter=LIVE_DELIMITER, synced_at=started)
+                         delimiter=LIVE_DELIMITER, synced_at=started, gpus_tracked=gpus_tracked(slurm))
     result.since, result.until = since, started
     store.set_cursor(CURSOR, repr(started))
     return result

@@ -1,5 +1,6 @@
 """``job_gpu_util``: the per-GPU utilisation readings of gpuguard's job summaries, one row
-per reading, kept in step with ``job_summaries`` by triggers (store migration 5).
+per reading, kept in step with ``job_summaries`` by triggers (step ``job_gpu_util`` of
+the ``reports`` migration set, :mod:`gpuguard.reports.schema`).
 
 The efficiency report needs, per job, the mean utilisation over its GPUs and the share of
 them under a threshold chosen at report time. Parsing every summary's JSON on each run
@@ -7,19 +8,21 @@ them under a threshold chosen at report time. Parsing every summary's JSON on ea
 writer of ``job_summaries`` (the epilog's upsert, an ingest, a plain INSERT) goes through
 the triggers, and the migration fills the table from the summaries already stored.
 
-Readings of one ``(job_id, node)`` summary (the rule of
-:func:`gpuguard.reports.queries._summary_source`): each ``gpus[].gpu_util_mean_pct``; a
-summary without per-GPU entries counts as one reading of its node mean
-``gpu_util_mean_pct``; null readings and unparsable JSON give no row. ``jid`` is the job id
+Readings of one ``(job_id, node)`` summary, through the summary's published shape
+(:mod:`gpuguard.epilog.summary_shape`, never the epilog's own field list): each per-GPU
+``GPU_UTIL_MEAN``; a summary without per-GPU entries counts as one reading of its
+``NODE_GPU_UTIL_MEAN``; null readings and unparsable JSON give no row. ``jid`` is the job id
 as an integer (the join key with ``sacct_jobs.job_id_raw``); the covering index
 ``(jid, util)`` lets the report aggregate per job without reading the table.
 
-This is a store migration: once released it is never edited; a change is a new migration.
+This is a store migration step: once released it is never edited; a change is a new step.
 """
 
 from __future__ import annotations
 
 import sqlite_utils
+
+from gpuguard.epilog.summary_shape import GPU_UTIL_MEAN, GPUS, NODE_GPU_UTIL_MEAN
 
 TABLE = "job_gpu_util"
 
@@ -29,10 +32,11 @@ def readings_sql(summary: str) -> str:
     ``summary``, e.g. ``NEW.summary``)."""
     doc = f"(CASE WHEN json_valid({summary}) THEN {summary} ELSE '{{}}' END)"
     return (f"SELECT u FROM ("
-            f"SELECT CAST(json_extract(g.value, '$.gpu_util_mean_pct') AS REAL) AS u FROM json_each({doc}, '$.gpus') AS g "
+            f"SELECT CAST(json_extract(g.value, '{GPU_UTIL_MEAN.path}') AS REAL) AS u "
+            f"FROM json_each({doc}, '{GPUS}') AS g "
             f"UNION ALL "
-            f"SELECT CAST(json_extract({doc}, '$.gpu_util_mean_pct') AS REAL) "
-            f"WHERE COALESCE(json_array_length({doc}, '$.gpus'), 0) = 0"
+            f"SELECT CAST(json_extract({doc}, '{NODE_GPU_UTIL_MEAN.path}') AS REAL) "
+            f"WHERE COALESCE(json_array_length({doc}, '{GPUS}'), 0) = 0"
             f") WHERE u IS NOT NULL")
 
 
@@ -73,17 +77,17 @@ def all_readings_sql() -> str:
     doc = "(CASE WHEN json_valid(summary) THEN summary ELSE '{}' END)"
     return f"""
         SELECT job_id, node, u FROM (
-            SELECT js.job_id, js.node, CAST(json_extract(g.value, '$.gpu_util_mean_pct') AS REAL) AS u
-            FROM job_summaries AS js, json_each({doc}, '$.gpus') AS g
+            SELECT js.job_id, js.node, CAST(json_extract(g.value, '{GPU_UTIL_MEAN.path}') AS REAL) AS u
+            FROM job_summaries AS js, json_each({doc}, '{GPUS}') AS g
             UNION ALL
-            SELECT job_id, node, CAST(json_extract({doc}, '$.gpu_util_mean_pct') AS REAL)
-            FROM job_summaries WHERE COALESCE(json_array_length({doc}, '$.gpus'), 0) = 0
+            SELECT job_id, node, CAST(json_extract({doc}, '{NODE_GPU_UTIL_MEAN.path}') AS REAL)
+            FROM job_summaries WHERE COALESCE(json_array_length({doc}, '{GPUS}'), 0) = 0
         ) WHERE u IS NOT NULL"""
 
 
 def create_job_gpu_util(db: sqlite_utils.Database) -> None:
     """Migration body: the table, its indexes and triggers, filled from the stored summaries
-    (``job_summaries`` exists in every store since migration 2)."""
+    (``job_summaries`` comes from the ``epilog`` set, which the ``reports`` set requires)."""
     for sql in DDL:
         db.execute(sql)
     db.execute("INSERT INTO job_gpu_util (job_id, node, jid, util) "

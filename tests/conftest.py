@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 
+import gpuguard.reports  # noqa: F401  (registers every stage's store migration set, as the CLI does)
 from gpuguard.gpu.replay import dump_snapshot
 from gpuguard.model import GpuState, NodeSnapshot, NvLinkState
 
@@ -95,10 +96,12 @@ name = "n1"
 [paths]
 store = "{tmp_path}/node.db"
 state_dir = "{tmp_path}/state"
+run_dir = "{tmp_path}/run"
 job_dir_root = "{tmp_path}/jobs"
 log_file = "{tmp_path}/gpuguard.log"
 [xid]
 kernel_log = "{kl}"
+kernel_log_kernel_only = true
 [slurm]
 bin_dir = "{tmp_path}/bin"
 """
@@ -114,16 +117,37 @@ bin_dir = "{tmp_path}/bin"
 @pytest.fixture
 def fake_slurm_bin(tmp_path):
     """A bin dir whose scontrol/sinfo/sacctmgr/sacct/scancel log their argv (JSON, one line per
-    call) to ``calls.jsonl``, print nothing and exit 0; returns ``calls()``."""
+    call) to ``calls.jsonl`` and exit 0; returns ``calls()``. ``scontrol`` keeps node state
+    like slurmctld does: ``update nodename=N state=drain reason=R`` sets N's reason (in
+    ``nodes.json``), ``state=resume`` clears it, and ``show node N -o`` prints it
+    (``Reason=R [root@...]``), so a drain can be confirmed."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     log = tmp_path / "calls.jsonl"
+    state = tmp_path / "nodes.json"
     for tool in ("scontrol", "sinfo", "sacctmgr", "sacct", "scancel"):
         f = bindir / tool
-        f.write_text(
-            "#!/usr/bin/env python3\nimport json, sys\n"
+        body = (
+            "#!/usr/bin/env python3\nimport json, os, sys\n"
             f"open({str(log)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
         )
+        if tool == "scontrol":
+            body += f"""
+st = {str(state)!r}
+nodes = json.load(open(st)) if os.path.exists(st) else {{}}
+a = sys.argv[1:]
+kv = dict(x.split("=", 1) for x in a if "=" in x)
+if a[:1] == ["update"] and "nodename" in kv:
+    if kv.get("state") == "drain":
+        nodes[kv["nodename"]] = kv.get("reason", "")
+    elif kv.get("state") == "resume":
+        nodes.pop(kv["nodename"], None)
+    json.dump(nodes, open(st, "w"))
+elif a[:2] == ["show", "node"] and len(a) > 2:
+    r = nodes.get(a[2])
+    print(f"NodeName={{a[2]}} State=IDLE{{'+DRAIN' if r else ''}} " + (f"Reason={{r}} [root@2026-01-01T00:00:00]" if r else ""))
+"""
+        f.write_text(body)
         f.chmod(0o755)
 
     def calls(include_reads: bool = False) -> list[list[str]]:

@@ -41,7 +41,7 @@ def test_check_8gpu_dump_only_gpu_75_power_brake():
 def test_check_row_remap_pending_dump():
     r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-q-a100-510.73.08-row-remap-pending-partial.txt"))
     assert r.exit_code == 2
-    assert "critical  drain   ecc.row_remap_pending  0    gpu0 (0000:10:1c.0) row remap pending" in r.output
+    assert "critical  drain   ecc.row_remap_pending    0  gpu0 (0000:10:1c.0) row remap pending" in r.output
 
 
 CORPUS_DECISIONS = {
@@ -114,8 +114,8 @@ def test_check_list_names_every_check():
     r = invoke("check", "--list")
     assert r.exit_code == 0
     assert [ln.split()[0] for ln in r.output.splitlines()] == sorted(
-        ["driver", "gpu_count", "gpu_lost", "ecc", "retired_pages", "row_remap", "pcie_link", "pcie_replay",
-         "nvlink", "temperature", "idle_throttle", "persistence", "inventory", "xid"])
+        ["driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap", "pcie_link", "pcie_replay",
+         "nvlink", "temperature", "idle_throttle", "idle_baseline", "persistence", "inventory", "xid"])
 
 
 def test_text_that_is_not_nvidia_smi_is_refused():

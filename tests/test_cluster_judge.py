@@ -31,8 +31,10 @@ def _judge(tmp_path, cluster, rows, p, cfg, slurm, node_map=None, job=None):
     finally:
         close_all(stores)
     meta = {"job_id": rows.job_id, "nodes": sorted(parts), "exit_code_raw": 0, **(job or {})}
+    from gpuguard.actuator import Actuator
+
     return parts, judge_parts(cluster, rows.job_id, parts, cfg=cfg, meta=meta, slurm=slurm, log=LOG,
-                              now=rows.end + 30, retry_sleep_s=0)
+                              now=rows.end + 30, retry_sleep_s=0, drainer=Actuator(slurm, log=LOG))
 
 
 def test_template_alternating_nodes_is_judged_on_run_4(tmp_path, cfg, fake_slurm_bin):
@@ -129,7 +131,7 @@ def test_escalation_counts_jobs_per_gpu_and_drains_once_from_the_judge(tmp_path,
         _parts, res = _judge(tmp_path, cluster, rows, p, cfg, slurm, {p.node_names[0]: "n1"})
         assert res.verdict["cause"] == "straggler-gpu"
         t = rows.end + 60
-    drains = [c for c in fake_slurm_bin() if c[0] == "scontrol"]
+    drains = [c for c in fake_slurm_bin() if c[:2] == ["scontrol", "update"]]
     assert len(drains) == 1
     assert drains[0][:4] == ["scontrol", "update", "nodename=n1", "state=drain"]
     assert drains[0][4].startswith("reason=gpuguard: verdict.straggler_gpu")

@@ -50,19 +50,25 @@ def test_job_show_from_sacct_with_no_store(tmp_path):
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[paths]\nstore = "{tmp_path}/none/node.db"\ncluster_store = "{tmp_path}/none/cluster.db"\n'
                    f'[slurm]\nbin_dir = "{_fake_sacct(tmp_path, _line(_comment()))}"\n')
-    r = CliRunner().invoke(main, ["--config", str(cfg), "job", "show", "42"])
+    r = CliRunner().invoke(main, ["--config", str(cfg), "job", "show", "42", "--timezone", "UTC"])
     assert r.exit_code == 0, r.output
     out = r.output.splitlines()
-    assert out[:3] == ["job 42 (train): user alice, account acct_a, partition gpu, state COMPLETED",
-                       "  elapsed 00:10:00 of 01:00:00 limit; nodes n[1-2] (2); GPUs 4",
-                       "  source: AdminComment (sacct)"]
-    assert out[4] == "verdict: straggler-node — node n2 compute time per step 40% above the other nodes"
+    assert out[:2] == ['Job 42 "train"   user alice  account acct_a  partition gpu',
+                       "State COMPLETED   exit 0:0   elapsed 10m00s of 1h00m limit (17 %)"]
+    assert out[3] == "Nodes 2 (n1, n2)   GPUs 4"
+    assert out[5] == "Verdict: straggler-node — node n2 compute time per step 40% above the other nodes"
+    assert out[7] == "  sm_clock_mhz: 990 vs baseline 1980 (-50%)"
+    assert [x.split()[:3] for x in out[10:14]] == [["n1", "gpu0", "[█████████████···]"], ["n1", "gpu1",
+                                                   "[██████████······]"], ["n2", "gpu0", "[████████████████]"],
+                                                  ["n2", "gpu1", "[██████··········]"]]
     assert not os.path.exists(tmp_path / "none")  # reading never creates a store
     j = json.loads(CliRunner().invoke(main, ["--config", str(cfg), "job", "show", "42", "--json"]).output)
     assert (j["source"], j["verdict"]["cause"], j["verdict"]["evidence"]["node"], j["nodes"]) == (
         "AdminComment (sacct)", "straggler-node", "n2", ["n1", "n2"])
-    assert j["node_figures"]["n2"]["gpus"] == [{"gpu_index": 0, "gpu_util_mean_pct": 100},
-                                               {"gpu_index": 1, "gpu_util_mean_pct": 40}]
+    assert (j["job"]["user"], j["job"]["elapsed_s"], j["job"]["time_limit_s"], j["job"]["gpus"]) == (
+        "alice", 600.0, 3600.0, 4)
+    assert [(g["gpu_index"], g["gpu_util_mean_pct"]) for g in j["summaries"][1]["gpus"]] == [(0, 100), (1, 40)]
+    assert (j["summaries"][1]["node"], j["summaries"][1]["source"]) == ("n2", "admin_comment")
 
 
 def test_job_hidden_by_slurm_is_refused(tmp_path):
@@ -94,6 +100,7 @@ def test_cluster_store_is_read_only_and_never_written(tmp_path):
     assert r.exit_code == 0, r.output
     j = json.loads(r.output)
     assert (j["source"], j["cluster"]["user"], j["cluster"]["nodes"]) == (f"cluster store {db}", "alice", ["n1"])
+    assert j["job"]["source"] == "gpuguard summaries"  # no sacct answer: the store's own header
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     assert sorted(os.listdir(db.parent)) == ["cluster.db"]
 

@@ -167,10 +167,13 @@ def test_two_node_straggler_once_healthy_control_job_show_and_reports(cl, tmp_pa
     r = cl.gpuguard("job", "show", str(strag), user="gg_alice")
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
-    assert out[0] == f"job {strag} (wrap): user gg_alice, account acct_a, partition gpu, state COMPLETED"
-    assert out[1].startswith("  elapsed 00:00:0") and out[1].endswith("nodes n[1-2] (2); GPUs 4")
-    assert out[2] == "  source: AdminComment (sacct)"
-    assert out[4].startswith("verdict: straggler-node — ")
+    assert out[0] == f'Job {strag} "wrap"   user gg_alice  account acct_a  partition gpu'
+    assert out[1].startswith("State COMPLETED   exit 0:0   elapsed ")
+    assert out[3] == "Nodes 2 (n1, n2)   GPUs 4"
+    assert out[5].startswith("Verdict: straggler-node — ")
+    r = cl.gpuguard("job", "show", str(strag), "--json", user="gg_alice")
+    j = json.loads(r.stdout)
+    assert (j["source"], j["job"]["source"], j["job"]["user"]) == ("AdminComment (sacct)", "sacct", "gg_alice")
     # gg_bob may not see gg_alice's job: Slurm says so (PrivateData=jobs), not gpuguard
     r = cl.gpuguard("job", "show", str(strag), user="gg_bob")
     assert r.returncode == 2

@@ -39,10 +39,10 @@ def test_json_fields(db):
     r = invoke("job", "show", "7", "--json", "--store", db)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert set(d) == {"job_id", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events",
-                      "source", "header", "sacct_error"}
-    # no Slurm to ask here: no header, the store named is the source
-    assert (d["source"], d["header"]) == (f"store {db}", None)
+    assert set(d) == {"job_id", "job", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events",
+                      "source", "sacct_error"}
+    # no Slurm to ask here: the header from the store, which is the source
+    assert (d["source"], d["job"]["source"]) == (f"store {db}", "gpuguard summaries")
     assert d["sacct_error"].startswith("sacct ")
     assert d["verdict"] is None  # no verdict stored for this hand-made job
     assert (d["job_id"], d["nodes"]) == ("7", ["n1", "n2"])
@@ -70,23 +70,26 @@ def test_json_fields(db):
 
 
 def test_text(db):
-    r = invoke("job", "show", "7", "--store", db)
+    r = invoke("job", "show", "7", "--full", "--store", db)
     assert r.exit_code == 0, r.output
     out = r.output.splitlines()
+    out = out[out.index("job 7 on n1, n2"):]  # --full: every table after the one-screen page
     assert out[:2] == ["job 7 on n1, n2", "  n1: exit 3, collector ok, 2 GPU(s), post-job check: drain "
                        "(gpuguard: ecc.uncorrectable_volatile gpu1 2 errors)"]
     # the sample of job 7 on n2 puts n2 in the node and GPU lists (it has no summary of its own)
-    assert out[out.index("GPUs") + 3:out.index("GPUs") + 6] == ["n1    0    GPU-0", "n1    1    GPU-1",
-                                                                "n2    0    GPU-0"]
+    assert [x.split() for x in out[out.index("GPUs") + 3:out.index("GPUs") + 6]] == [
+        ["n1", "0", "GPU-0"], ["n1", "1", "GPU-1"], ["n2", "0", "GPU-0"]]
     table = {x.split("  ")[0]: x.split("  ")[0:1] + x.split()[-2:] for x in out if x and not x.startswith(" ")}
     for metric, value, unit in [
         ("exit status", "768", "raw"), ("step_time_p95_s", "1.9", "s"), ("gpu_util_p95_pct", "80", "%"),
-        ("power_mean_w", "152.25", "W"), ("clock event sw_power_cap", "6", "GPU-s"),
+        ("power_mean_w", "152.2", "W"), ("clock event sw_power_cap", "6", "GPU-s"),
         ("throughput_samples_per_s", "40", "samples/s"), ("data_wait_share_pct", "25", "%"),
-        ("first sample", "1970-01-01T00:16:40+00:00", "UTC"), ("NaN/inf loss", "3", "steps"),
+        ("NaN/inf loss", "3", "steps"),
     ]:
         got = table[metric][1:]
         assert got == ([unit, value] if metric == "exit status" else [value, unit]), metric
+    assert [x.split() for x in out if x.startswith("first sample")] == [["first", "sample",
+                                                                         "1970-01-01T00:16:40+00:00"]]
     i = out.index("Per GPU (n1)")
     assert out[i + 1].split() == ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
                                   "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"]

@@ -127,7 +127,7 @@ def test_store_unwritable_exit_0_nothing_drained(node, monkeypatch):
     p = node["tmp"] / "broken-store.toml"
     p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['log']}"
 job_dir_root = "{node['jobs']}"\nstate_dir = "{node['tmp']}/state"
-[gpu]\nsource = "replay"\nreplay_path = "{node['replay']}"\n[xid]\nkernel_log = "{node['kl']}"
+[gpu]\nsource = "replay"\nreplay_path = "{node['replay']}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n""")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
     monkeypatch.setattr(hook, "read_job_records", lambda d, uid: pytest.fail("no store: records stay on disk"))
@@ -307,8 +307,11 @@ def test_scontrol_failure_still_exit_0(node):
     node["kl"].write_text(XID79)
     (node["tmp"] / "bin" / "scontrol").write_text("#!/bin/sh\necho 'slurm_update error: Access denied' >&2\nexit 1\n")
     assert hook.run(EPILOG_ENV) == 0
-    assert "tool error: drain failed: scontrol update nodename=n1 state=drain: exit 1: slurm_update error: " \
+    assert "tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: slurm_update error: " \
            "Access denied" in node["log"].read_text()
+    # the fault is not lost: the drain stays pending for the next hook run
+    from gpuguard.drainq import PendingDrains
+    assert list(PendingDrains(node["cfg"], None).entries()) == ["n1"]
 
 
 def test_dry_run(node):

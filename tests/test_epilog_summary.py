@@ -17,7 +17,7 @@ from gpuguard.epilog.summary import (
     summarize_job,
 )
 from gpuguard.model import encode_clock_event_reasons
-from gpuguard.store import MIGRATIONS, open_store
+from gpuguard.store import open_store
 
 CAP = encode_clock_event_reasons(["sw_power_cap"])
 CAP_HOT = encode_clock_event_reasons(["sw_power_cap", "hw_thermal_slowdown"])
@@ -40,7 +40,8 @@ def sample(job="7", node="n1", **kw):
 
 def fill(store):
     """Two GPUs, ten samples each at t = 1000..1009 (1 s), plus rows that must be left out."""
-    rows = []
+    # a sample stamped before the prolog ended (an earlier attempt), stored before this attempt's
+    rows = [sample(gpu_index=0, at=990.0, gpu_util_pct=100.0, temp_c=99.0)]
     for i in range(10):
         # GPU 0: util 0,10..90; mem 1000+i; power 100+i; temp 50+i; SM 1000; ECC 0 -> 2 at i=5;
         # power cap for samples 0-5, thermal slowdown too for samples 4-5, nothing after.
@@ -51,8 +52,6 @@ def fill(store):
         # GPU 1: util 50..59; mem 2000; power 200; temp 60; SM 1500; idle reason; ECC unsupported.
         rows.append(sample(gpu_index=1, at=1000.0 + i, gpu_util_pct=50.0 + i, mem_used_mib=2000.0, power_w=200.0,
                            temp_c=60.0, sm_clock_mhz=1500.0, clock_event_mask=IDLE, ecc_volatile_uncorrected=None))
-    rows.append(sample(gpu_index=0, at=990.0, gpu_util_pct=100.0, temp_c=99.0))  # before the prolog ended
-    rows.append(sample(gpu_index=0, at=1600.0, gpu_util_pct=100.0, temp_c=99.0))  # after the epilog
     rows.append(sample(job="8", gpu_index=0, at=1001.0, gpu_util_pct=100.0, temp_c=99.0))  # another job
     rows.append(sample(node="n2", gpu_index=0, at=1001.0, gpu_util_pct=100.0, temp_c=99.0))  # another node
     store.insert_many("samples", rows)
@@ -205,7 +204,6 @@ def test_save_roundtrip_and_upsert(store):
 
 
 def test_migration_2_tables(store):
-    assert len(MIGRATIONS) >= 2
     names = set(store.db.table_names())
     assert {"steps", "checkpoints", "job_summaries"} <= names
     assert store.db["job_summaries"].pks == ["job_id", "node"]
@@ -218,3 +216,24 @@ def test_nan_free_output(store):
     d = summarize_job(store, "7", "n1", exit_status_raw=0, ended_at=1500.0).to_dict()
     for k, v in d.items():
         assert not (isinstance(v, float) and math.isnan(v)), k
+
+
+def test_backward_clock_step_keeps_every_sample_of_the_attempt(store):
+    # 48 samples at 10 s; after the 12th the clock steps back one hour
+    rows = [sample(gpu_index=0, at=(1000.0 + 10 * i) - (3600.0 if i >= 12 else 0.0), gpu_util_pct=50.0)
+            for i in range(48)]
+    store.insert_many("samples", rows)
+    store.insert("health_runs", {"node": "n1", "hook": "prolog", "job_id": "7", "started_at": 990.0,
+                                 "finished_at": 999.0, "decision": "proceed", "reason": ""})
+    s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=1480.0 - 3600.0 + 10)
+    assert s.sample_count == 48
+    assert s.gpus[0].sample_count == 48
+    assert s.sample_interval_s == 10.0
+
+
+def test_whole_attempt_after_a_backward_step_still_counts(store):
+    store.insert("health_runs", {"node": "n1", "hook": "prolog", "job_id": "7", "started_at": 990.0,
+                                 "finished_at": 999.0, "decision": "proceed", "reason": ""})
+    store.insert_many("samples", [sample(gpu_index=0, at=100.0 + 10 * i, gpu_util_pct=50.0) for i in range(5)])
+    s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=200.0)
+    assert s.sample_count == 5

@@ -174,36 +174,49 @@ def bindir(tmp_path, monkeypatch):
     return d
 
 
-JOURNAL = r'''echo "$@" >> "$0.args"
+def _entry(cursor, mono_us, msg, transport="kernel", realtime_us=None):
+    import json
+
+    e = {"__CURSOR": cursor, "_TRANSPORT": transport, "MESSAGE": msg,
+         "_SOURCE_MONOTONIC_TIMESTAMP": str(mono_us)}
+    if realtime_us is not None:
+        e["__REALTIME_TIMESTAMP"] = str(realtime_us)
+    return json.dumps(e).replace("'", "'\\''")
+
+
+# journalctl -k -o json: one object per line. The second boot-chunk holds a spoofed
+# `logger -t kernel` entry (transport syslog) that must not come out.
+JOURNAL = f"""echo "$@" >> "$0.args"
 case "$*" in
   *after-cursor=s=bad*) echo "Failed to seek to cursor: Invalid argument" >&2; exit 1;;
-  *after-cursor=s=2*) echo "-- No entries --";;
-  *after-cursor=s=1*) echo "2025-03-01T10:00:05+0000 n1 kernel: NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
-                      echo "-- cursor: s=2";;
-  *"-n 0"*) echo "-- cursor: s=end";;
-  *) echo "2025-03-01T10:00:00+0000 n1 kernel: NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x"
-     echo "2025-03-01T10:00:01+0000 n1 kernel: usual line"
-     echo "-- cursor: s=1";;
+  *after-cursor=s=3*) ;;
+  *after-cursor=s=1*) echo '{_entry("s=2", 5_000_000, "NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.", realtime_us=1740823205_000000)}'
+                      echo '{_entry("s=3", 6_000_000, "NVRM: Xid (PCI:0000:02:00): 48, pid=1, name=x, DBE", transport="syslog")}';;
+  *) echo '{_entry("s=0", 1_500_000, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x")}'
+     echo '{_entry("s=1", 2_000_000, "usual line")}';;
 esac
-'''
+"""
 
 
-def test_journalctl_cursor_round_trip(bindir):
+def test_journalctl_json_cursor_round_trip_and_kernel_transport_only(bindir):
     fake_tool(bindir, "journalctl", JOURNAL)
     lines, cur = read_since("journalctl", None, 5)
     assert lines == [
-        "2025-03-01T10:00:00+0000 n1 kernel: NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
-        "2025-03-01T10:00:01+0000 n1 kernel: usual line",
+        "[    1.500000] NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
+        "[    2.000000] usual line",
     ]
     assert cur == "journal:s=1"
     lines, cur = read_since("journalctl", cur, 5)
-    assert parse_lines(lines).events[0].timestamp == 1740823205.0
-    assert cur == "journal:s=2"
+    assert lines == ["2025-03-01T10:00:05+00:00 [    5.000000] NVRM: Xid (PCI:0000:02:00): 79, "
+                     "GPU has fallen off the bus."]
+    res = parse_lines(lines, structured=True)
+    assert [(e.xid, e.timestamp, e.monotonic_s) for e in res.events] == [(79, 1740823205.0, 5.0)]
+    assert cur == "journal:s=3"  # the syslog entry is skipped but its cursor is passed
     lines, cur = read_since("journalctl", cur, 5)
-    assert (lines, cur) == ([], "journal:s=2")
+    assert (lines, cur) == ([], "journal:s=3")
     args = (bindir / "journalctl.args").read_text().splitlines()
-    assert args[0] == "-k -o short-iso --no-pager --show-cursor"
-    assert args[1] == "-k -o short-iso --no-pager --show-cursor --after-cursor=s=1"
+    assert args[0] == "-k -o json --no-pager"
+    assert args[1] == "-k -o json --no-pager --after-cursor=s=1"
 
 
 def test_journalctl_bad_cursor_reads_whole_boot(bindir):
@@ -212,11 +225,17 @@ def test_journalctl_bad_cursor_reads_whole_boot(bindir):
     assert len(lines) == 2 and cur == "journal:s=1"
 
 
-def test_journalctl_overflow_skips_to_end(bindir):
+def test_journalctl_overflow_continues_from_last_entry(bindir):
     fake_tool(bindir, "journalctl", JOURNAL)
-    lines, cur = read_since("journalctl", None, 5, max_bytes=100)
+    lines, cur = read_since("journalctl", None, 5, max_bytes=200)
     assert len(lines) == 1 and lines[0].endswith("name=a, x")
-    assert cur == "journal:s=end"
+    assert cur == "journal:s=0"
+
+
+def test_journal_message_as_byte_array():
+    assert kernel_log._journal_lines({"MESSAGE": list(b"NVRM: Xid (PCI:0000:01:00): 13, \xff"),
+                                      "__MONOTONIC_TIMESTAMP": "7000000"}) == [
+        "[    7.000000] NVRM: Xid (PCI:0000:01:00): 13, \ufffd"]
 
 
 def test_journalctl_failure_and_missing(bindir):
@@ -237,22 +256,26 @@ def test_subprocess_timeout(bindir):
 def test_dmesg_cursor_by_count_and_hash(bindir, tmp_path):
     buf = tmp_path / "ring.txt"
     fake_tool(bindir, "dmesg", f'{CAT} "{buf}"\n')
-    buf.write_text("[    1.000000] a\n[    2.000000] b\n")
+    buf.write_text("<6>[    1.000000] a\n<4>[    2.000000] b\n")
     lines, cur = read_since("dmesg", None, 5)
     assert lines == ["[    1.000000] a", "[    2.000000] b"]
     assert cur.startswith("dmesg:2:")
+    assert (bindir / "dmesg").exists()
 
-    buf.write_text("[    1.000000] a\n[    2.000000] b\n[    3.000000] c\n")
+    # a userspace write to /dev/kmsg (facility user: <12>) is not a kernel record
+    buf.write_text("<6>[    1.000000] a\n<4>[    2.000000] b\n"
+                   "<12>[    2.500000] NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, spoof\n"
+                   "<4>[    3.000000] c\n")
     lines, cur = read_since("dmesg", cur, 5)
-    assert lines == ["[    3.000000] c"] and cur.startswith("dmesg:3:")
+    assert lines == ["[    3.000000] c"] and cur.startswith("dmesg:4:")
 
     # ring buffer rotated: the first lines fell out, the last seen line is still there
-    buf.write_text("[    3.000000] c\n[    4.000000] d\n")
+    buf.write_text("<4>[    3.000000] c\n<4>[    4.000000] d\n")
     lines, cur = read_since("dmesg", cur, 5)
     assert lines == ["[    4.000000] d"] and cur.startswith("dmesg:2:")
 
     # rebooted / cleared: the last seen line is gone, everything is new
-    buf.write_text("[    0.100000] boot\n")
+    buf.write_text("<6>[    0.100000] boot\n")
     lines, _ = read_since("dmesg", cur, 5)
     assert lines == ["[    0.100000] boot"]
 
@@ -266,13 +289,13 @@ def test_auto_prefers_kmsg_then_journalctl(bindir, kmsg, tmp_path):
     assert cur == "journal:s=1"
     # the cursor names journalctl, so auto keeps using it although kmsg is readable
     _, cur = read_since("auto", cur, 5, kmsg_path=str(dev), boot_id_path=str(boot))
-    assert cur == "journal:s=2"
+    assert cur == "journal:s=3"
 
 
 def test_auto_falls_back_to_dmesg_when_journalctl_fails(bindir, tmp_path, kmsg):
     _, boot = kmsg
     fake_tool(bindir, "journalctl", 'echo "No journal files were found." >&2\nexit 1\n')
-    fake_tool(bindir, "dmesg", 'echo "[    1.000000] only line"\n')
+    fake_tool(bindir, "dmesg", 'echo "<6>[    1.000000] only line"\n')
     lines, cur = read_since("auto", None, 5, kmsg_path=str(tmp_path / "absent"), boot_id_path=str(boot))
     assert lines == ["[    1.000000] only line"] and cur.startswith("dmesg:1:")
     (bindir / "dmesg").unlink()

@@ -284,7 +284,7 @@ def test_default_table_is_refused_with_advice():
 
 @pytest.mark.parametrize(
     "name",
-    ["nvsmi-query-gpu-csv-p100-na.csv", "nvsmi-query-gpu-recovery-action-reset.csv"],
+    ["nvsmi-query-gpu-csv-p100-na.csv"],  # the recovery-action CSV is read: tests/test_nvsmi_lost.py
 )
 def test_csv_is_refused_with_advice(name):
     with pytest.raises(

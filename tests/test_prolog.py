@@ -72,7 +72,7 @@ def test_store_unwritable_still_decides_from_live_checks(node, write_replay, mon
     replay = write_replay(node_snapshot(4, gpu1={"read_errors": {"temp_c": "GpuIsLost"}}))
     p = node["tmp"] / "broken-store.toml"
     p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['tmp']}/g.log"
-[gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"
+[gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n[prolog]\nstart_collector = false\n""")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
     assert hook.run(ENV) == 1
@@ -122,13 +122,26 @@ def test_dry_run_does_not_call_scontrol(node):
     assert f"dry run: would drain n1: {DRAIN_79}" in (node["tmp"] / "gpuguard.log").read_text()
 
 
-def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path):
+def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path, fake_slurm_bin):
     node["kl"].write_text(XID79)
     sc = tmp_path / "bin" / "scontrol"
+    good = sc.read_text()
     sc.write_text("#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n")
     assert hook.run(ENV) == 1
-    assert "drain failed (Slurm will drain with 'Prolog error'): scontrol update nodename=n1 state=drain: exit 1: " \
-           "slurm_update error: Invalid node name specified" in (tmp_path / "gpuguard.log").read_text()
+    log = (tmp_path / "gpuguard.log").read_text()
+    assert "ERROR tool error: drain n1 failed: scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified\n" in log
+    assert "ERROR tool error: drain not confirmed (drain failed: scontrol update nodename=n1 state=drain: exit 1: " \
+           "slurm_update error: Invalid node name specified); Slurm will drain with 'Prolog error' when this " \
+           "prolog exits 1, and the drain stays pending\n" in log
+    # the drain stays pending and the next hook run (slurmctld back) drains and confirms it
+    from gpuguard.drainq import PendingDrains
+    pend = PendingDrains(node["cfg"], None)
+    assert list(pend.entries()) == ["n1"] and pend.entries()["n1"]["reason"] == DRAIN_79
+    sc.write_text(good)
+    assert hook.run(dict(ENV, SLURM_JOB_ID="43")) == 0  # the XID itself was consumed once
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
+    assert pend.entries() == {}
 
 
 def test_budget_exceeded_proceeds(monkeypatch):
@@ -278,8 +291,8 @@ def test_odd_job_gpu_values_are_ignored_not_fatal():
 
 
 def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_config, write_replay):
-    """Issue 4's node baseline through the real prolog: five normal idle readings, then
-    GPU 1 idles 14 C hotter than its own median."""
+    """The registered idle_baseline check through the real prolog: five normal idle
+    readings, then GPU 1 idles 14 C hotter than its own median."""
     for i in range(5):
         assert hook.run(dict(ENV, SLURM_JOB_ID=str(100 + i))) == 0
     make_config('[prolog]\nstart_collector = false\n',
@@ -288,6 +301,10 @@ def test_prolog_keeps_idle_baselines_and_flags_a_gpu_idling_hotter(node, make_co
     rows = open_store(node["db"]).query(
         "select code, severity, action, gpu_index from findings where job_id = '200'")
     assert rows == [{"code": "baseline.idle_temp_up", "severity": "warning", "action": "alert", "gpu_index": 1}]
+    # every run stored its 4 readings through ctx.records; only the hot one is flagged
+    idle = open_store(node["db"]).query("select gpu_index, flagged from node_idle where job_id = '200'")
+    assert sorted((r["gpu_index"], r["flagged"]) for r in idle) == [(0, 0), (1, 1), (2, 0), (3, 0)]
+    assert open_store(node["db"]).query("select count(*) as n from node_idle")[0]["n"] == 24
 
 
 @pytest.mark.parametrize("job_id", ["\u0664\u0662", "\u00b2", "42/../1", "1" * 21])

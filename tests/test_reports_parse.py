@@ -51,7 +51,7 @@ def test_corpus_p1_timeout_and_cancelled_by_uid():
     assert (t["job_id"], t["state"], t["state_raw"], t["elapsed_s"], t["cpus"], t["nnodes"]) == (
         "46044267", "TIMEOUT", "TIMEOUT", 23 * 3600 + 5 * 60 + 24, 12, 1)
     assert t["admin_comment"].startswith("JS1:H4sIAAAAAAACA1WOwQ6DIBBE")
-    assert (t["gpus"], t["gpu_type"], t["start_at"], t["submit_at"], t["exit_code"]) == (0, None, None, None, None)
+    assert (t["gpus"], t["gpu_source"], t["start_at"], t["submit_at"], t["exit_code"]) == (2, "JS1", None, None, None)
     c = jobs[45352405]
     assert (c["state"], c["state_raw"], c["elapsed_s"], c["cpus"]) == ("CANCELLED", "CANCELLED by 100001", 27738, 1)
 
@@ -91,8 +91,10 @@ def test_corpus_json_24_11_v0041():
         "partition": "gpu", "qos": "normal", "submit_at": 1747751625.0, "eligible_at": 1747751625.0,
         "start_at": 1747751628.0, "end_at": 1747751658.0, "elapsed_s": 30, "usage_end_at": 1747751658.0,
         "state": "COMPLETED", "state_raw": "COMPLETED", "exit_code": 0, "exit_signal": 0,
-        # submit_line asked --gpus 4, but the allocated TRES holds no gres/gpu: 0 GPUs
-        "gpus": 0, "gpu_type": None, "cpus": 1, "alloc_tres": "cpu=1,mem=512,energy=-2,node=1,billing=1",
+        # submit_line asked --gpus 4, but neither TRES list holds gres/gpu (the cluster's
+        # AccountingStorageTRES does not track GPUs): unknown, not 0
+        "gpus": None, "gpu_type": None,
+        "gpu_source": "unknown: SubmitLine asks for GPUs, AllocTRES has no gres/gpu", "time_limit_s": 60, "cpus": 1, "alloc_tres": "cpu=1,mem=512,energy=-2,node=1,billing=1",
         "nnodes": 1, "node_list": "gpu1", "comment": None, "admin_comment": None, "template": None,
     }
     assert {k: j[k] for k in expect} == expect
@@ -138,6 +140,7 @@ def test_handmade_file_every_field():
         "gpu_type": "a100", "cpus": 16, "alloc_tres": "billing=16,cpu=16,gres/gpu=4,gres/gpu:a100=4,mem=64G,node=1",
         "nnodes": 1, "node_list": "g01", "comment": "gpuguard:template=llm-70b run 3", "admin_comment": None,
         "template": "llm-70b", "synced_at": None, "source": None,
+        "attempt_at": utc("2025-03-01T23:00:00"), "gpu_source": "AllocTRES", "time_limit_s": None,
     }
     assert (jobs[106]["job_id"], jobs[106]["array_job_id"], jobs[106]["array_task_id"], jobs[106]["state"]) == (
         "106_7", 106, 7, "CANCELLED")
@@ -189,7 +192,7 @@ def _full(raw: int, name: str, comment: str, account: str = "phys", start: str =
             "Account": account, "Partition": "gpu", "QOS": "normal", "Submit": "2026-11-01T10:00:00",
             "Eligible": "2026-11-01T10:00:00", "Start": start, "End": end, "ElapsedRaw": "7200",
             "State": "COMPLETED", "ExitCode": "0:0", "AllocTRES": tres, "AllocCPUS": "8", "NNodes": "1",
-            "NodeList": "n1", "Comment": comment, "AdminComment": ""}
+            "NodeList": "n1", "Comment": comment, "AdminComment": "", "ReqTRES": tres, "TimelimitRaw": "120"}
     return "|".join(vals[f] for f in SACCT_FIELDS) + "\n"
 
 
@@ -243,7 +246,7 @@ def test_long_row_with_no_valid_reading_names_the_reason():
     assert (row.line, row.error) == (2, "5 fields, header has 4; with the extra '|' in Comment: "
                                         "time 'bad' is not YYYY-MM-DDTHH:MM:SS")
     (row,) = list(iter_pipe(io.StringIO(text2), conv=UTC))
-    assert (row.line, row.error) == (2, "23 fields, header has 21; no way of placing the extra '|' in "
+    assert (row.line, row.error) == (2, "25 fields, header has 23; no way of placing the extra '|' in "
                                         "JobName/Comment gives a valid row")
 
 
@@ -429,7 +432,7 @@ def test_json_oversized_and_impossible_values_are_malformed_jobs():
     assert [(r.line, r.error) for r in rows if r.error] == [
         (2, "jobs[1]: job_id_raw 1000000000000000000000000000000 is out of range (at most 9223372036854775807)"),
         (3, "jobs[2]: AllocTRES gres/gpu=-4: GPU count is negative"),
-        (4, "jobs[3]: Start 9999-12-31T23:59:59Z is after End 2025-11-01T14:26:40Z"),
+        (4, "jobs[3]: Start 9999-12-31T23:59:59+00:00 is after End 2025-11-01T14:26:40+00:00"),
         (5, "jobs[4]: time 10000000000000000000000000000000... is out of range"),
         (6, "jobs[5]: nnodes 1000000000000000000000000000000 is out of range (at most 1000000)"),
         (7, "jobs[6]: elapsed_s -5 is negative"),

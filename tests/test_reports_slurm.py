@@ -143,9 +143,10 @@ def hour_floor(ts: float) -> float:
     return math.floor(ts / 3600) * 3600
 
 
-def sreport_util(tb, start: float, end: float) -> dict[str, int]:
+def sreport_util(tb, start: float, end: float, users: bool = False) -> dict:
     """Roll the hourly usage for ``[start, end)`` now, then ``sreport cluster
-    AccountUtilizationByUser`` gres/gpu seconds per account (account rows, no user)."""
+    AccountUtilizationByUser`` gres/gpu seconds per account (account rows, no user), or
+    with ``users`` per ``(account, user)`` (the user rows)."""
     fmt = "%Y-%m-%dT%H:%M:%S"
     s, e = datetime.fromtimestamp(start, UTC).strftime(fmt), datetime.fromtimestamp(end, UTC).strftime(fmt)
     tb.run(["sacctmgr", "-i", "roll", s, e], timeout=60)
@@ -154,8 +155,8 @@ def sreport_util(tb, start: float, end: float) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in cp.stdout.splitlines():
         f = line.split("|")
-        if len(f) == 6 and f[2] == "" and f[4] == "gres/gpu":
-            out[f[1]] = int(f[5])
+        if len(f) == 6 and f[4] == "gres/gpu" and bool(f[2]) == users:
+            out[(f[1], f[2]) if users else f[1]] = int(f[5])
     return out
 
 
@@ -191,6 +192,7 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
     # the usage of the two hours around the test, before it (rolled up on demand)
     util_w = (hour_floor(since), hour_floor(since) + 7200)
     util_before = sreport_util(tb, *util_w)
+    util_before_users = sreport_util(tb, *util_w, users=True)
 
     c2 = tb.submit(wrap="sleep 300", user="gg_carol", account="acct_c", gres="gpu:1", nodelist="n1",
                    time_limit="1", comment="gpuguard:template=tmo")
@@ -361,6 +363,25 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
     delta = {a: util_after.get(a, 0) - util_before.get(a, 0) for a in accts}
     assert delta == gpu_s, (util_before, util_after, gpu_s)
     assert {a: round(rows[a]["gpu_hours"] * 3600) for a in accts} == delta
+
+    # --- grouped by account and user per month: equal to sreport's user rows ------------------
+    users_after = sreport_util(tb, *util_w, users=True)
+    pairs = {(rec[j]["Account"], rec[j]["User"]) for j in ids}
+    udelta = {k: users_after.get(k, 0) - util_before_users.get(k, 0) for k in pairs}
+    cp = gg_cli(tb, "report", "cost", "--since", iso(since), "--until", iso(until), "--by", "account,user",
+                "--per", "month", "--format", "json", "--timezone", "UTC")
+    assert cp.returncode == 0, cp.stderr
+    (monthly,) = json.loads(cp.stdout)["reports"]
+    assert [c["key"] for c in monthly["tables"][0]["columns"][:3]] == ["period", "group", "group2"]
+    months = {datetime.fromtimestamp(since, UTC).strftime("%Y-%m"), datetime.fromtimestamp(until, UTC).strftime("%Y-%m")}
+    ours: dict = {}
+    for r in monthly["tables"][0]["rows"]:
+        assert r["period"] in months
+        ours[(r["group"], r["group2"])] = ours.get((r["group"], r["group2"]), 0) + r["gpu_hours"] * 3600
+    assert {k: round(v) for k, v in ours.items()} == udelta, (ours, udelta, util_before_users, users_after)
+    assert udelta == {("acct_a", "gg_alice"): gpu_s["acct_a"],
+                      ("acct_b", "gg_alice"): rec[b1]["elapsed"] * 3, ("acct_b", "gg_bob"): rec[h]["elapsed"] * 2,
+                      ("acct_c", "gg_carol"): gpu_s["acct_c"]}
     for j in ids:
         r = rec[j]
         print(f"job {j} {r['Account']} {r['User']} {r['State']} exit {r['ExitCode']} gpus {r['gpus']} cpus {r['cpus']} "

@@ -34,7 +34,7 @@ def test_migration_creates_the_cache(cstore):
     cols = [r["name"] for r in cstore.query("SELECT name FROM pragma_table_info('sacct_jobs')")]
     assert cols[:3] == ["cluster", "job_id_raw", "job_id"]
     pk = [r["name"] for r in cstore.query("SELECT name FROM pragma_table_info('sacct_jobs') WHERE pk > 0 ORDER BY pk")]
-    assert pk == ["cluster", "job_id_raw"]
+    assert pk == ["cluster", "job_id_raw", "attempt_at"]
 
 
 def test_import_handmade_twice_is_idempotent(cstore):
@@ -72,7 +72,7 @@ def test_resync_updates_pending_and_running_but_never_reverts_a_final_state(csto
 
 
 def test_json_import_keeps_the_exit_code_from_p(cstore):
-    text = HEAD + "301|301|physics|FAILED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-03T11:07:40|2025-03-03T12:07:40|3600|3:0|cpu=4,gres/gpu=2|\n"
+    text = HEAD + "301|301|physics|FAILED|2025-03-03T11:06:40|2025-03-03T11:06:40|2025-03-03T11:07:40|2025-03-03T12:07:40|3600|3:0|cpu=4,gres/gpu=2|\n"
     import_text(cstore, text, tz=UTC, cluster="tb")
     import_file(cstore, str(DATA / "sacct-json-22.05-dbv0.0.38-constructed.json"))
     assert rows(cstore, "SELECT job_id_raw, exit_code, exit_signal, template, cluster FROM sacct_jobs "
@@ -124,7 +124,8 @@ def _live_line(raw: int, state: str, start: str, end: str, elapsed: int) -> str:
             "Partition": "gpu", "QOS": "normal", "Submit": "2025-03-01T00:00:00", "Eligible": "2025-03-01T00:00:00",
             "Start": start, "End": end, "ElapsedRaw": str(elapsed), "State": state, "ExitCode": "0:0",
             "AllocTRES": "cpu=2,gres/gpu=1", "AllocCPUS": "2", "NNodes": "1", "NodeList": "n1",
-            "Comment": "gpuguard:template=x | note", "AdminComment": ""}
+            "Comment": "gpuguard:template=x | note", "AdminComment": "", "ReqTRES": "cpu=2,gres/gpu=1",
+            "TimelimitRaw": "120"}
     return "\x1f".join(vals[f] for f in SACCT_FIELDS) + "\n"
 
 
@@ -138,7 +139,7 @@ def test_live_sync_is_incremental_and_reads_the_unit_separator(cstore, tmp_path,
     assert (res.jobs, res.malformed, res.since, res.until) == (1, [], t0 - 2 * 86400, t0)
     assert last_sync(cstore) == t0 and cstore.get_cursor(CURSOR) == repr(t0)
     argv = [json.loads(x) for x in log.read_text().splitlines()]
-    assert argv[0] == ["-X", "-a", "-P", "-n", "--delimiter=\x1f", "--format=" + ",".join(SACCT_FIELDS),
+    assert argv[0] == ["-X", "-a", "-D", "-P", "-n", "--delimiter=\x1f", "--format=" + ",".join(SACCT_FIELDS),
                        "-S", "2025-02-27T01:01:00", "-E", "2025-03-01T01:01:00"]
     # second sync: from the last one minus the overlap; the job finished meanwhile
     (tmp_path / "sacct.out").write_text(_live_line(7, "COMPLETED", "2025-03-01T01:00:00", "2025-03-01T02:00:00", 3600))
@@ -195,7 +196,7 @@ def _full_row(raw: int, *, name: str = "n", comment: str = "", tres: str = "cpu=
               exit_code: str = "0:0", start: str = "2026-11-01T10:05:00") -> str:
     return "|".join([str(raw), str(raw), "c1", name, "u", "a", "gpu", "normal", "2026-11-01T10:00:00",
                      "2026-11-01T10:00:00", start, "2026-11-01T12:05:00", "7200", "COMPLETED", exit_code, tres,
-                     cpus, "1", "n1", comment, ""]) + "\n"
+                     cpus, "1", "n1", comment, "", tres, "60"]) + "\n"
 
 
 def test_cli_sync_oversized_and_impossible_rows_are_skipped_the_rest_stored(tmp_path):

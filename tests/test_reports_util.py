@@ -28,21 +28,21 @@ def st(tmp_path):
     s.close()
 
 
-def test_migration_5_fills_the_table_from_summaries_already_stored(tmp_path, monkeypatch):
+def test_migration_5_fills_the_table_from_summaries_already_stored(tmp_path):
     path = str(tmp_path / "old.db")
-    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:4])
-    old = store_mod.open_store(path)
-    assert old.query("PRAGMA user_version")[0]["user_version"] == 4
+    from gpuguard.reports.schema import MIGRATIONS as REPORTS
+
+    old = store_mod.open_store(path, sets=[s for s in store_mod.registered_sets() if s is not REPORTS])
+    assert "job_gpu_util" not in old.db.table_names()
     add_summary(old, "7", "n1", [10.0, None, 90.0])
     add_summary(old, "7", "n2", [4.0])
     old.db.conn.execute("INSERT INTO job_summaries (job_id, node, summary) VALUES ('8', 'n1', '{not json')")
     old.db.conn.execute("INSERT INTO job_summaries (job_id, node, summary) VALUES ('9', 'n1', ?)",
                         [json.dumps({"gpu_util_mean_pct": 33.5, "gpus": []})])
     old.close()
-    monkeypatch.undo()
     new = store_mod.open_store(path)
     try:
-        assert new.query("PRAGMA user_version")[0]["user_version"] == len(store_mod.MIGRATIONS) >= 5
+        assert [m.name for m in REPORTS.applied(new.db)] == ["sacct_jobs", "job_gpu_util", "sacct_attempts"]
         assert readings(new) == [("7", "n1", 7, 10.0), ("7", "n1", 7, 90.0), ("7", "n2", 7, 4.0),
                                  ("9", "n1", 9, 33.5)]
     finally:

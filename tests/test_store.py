@@ -3,7 +3,7 @@ import sqlite3
 
 import pytest
 
-from gpuguard.store import MIGRATIONS, StoreError, open_store
+from gpuguard.store import NAMED_SETS_VERSION, StoreError, open_store
 
 
 def test_created_with_mode_wal_and_version(tmp_path):
@@ -11,7 +11,7 @@ def test_created_with_mode_wal_and_version(tmp_path):
     s = open_store(str(p))
     assert oct(os.stat(p).st_mode & 0o777) == "0o640"
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == NAMED_SETS_VERSION
     assert {"inventory", "inventory_changes", "health_runs", "findings", "events", "cursors",
             "gpu_counters", "samples", "host_samples"} <= set(s.db.table_names())
     s.close()
@@ -69,7 +69,7 @@ def test_concurrent_first_open_migrates_once(tmp_path):
     with ctx.Pool(6) as pool:
         results = pool.map(_open_and_report, [p] * 12)
     assert results == ["ok"] * 12
-    assert open_store(p).db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert open_store(p).db.conn.execute("PRAGMA user_version").fetchone()[0] == NAMED_SETS_VERSION
 
 
 def _open_and_report(path):

@@ -75,13 +75,24 @@ def test_nvlink5_fatal_word(message, action):
     ("GPU recovery action changed from 0x0 to 0x3", "alert"),
     ("GPU recovery action changed from 0x0 to 0x2", "drain"),
     ("garbled", "alert"),
+    # the number decides, whatever name a driver prints (newer drivers: "OS Reboot")
+    ("GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)", "drain"),
+    ("GPU recovery action changed from 0x0 (None) to 0x3 (Something New)", "alert"),
+    ("GPU recovery action changed from 0x1 (GPU Reset) to 0x0 (Whatever)", "record"),
+    ("GPU recovery action changed from 0x0 (None) to 0x4 (DRAIN_AND_RESET)", "drain"),
+    ("GPU recovery action changed from 0x0 (None) to (Node Reboot Required)", "drain"),
+    ("GPU recovery action changed from 0x0 (None) to 0x7 (Future)", "alert"),
 ])
 def test_xid154_acts_on_new_recovery_action(message, action):
     assert classify(ev(154, message)).action == action
 
 
 def test_recovery_action_and_fatal_flag_helpers():
-    assert recovery_action("changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset Required)") == "gpu reset required"
+    assert recovery_action("changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset Required)") == 1
+    assert recovery_action("changed from 0x0 (None) to 0x2 (OS Reboot)") == 2
+    c = classify(ev(154, "GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)"))
+    assert (c.action, c.severity) == ("drain", "critical")
+    assert c.meaning.endswith("(new action: 0x2 Node Reboot)")
     assert recovery_action("nothing here") is None
     assert (fatal_flag("Fatal, Link 48"), fatal_flag("Non-fatal, Link 2"), fatal_flag("Severity 1")) == (
         True, False, None)
@@ -119,3 +130,14 @@ def test_corpus_actions_end_to_end():
     assert actions("xid-62-154-gsp-crashcat-blackwell.txt") == ["drain", "drain"]
     assert actions("xid-13-109-dmesg-ctime-peermem.txt") == ["record"] * 3 + ["alert"]
     assert actions("xid-79-sxid-20034-nvswitch.txt") == ["drain"] * 6
+
+
+@pytest.mark.parametrize("code,name,action", [
+    (137, "NVLink FLA privilege error", "alert"),
+    (171, "uncorrectable memory error detail", "drain"),
+    (172, "uncorrectable memory error detail", "drain"),
+])
+def test_catalog_rows_137_171_172_have_sources(code, name, action):
+    c = classify(ev(code, "x"))
+    assert (c.name, c.action) == (name, action)
+    assert "NV catalog" in c.source

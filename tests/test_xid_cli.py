@@ -24,10 +24,10 @@ def test_scan_table():
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["TIME", "PCI", "KIND", "XID", "NAME", "PID", "PROCESS", "ACTION", "MESSAGE"]
-    assert len(lines) == 7
-    assert lines[1].split()[:4] == ["+6781741.548779s", "0000:91:00", "xid", "79"]
-    assert lines[1].rstrip().endswith("drain   GPU has fallen off the bus.")
-    assert lines[2].split()[:4] == ["+6781753.400584s", "0000:06:00.0", "sxid", "20034"]
+    assert len(lines) == 8
+    assert lines[2].split()[:4] == ["+6781741.548779s", "0000:91:00", "xid", "79"]
+    assert lines[2].rstrip().endswith("drain   GPU has fallen off the bus.")
+    assert lines[3].split()[:4] == ["+6781753.400584s", "0000:06:00.0", "sxid", "20034"]
     assert result.stderr.strip() == "unparsed NVRM lines: 0"
 
 
@@ -51,9 +51,39 @@ def test_scan_counts_unparsed_on_stderr_and_truncates_message():
             "NVRM: Xid (PCI:0000:01:00): 31, pid=9, name=p, " + "x" * 100 + "\n")
     result = runner().invoke(xid, ["scan"], input=text)
     assert result.exit_code == 0
-    row = result.stdout.splitlines()[1]
+    row = result.stdout.splitlines()[2]
     assert row.endswith("x" * 57 + "...")
-    assert result.stderr.splitlines() == ["unparsed NVRM lines: 1", "  NVRM: Xid (PCI:0000:01:00): abc"]
+    assert result.stderr.splitlines() == [
+        "unparsed NVRM lines: 1",
+        "  1 x no '(PCI:...): <code>' after the Xid marker",
+        "  line 1: NVRM: Xid (PCI:0000:01:00): abc",
+    ]
+
+
+def test_scan_kernel_prefix_only_file_gives_seven_xid45():
+    # lines pasted from a GB200 node's log whose only prefix is "kernel: "
+    result = runner().invoke(xid, ["scan", "--json", str(DATA / "xid-kernel-prefix-gb200-xid45.txt")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["pci_bus_id"], r["xid"], r["pid"], r["action"]) for r in rows] == [
+        ("0000:dc:00", 45, 1818990, "record"), ("0000:ed:00", 45, 1818992, "record"),
+        ("0000:ba:00", 45, 1818989, "record"), ("0000:97:00", 45, 1818987, "record"),
+        ("0000:dc:00", 45, 1818990, "record"), ("0000:ba:00", 45, 1818989, "record"),
+        ("0000:ed:00", 45, 1818992, "record"),
+    ]
+    assert result.stderr.splitlines() == ["unparsed NVRM lines: 0"]
+
+
+def test_scan_shows_spoofed_lines_with_their_reason():
+    text = ("Nov 30 03:40:01 node01 alice: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, y\n"
+            "Nov 30 03:40:02 node01 kernel: NVRM: Xid (PCI:0000:53:00): 48, pid=1, name=x, DBE\n")
+    result = runner().invoke(xid, ["scan", "--json"], input=text)
+    assert [r["xid"] for r in json.loads(result.stdout)] == [48]
+    assert result.stderr.splitlines() == [
+        "unparsed NVRM lines: 1",
+        "  1 x not a kernel-log prefix: 'node01 alice:'",
+        "  line 1: Nov 30 03:40:01 node01 alice: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, y",
+    ]
 
 
 def test_scan_missing_file_exit_2(tmp_path):

@@ -27,6 +27,12 @@ def tuples(result):
 G38 = ("0000:38:00", "xid", 13, None, None)
 
 EXPECTED = {
+    "xid-kernel-prefix-gb200-xid45.txt": [
+        ("0000:dc:00", "xid", 45, 1818990, "python3"), ("0000:ed:00", "xid", 45, 1818992, "python3"),
+        ("0000:ba:00", "xid", 45, 1818989, "python3"), ("0000:97:00", "xid", 45, 1818987, "python3"),
+        ("0000:dc:00", "xid", 45, 1818990, "python3"), ("0000:ba:00", "xid", 45, 1818989, "python3"),
+        ("0000:ed:00", "xid", 45, 1818992, "python3"),
+    ],
     "xid-119-gsp-timeout-ctime.txt": [
         ("0000:9b:00", "xid", 119, 2024380, "nvidia-smi"),
         ("0000:9b:00", "xid", 119, 2024380, "nvidia-smi"),
@@ -304,7 +310,32 @@ def test_injected_markers_are_ignored_and_real_lines_still_parse():
     res = parse_lines([*INJECTED, real])
     assert [(e.kind, e.pci_bus_id, e.xid) for e in res.events] == [("xid", "0000:53:00", 79)]
     assert res.events[0].line_no == 6
-    assert res.unparsed == 0
+    # not silently dropped: each marker line is counted with the text that is not a prefix
+    assert res.unparsed == 4
+    assert res.rejected == {
+        "not a kernel-log prefix: \"process 'python3' launched '/tmp/evil/\"": 1,
+        "not a kernel-log prefix: 'audit: type=1400 apparmor=\"DENIED\" na...'": 1,
+        "not a kernel-log prefix: 'node01 alice:'": 1,
+        "not a kernel-log prefix: 'hello'": 1,
+    }
+    assert [n for n, _why, _text in res.rejected_samples] == [1, 2, 3, 5]
+
+
+def test_structured_source_needs_the_marker_at_message_start():
+    # kmsg / journal JSON / dmesg -r give the kernel's text exactly: nothing may precede NVRM:
+    lines = [f"[ 5012.114000] {x.split('] ', 1)[-1]}" for x in INJECTED]
+    lines += [
+        "[  100.000000] kernel: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, y",  # a 'kernel:' inside the text
+        "[  100.500000]  NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, y",  # indented message
+        "[  101.000000] NVRM: Xid (PCI:0000:53:00): 48, pid=1, name=x, DBE",
+        "[  102.000000] nvidia-nvswitch2: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+        "2025-03-01T10:00:05+00:00 [  103.000000] NVRM: Xid (PCI:0000:53:00): 95, pid=1, name=x, z",
+    ]
+    res = parse_lines(lines, structured=True)
+    assert [(e.kind, e.xid, e.monotonic_s) for e in res.events] == [
+        ("xid", 48, 101.0), ("sxid", 20034, 102.0), ("xid", 95, 103.0)]
+    assert res.events[2].timestamp == 1740823205.0
+    assert res.rejected == {"marker not at the start of the kernel message": 6}
 
 
 def test_kernel_prefixes_accepted():

@@ -2,9 +2,9 @@
 
 Each check is a small function ``fn(ctx: CheckContext) -> list[Finding]`` registered by
 name with :func:`check`, one module per family (``count``, ``ecc``, ``pcie``, ``nvlink``,
-``thermal``, ``inventory``, ``xid``), switchable with ``[checks] disabled``. A check never
-drains, never writes the store and never raises for a field that is ``None``
-(unsupported). :func:`run_checks` runs them all and turns a crashing check into a tool
+``thermal``, ``inventory``, ``xid``, ``idle``), switchable with ``[checks] disabled``. A
+check never drains, never writes the store (rows it wants kept go into ``ctx.records``,
+stored with the run) and never raises for a field that is ``None`` (unsupported). :func:`run_checks` runs them all and turns a crashing check into a tool
 error, never into a finding.
 """
 
@@ -20,7 +20,7 @@ from gpuguard.model import Finding, NodeSnapshot
 CheckFn = Callable[["CheckContext"], list[Finding]]
 
 REGISTRY: dict[str, CheckFn] = {}
-_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid")
+_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "idle")
 
 
 def check(name: str) -> Callable[[CheckFn], CheckFn]:
@@ -55,6 +55,11 @@ class CheckContext:
     * ``settings``: the ``[checks]`` config section.
     * ``gpu_nodes_expected``: True when this node is known to have GPUs (config count,
       job gres, or ``/dev/nvidia[0-9]*`` present) so an unusable driver is a fault.
+    * ``hook``: ``prolog`` | ``epilog`` | ``check``; ``node``, ``job_id``: the run's.
+    * ``store``: the node store for history reads (None when unavailable); ``config``:
+      the whole :class:`gpuguard.config.Config` (None in unit tests).
+    * ``records``: ``table -> rows`` a check wants stored with the run (written only
+      when the run is recorded).
     """
 
     snapshot: NodeSnapshot
@@ -65,6 +70,12 @@ class CheckContext:
     xid_events: list[Any] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     gpu_nodes_expected: bool = False
+    hook: str = "check"
+    node: str | None = None
+    job_id: str | None = None
+    store: Any = None
+    config: Any = None
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def setting(self, key: str) -> Any:
         from gpuguard.config import SCHEMA

@@ -3,7 +3,32 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The GPU core family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("gpu", {
+    "gpu.driver_unusable": ("critical", "drain",
+        "DCGM/NHC: a node whose GPU driver does not answer fails its health check"),
+    "gpu.none": ("info", "record",
+        "a node without GPUs is not a fault"),
+    "gpu.count_mismatch": ("critical", "drain",
+        "NHC check_nv_gpu_count / DCGM: fewer GPUs than configured = failed node"),
+    "gpu.count_unexpected": ("warning", "alert",
+        "more GPUs than configured: config out of date, not a broken node"),
+    "gpu.lost": ("critical", "drain",
+        "NVML_ERROR_GPU_IS_LOST: GPU off the bus or inaccessible; XID 79 action is reboot"),
+    "gpu.recovery_action.gpu_reset": ("critical", "drain",
+        "NVML GPU recovery action 1 (GPU reset); DCGM health watch fails on it, as on XID 154 -> reset"),
+    "gpu.recovery_action.node_reboot": ("critical", "drain",
+        "NVML GPU recovery action 2 (node reboot); DCGM health watch fails on it"),
+    "gpu.recovery_action.drain_and_reset": ("critical", "drain",
+        "NVML GPU recovery action 4 (drain and reset); DCGM health watch fails on it"),
+    "gpu.recovery_action.drain_p2p": ("warning", "alert",
+        "NVML GPU recovery action 3 (drain P2P); DCGM health watch warns on it"),
+    "gpu.read_error": ("warning", "alert",
+        "a single failed read is not proof of a broken GPU"),
+})
 
 
 @check("driver")
@@ -66,4 +91,30 @@ def gpu_lost(ctx: CheckContext) -> list[Finding]:
             out.append(Finding("gpu.read_error", "warning",
                                f"{gpu_label(g)} read errors: " + ", ".join(f"{k}={v}" for k, v in sorted(g.read_errors.items())),
                                g.index, g.uuid, {"read_errors": g.read_errors}))
+    return out
+
+
+#: nvmlDeviceGpuRecoveryAction_t value -> finding code suffix (0 = none: no finding)
+RECOVERY_CODES = {1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
+
+@check("gpu_recovery_action")
+def gpu_recovery_action(ctx: CheckContext) -> list[Finding]:
+    """``gpu.recovery_action.<action>`` for a GPU whose driver asks for a recovery action
+    (NVML ``nvmlDeviceGpuRecoveryAction_t``, nvidia-smi ``GPU Recovery Action``; R550+):
+    ``gpu_reset``, ``node_reboot``, ``drain_and_reset`` critical (drain), ``drain_p2p``
+    warning (alert); the same mapping as XID 154 (DCGM health watch: fail on reset /
+    reboot / drain-and-reset, warn on drain P2P). ``None`` (0) or unreported: nothing."""
+    from gpuguard.xid.catalog import RECOVERY_ACTIONS
+
+    out = []
+    for g in ctx.snapshot.gpus:
+        code = RECOVERY_CODES.get(g.recovery_action or 0)
+        if code is None:
+            continue
+        name, _action = RECOVERY_ACTIONS[g.recovery_action]
+        out.append(Finding(f"gpu.recovery_action.{code}", CODES[f"gpu.recovery_action.{code}"].severity,
+                           f"{gpu_label(g)} driver requests recovery action 0x{g.recovery_action:x} {name}",
+                           g.index, g.uuid, {"recovery_action": g.recovery_action, "name": name,
+                                             "pci_bus_id": g.pci_bus_id}))
     return out

@@ -9,7 +9,24 @@ reload), DCGM health watch ``DCGM_HEALTH_WATCH_MEM`` (volatile DBE = failure).
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The memory/ECC family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("ecc", {
+    "ecc.uncorrectable_volatile": ("critical", "drain",
+        "DCGM health watch MEM: volatile DBE = fail; XID 48 action reset GPU"),
+    "ecc.uncorrectable_aggregate": ("warning", "alert",
+        "lifetime count grew: already drained via the volatile count if current"),
+    "ecc.disabled": ("warning", "alert",
+        "ECC off on a data-center GPU is a configuration drift"),
+    "ecc.retired_pages_pending": ("critical", "drain",
+        "NVIDIA Dynamic Page Retirement: pending pages retire at the next reset"),
+    "ecc.row_remap_pending": ("critical", "drain",
+        "NVIDIA GPU Memory Error Management: a pending remap needs a GPU reset"),
+    "ecc.row_remap_failure": ("critical", "drain",
+        "NVIDIA GPU Memory Error Management: remap failure = replace the GPU (XID 64)"),
+})
 
 
 @check("ecc")

@@ -4,7 +4,16 @@ last run. Informational: the change log is context for later verdicts."""
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The inventory family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("inventory", {
+    "inventory.changed": ("info", "record",
+        "change log context for verdicts"),
+    "inventory.new_gpu": ("info", "record",
+        "change log context for verdicts"),
+})
 
 TRACKED = ("driver_version", "cuda_version", "vbios_version", "inforom_version", "serial", "pci_bus_id", "name")
 

@@ -9,7 +9,16 @@ is why the previous run's state is compared too).
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The NVLink family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("nvlink", {
+    "nvlink.link_down": ("critical", "drain",
+        "DCGM health watch NVLINK: a down link fails the GPU"),
+    "nvlink.errors_rising": ("warning", "alert",
+        "DCGM health watch NVLINK warns on CRC/replay/recovery error growth"),
+})
 
 _COUNTERS = (("replay", "replay_errors"), ("recovery", "recovery_errors"),
              ("crc_flit", "crc_flit_errors"), ("crc_data", "crc_data_errors"))

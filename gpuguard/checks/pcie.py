@@ -9,7 +9,18 @@ not come from power management and is always reported.
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import Finding, declare_codes
+
+
+#: The PCIe family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("pcie", {
+    "pcie.width_degraded": ("warning", "alert",
+        "link width does not drop for power saving: degraded slot/riser"),
+    "pcie.gen_degraded": ("warning", "alert",
+        "idle GPUs downshift the PCIe generation; opt-in check"),
+    "pcie.replay_growth": ("warning", "alert",
+        "replays are retransmissions: a marginal link, watch the trend"),
+})
 
 #: Replays since the last run that make a warning. Site-tunable via the policy; chosen
 #: well above the steady trickle seen on healthy H100s in the corpus (58-120 since boot).

@@ -10,9 +10,22 @@ signal). SW power cap at idle is normal and ignored.
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, check, gpu_label
-from gpuguard.model import Finding
+from gpuguard.model import HW_SLOWDOWN_REASONS, Finding, declare_codes
 
-_HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+#: The thermal/power/clocks family's finding codes: code -> (severity, default action, source).
+CODES = declare_codes("thermal", {
+    "thermal.near_slowdown": ("warning", "alert",
+        "idle GPU close to its own slowdown threshold: cooling problem"),
+    "throttle.hw_slowdown_idle": ("critical", "drain",
+        "HW slowdown/power brake at idle: board, cooling or power fault (GPUd)"),
+    "throttle.sw_thermal_idle": ("warning", "alert",
+        "SW thermal slowdown at idle: cooling problem"),
+    "config.persistence_off": ("warning", "alert",
+        "NVIDIA driver persistence docs: enable on compute nodes"),
+})
+
+_HW_REASONS = HW_SLOWDOWN_REASONS
 
 
 def _idle(ctx: CheckContext, g) -> bool:

@@ -16,11 +16,12 @@ def xid(ctx: CheckContext) -> list[Finding]:
     from gpuguard.xid.catalog import classify
 
     by_pci = ctx.snapshot.by_pci()
-    grouped: dict[tuple[str, str, int], list] = {}
+    grouped: dict[tuple[str, str, int, str | None], list] = {}
     for ev in ctx.xid_events:
-        grouped.setdefault((ev.kind, ev.pci_bus_id or "", ev.xid), []).append(ev)
+        untrusted = getattr(ev, "untrusted_source", None)
+        grouped.setdefault((ev.kind, ev.pci_bus_id or "", ev.xid, untrusted), []).append(ev)
     out = []
-    for (kind, pci, code), evs in grouped.items():
+    for (kind, pci, code, untrusted), evs in grouped.items():
         c = classify(evs[0])
         try:
             g = by_pci.get(pci_key(pci)) if pci and kind != "sxid" else None
@@ -38,9 +39,12 @@ def xid(ctx: CheckContext) -> list[Finding]:
         first = evs[0]
         out.append(Finding(
             f"{prefix}.{code}", c.severity,
-            f"{'SXid' if kind == 'sxid' else 'XID'} {code} {c.name} on {where}" + (f" x{len(evs)}" if len(evs) > 1 else ""),
+            f"{'SXid' if kind == 'sxid' else 'XID'} {code} {c.name} on {where}" + (f" x{len(evs)}" if len(evs) > 1 else "")
+            + (f" (read from {untrusted}, which can hold user messages: alert only)" if untrusted else ""),
             g.index if g else None, g.uuid if g else None,
-            {"xid": code, "kind": kind, "pci_bus_id": pci, "count": len(evs), "catalog_action": c.action,
+            {"xid": code, "kind": kind, "pci_bus_id": pci, "count": len(evs),
+             "catalog_action": ("alert" if untrusted and c.action == "drain" else c.action),
+             "untrusted_source": untrusted,
              "meaning": c.meaning, "source": c.source,
              "pids": sorted({e.pid for e in evs if e.pid is not None}),
              "processes": sorted({e.process for e in evs if e.process}),

@@ -135,6 +135,17 @@ def _text(v: str | bytes) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+def _recovery_field(values: Any) -> int | None:
+    """``nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])`` -> the
+    ``nvmlDeviceGpuRecoveryAction_t`` value (0..4), or None when NVML could not read it."""
+    from gpuguard.xid.catalog import recovery_action_code
+
+    v = values[0]
+    if getattr(v, "nvmlReturn", 0) != 0:
+        return None
+    return recovery_action_code(int(v.value.uiVal))
+
+
 def error_name(exc: BaseException) -> str:
     """Short name of an exception as recorded in ``read_errors``: ``NVMLError_GpuIsLost``
     -> ``"GpuIsLost"``; a bare ``NVMLError`` with an unmapped code -> ``"NVMLError(<code>)"``;
@@ -669,6 +680,11 @@ class NvmlSource:
             "nvmlDeviceGetMigMode",
             h,
         )
+        # GPU recovery action (R550+ field; an older driver answers NotSupported inside
+        # the field value, which leaves the field None, not an error)
+        fi = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if fi is not None:
+            r(rd, {"recovery_action": _recovery_field}, "nvmlDeviceGetFieldValues", h, [fi])
 
     def _read_nvlinks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
         """Links 0.. up to ``NVML_NVLINK_MAX_LINKS``; the first link index answering

@@ -27,10 +27,25 @@ def parse_nvidia_smi(
     """Parse dump text: XML when it starts with ``<?xml`` / ``<nvidia_smi_log``,
     else ``-q`` text. ``taken_at`` is used only when the dump has no timestamp
     (default: now). Raises :class:`NvsmiParseError`."""
-    if is_xml(text):
-        return parse_nvsmi_xml(text, taken_at=taken_at, where=where)
-    reject_other_formats(text, where)
-    return parse_nvsmi_text(text, taken_at=taken_at, where=where)
+    import time
+
+    from gpuguard.gpu import nvsmi_lost
+
+    if nvsmi_lost.looks_like_recovery_csv(text):
+        return nvsmi_lost.parse_recovery_csv(text, where, taken_at if taken_at is not None else time.time())
+    # nvidia-smi's own per-GPU error line stands in for a dead GPU's section, or is the
+    # whole output of `nvidia-smi -q -i N`: a lost GPU, not bad input
+    rest, lost = nvsmi_lost.split_lost_lines(text)
+    if lost and not rest.strip(" \t\r\n=NVSMILOG"):
+        return nvsmi_lost.lost_only_snapshot(lost, "nvidia-smi-q", taken_at if taken_at is not None else time.time())
+    if is_xml(rest):
+        snap = parse_nvsmi_xml(rest, taken_at=taken_at, where=where)
+    else:
+        reject_other_formats(rest, where)
+        snap = parse_nvsmi_text(rest, taken_at=taken_at, where=where)
+    if lost:
+        nvsmi_lost.place_lost_gpus(snap, text, lost)
+    return snap
 
 
 def load_nvidia_smi(

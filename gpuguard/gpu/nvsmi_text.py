@@ -271,12 +271,14 @@ def _gpu_state(
     gpu.retired_pages_dbe = rd.int(
         "retired_pages_dbe", g.get("Retired Pages", "Double Bit ECC")
     )
-    gpu.retired_pages_pending = rd.bool(
-        "retired_pages_pending",
-        g.first(
-            ("Retired Pages", "Pending Page Blacklist"), ("Retired Pages", "Pending")
-        ),
-    )
+    # Drivers print "Pending Page Blacklist" and/or "Pending Page Retirement" (or a bare
+    # "Pending"): a Yes in any of them means pages wait for retirement.
+    pend = [rd.bool("retired_pages_pending", g.get("Retired Pages", k))
+            for k in ("Pending Page Blacklist", "Pending Page Retirement", "Pending")]
+    gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
+    from gpuguard.xid.catalog import recovery_action_code
+
+    gpu.recovery_action = recovery_action_code(g.get("GPU Recovery Action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", g.get("Remapped Rows", "Correctable Error")
     )

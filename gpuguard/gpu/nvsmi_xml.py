@@ -174,12 +174,13 @@ def _gpu_state(
         "retired_pages_dbe",
         el.findtext("retired_pages/double_bit_retirement/retired_count"),
     )
-    gpu.retired_pages_pending = rd.bool(
-        "retired_pages_pending",
-        _first(
-            el, "retired_pages/pending_blacklist", "retired_pages/pending_retirement"
-        ),
-    )
+    # both may be present; a Yes in either means pages wait for retirement
+    pend = [rd.bool("retired_pages_pending", el.findtext(p))
+            for p in ("retired_pages/pending_blacklist", "retired_pages/pending_retirement")]
+    gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
+    from gpuguard.xid.catalog import recovery_action_code
+
+    gpu.recovery_action = recovery_action_code(el.findtext("gpu_recovery_action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", el.findtext("remapped_rows/remapped_row_corr")
     )

@@ -22,12 +22,13 @@ Rules that read the message, not just the code (all in :func:`classify`):
 * XID 144-150 (NVLink5, GB200 era): the driver prints ``Fatal`` or ``Nonfatal`` in
   the message. Fatal -> drain, Nonfatal -> alert, neither word -> alert (source: XID.md
   "drain on fatal rows only").
-* XID 154 (GPU recovery action changed): act on the *new* action named after ``to``:
-  ``GPU Reset Required`` / ``Node Reboot Required`` / ``Drain and Reset`` -> drain,
-  ``Drain P2P`` -> alert, ``None`` -> record (source: DC, which fails on reset /
-  reboot / drain-and-reset and warns on drain-P2P). The numeric value is used when the
-  name is missing (NVML ``nvmlDeviceGpuRecoveryAction_t``: 0 none, 1 GPU reset,
-  2 node reboot, 3 drain P2P, 4 drain and reset). Unreadable -> alert.
+* XID 154 (GPU recovery action changed): act on the *new* action after ``to``,
+  classified by its numeric code (NVML ``nvmlDeviceGpuRecoveryAction_t``: 0x0 None,
+  0x1 GPU Reset, 0x2 Node Reboot, 0x3 Drain P2P, 0x4 Drain and Reset) whatever name
+  the driver prints (a newer driver says ``0x2 (OS Reboot)``); the name is read only
+  when no number is printed. Reset / reboot / drain-and-reset -> drain, drain P2P ->
+  alert, none -> record (source: DC, which fails on reset / reboot / drain-and-reset
+  and warns on drain-P2P). Unreadable -> alert.
 * SXid (NVSwitch): a message containing ``Non-fatal`` -> alert, ``Fatal`` -> drain;
   otherwise the row's default (unknown SXid -> alert).
 * A ``fallen_off_bus`` event (no Xid line) is classified as XID 79.
@@ -127,6 +128,7 @@ XID_TABLE: dict[int, XidRow] = _rows(
     (109, "context-switch timeout", "Context switch timeout. Disputed: GCM non-critical", "alert", "NV reset GPU; GCM non-critical"),
     (119, "GSP RPC timeout", "GPU System Processor did not answer an RPC; reset the GPU", "drain", "NV reset GPU; DC fail; AZ drain"),
     (120, "GSP error", "GPU System Processor error; reset the GPU", "drain", "NV reset GPU; DC fail; AZ drain"),
+    (137, "NVLink FLA privilege error", "An NVLink fabric-linear-address (FLA) access was refused: usually a peer-mapping or application fault, not a broken GPU", "alert", "NV catalog entry 'NVLink FLA privilege error' (GPUd mirror 2025-10); no reset/reboot action listed, so alert (our choice)"),
     (140, "unrecovered ECC error", "Unrecovered ECC error; reset the GPU", "drain", "NV reset GPU; DC fail"),
     (143, "GPU initialisation failure", "GPU failed to initialise; hardware inspection", "drain", "NV reset GPU; GPUd hardware inspection"),
     (144, "NVLink SAW error", "NVLink5 unit error (SAW); drain only when the message says Fatal", "alert", "NV NVLink5 workflow; XID.md fatal flag"),
@@ -136,6 +138,8 @@ XID_TABLE: dict[int, XidRow] = _rows(
     (148, "NVLink NVLPW_CTRL error", "NVLink5 unit error (NVLPW_CTRL); drain only when the message says Fatal", "alert", "NV NVLink5 workflow; XID.md fatal flag"),
     (149, "NVLink NETIR error", "NVLink5 unit error (NETIR); drain only when the message says Fatal", "alert", "NV NVLink5 workflow; XID.md fatal flag"),
     (150, "NVLink MSE error", "NVLink5 unit error (MSE); drain only when the message says Fatal", "alert", "NV NVLink5 workflow; XID.md fatal flag"),
+    (171, "uncorrectable memory error detail", "Companion of XID 48 naming the particulars of an uncorrectable ECC fault (DRAM or SRAM); same workflow as XID 48: reset the GPU", "drain", "NV catalog entry 'Additional to Xid 48 ... differentiate DRAM/SRAM' (GPUd mirror 2025-10); NVIDIA GPU memory error management: uncorrectable ECC -> GPU reset; DC fail on XID 48"),
+    (172, "uncorrectable memory error detail", "Companion of XID 48 naming the particulars of an uncorrectable ECC fault (DRAM or SRAM); same workflow as XID 48: reset the GPU", "drain", "NV catalog entry 'Additional to Xid 48 ... differentiate DRAM/SRAM' (GPUd mirror 2025-10); NVIDIA GPU memory error management: uncorrectable ECC -> GPU reset; DC fail on XID 48"),
     (154, "GPU recovery action changed", "Driver asks for a recovery action; act on the new action it names", "alert", "NV follow new action; DC reset/reboot/drain-and-reset fail, drain-P2P warn"),
 )
 
@@ -149,23 +153,43 @@ SXID_TABLE: dict[int, XidRow] = _rows(
 #: XIDs whose message carries a Fatal / Nonfatal flag (NVLink5).
 NVLINK5_XIDS = range(144, 151)
 
-#: XID 154 recovery action (name as the driver prints it, lower case) -> action.
-#: Source: DC (fail on reset / reboot / drain-and-reset, warn on drain P2P).
-RECOVERY_ACTIONS: dict[str, str] = {
-    "none": "record",
-    "gpu reset required": "drain",
-    "node reboot required": "drain",
-    "drain p2p": "alert",
-    "drain and reset": "drain",
+#: NVML ``nvmlDeviceGpuRecoveryAction_t`` value -> (name, action). Actions per DC: fail
+#: (drain) on GPU reset / node reboot / drain-and-reset, warn (alert) on drain P2P.
+RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
+    0: ("None", "record"),
+    1: ("GPU Reset", "drain"),
+    2: ("Node Reboot", "drain"),
+    3: ("Drain P2P", "alert"),
+    4: ("Drain and Reset", "drain"),
 }
-#: NVML ``nvmlDeviceGpuRecoveryAction_t`` value -> lower-case name of the action.
-RECOVERY_ACTION_NAMES = {
-    0: "none",
-    1: "gpu reset required",
-    2: "node reboot required",
-    3: "drain p2p",
-    4: "drain and reset",
+#: Printed names (lower case, spaces squeezed) -> enum value, for text that carries no
+#: number: nvidia-smi's CSV prints ``Reset`` / ``Reboot``, -q text and XID 154 messages
+#: longer forms, newer drivers ``OS Reboot``.
+RECOVERY_NAMES: dict[str, int] = {
+    "none": 0, "no action": 0,
+    "reset": 1, "gpu reset": 1, "gpu reset required": 1,
+    "reboot": 2, "node reboot": 2, "node reboot required": 2, "os reboot": 2, "os reboot required": 2,
+    "drain p2p": 3, "drain_p2p": 3,
+    "drain and reset": 4, "drain and reset required": 4, "drain_and_reset": 4,
 }
+
+
+def recovery_action_code(value: str | int | None) -> int | None:
+    """The ``nvmlDeviceGpuRecoveryAction_t`` value of a printed recovery action: a number
+    (``2``, ``0x2``, ``0x2 (OS Reboot)``: the number wins whatever name follows, since
+    names change between drivers) or a known name (:data:`RECOVERY_NAMES`). ``None`` for
+    N/A, empty, out-of-range or unknown text."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value in RECOVERY_ACTIONS else None
+    text = " ".join(str(value).split())
+    m = re.match(r"^(0x[0-9a-fA-F]+|\d+)\b", text)
+    if m:
+        n = int(m.group(1), 0)
+        return n if n in RECOVERY_ACTIONS else None
+    return RECOVERY_NAMES.get(text.lower())
+
 
 _NONFATAL_RE = re.compile(r"\bnon-?fatal\b", re.IGNORECASE)
 _FATAL_RE = re.compile(r"\bfatal\b", re.IGNORECASE)
@@ -182,16 +206,16 @@ def fatal_flag(message: str) -> bool | None:
     return None
 
 
-def recovery_action(message: str) -> str | None:
-    """The lower-case name of the *new* recovery action in an XID 154 message
-    (``"... changed from 0x0 (None) to 0x4 (Drain and Reset)"`` -> ``"drain and reset"``),
-    or ``None`` when it cannot be read."""
+def recovery_action(message: str) -> int | None:
+    """The *new* recovery action of an XID 154 message as the NVML enum value
+    (``"... changed from 0x0 (None) to 0x2 (OS Reboot)"`` -> 2), or ``None`` when it
+    cannot be read. The number decides; the name is used only when no number is printed."""
     # The last "to <value> (<name>)" is the new action; "from ... to ..." order.
     for m in reversed(list(_RECOVERY_RE.finditer(message))):
-        if m.group("name"):
-            return " ".join(m.group("name").split()).lower()
         if m.group("num"):
-            return RECOVERY_ACTION_NAMES.get(int(m.group("num"), 0))
+            return recovery_action_code(m.group("num"))
+        if m.group("name"):
+            return recovery_action_code(m.group("name"))
     return None
 
 
@@ -252,10 +276,10 @@ def classify(event: _EventLike) -> Classification:
 
     if code == 154:
         new_action = recovery_action(message)
-        action = RECOVERY_ACTIONS.get(new_action or "")
-        if action is None:
+        if new_action is None:
             return base
-        meaning = f"{row_meaning} (new action: {new_action})"
-        return _verdict(action, row_name, meaning, base.source)
+        name, action = RECOVERY_ACTIONS[new_action]
+        meaning = f"{row_meaning} (new action: 0x{new_action:x} {name})"
+        return _verdict(action, row_name, meaning, base.source + "; NVML nvmlDeviceGpuRecoveryAction_t")
 
     return base

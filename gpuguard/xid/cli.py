@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from gpuguard.xid.catalog import classify
-from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines, utc_iso
+from gpuguard.output import display_tz, emit, iso_time, output_options, table
+from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines
+
+#: CSV columns of ``xid scan --format csv`` (the JSON rows carry every field).
+_CSV_HEADERS = ["time_iso", "monotonic_s", "pci_bus_id", "kind", "xid", "name", "pid", "process", "action",
+                "severity", "message"]
 
 #: Message column width in the table (characters).
 MESSAGE_WIDTH = 60
@@ -34,20 +38,22 @@ def _read_lines(path: str) -> list[str]:
 
 def _time_text(event: XidEvent) -> str:
     if event.timestamp is not None:
-        return utc_iso(event.timestamp) or "-"
+        return iso_time(event.timestamp, display_tz()) or "-"
     if event.monotonic_s is not None:
         return f"+{event.monotonic_s:.6f}s"
     return "-"
 
 
 def event_rows(result: ParseResult) -> list[dict]:
-    """One JSON-ready dict per event: the event's fields, ``time_iso`` (UTC or None)
+    """One JSON-ready dict per event: the event's fields, ``time_iso`` (ISO 8601 with
+    offset in the display zone, :func:`gpuguard.output.iso_time`, or None)
     and the classification (``action``, ``severity``, ``name``, ``meaning``, ``source``)."""
     rows = []
+    tz = display_tz()
     for event in result.events:
         c = classify(event)
         row = event.to_dict()
-        row["time_iso"] = utc_iso(event.timestamp)
+        row["time_iso"] = iso_time(event.timestamp, tz)
         row.update(action=c.action, severity=c.severity, name=c.name, meaning=c.meaning, source=c.source)
         rows.append(row)
     return rows
@@ -66,12 +72,7 @@ def _table(result: ParseResult) -> str:
             _time_text(event), pci, event.kind, str(event.xid), c.name,
             "-" if event.pid is None else str(event.pid), event.process or "-", c.action, msg,
         ))
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
-    lines = []
-    for r in [header, *body]:
-        cells = [r[i].ljust(widths[i]) for i in range(len(widths))] + [r[-1]]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return table(body, header, right=[False] * len(header))
 
 
 @click.group()
@@ -81,25 +82,30 @@ def xid() -> None:
 
 @xid.command()
 @click.argument("file", default="-", metavar="[FILE|-]")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-def scan(file: str, as_json: bool) -> None:
+@output_options()
+def scan(file: str, fmt: str) -> None:
     """Parse a kernel log (FILE, or stdin for -) and print its classified XID events.
 
     Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k and syslog text.
     The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
-    process, default action and the message; the count of NVRM lines that could not be
-    parsed goes to stderr. Exit status 0; 2 when FILE cannot be read.
+    process, default action and the message. Every line holding an Xid/SXid marker that
+    was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
+    prefix, no PCI address, no code), with the first few lines and their numbers.
+    Any real log-prefix layout is read (:mod:`gpuguard.xid.prefix`). Exit status 0; 2
+    when FILE cannot be read.
     """
     result = parse_lines(_read_lines(file))
-    if as_json:
-        click.echo(json.dumps(event_rows(result), indent=2))
+    if fmt != "text":
+        emit(fmt, event_rows(result), headers=_CSV_HEADERS)
     elif result.events:
         click.echo(_table(result))
     else:
         click.echo("no XID events")
     click.echo(f"unparsed NVRM lines: {result.unparsed}", err=True)
-    for sample in result.unparsed_samples:
-        click.echo(f"  {sample}", err=True)
+    for why, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
+        click.echo(f"  {n} x {why}", err=True)
+    for line_no, _why, sample in result.rejected_samples:
+        click.echo(f"  line {line_no}: {sample}", err=True)
 
 
 if __name__ == "__main__":

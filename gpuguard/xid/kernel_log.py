@@ -15,17 +15,24 @@ Sources (``source`` argument):
   with the boot id from ``/proc/sys/kernel/random/boot_id``; a different boot id means
   a reboot and reading starts from the first record again. Records the ring buffer
   overwrote before we read them are lost (``EPIPE`` is skipped).
-* ``"journalctl"`` -- ``journalctl -k -o short-iso --no-pager --show-cursor
-  [--after-cursor=C]`` (an argument list; the binary found with ``shutil.which`` on
-  ``PATH``, then on ``/usr/bin:/bin``). ``-k`` implies the current boot. Cursor
-  ``journal:<journald cursor>``. If journalctl rejects a stored cursor it is run once
-  more without it.
-* ``"dmesg"`` -- the whole ring buffer (``dmesg``) every time. Cursor
+* ``"journalctl"`` -- ``journalctl -k -o json --no-pager [--after-cursor=C]`` (an
+  argument list; the binary found with ``shutil.which`` on ``PATH``, then on
+  ``/usr/bin:/bin``). ``-k`` implies the current boot. Only entries with
+  ``_TRANSPORT=kernel`` are kept, their ``MESSAGE`` taken exactly. Cursor
+  ``journal:<__CURSOR of the last entry>``. If journalctl rejects a stored cursor it is
+  run once more without it.
+* ``"dmesg"`` -- the whole ring buffer raw (``dmesg -r``: ``<pri>[stamp] message``) every
+  time; records whose facility is not kernel are dropped. Cursor
   ``dmesg:<lines seen>:<sha256 of the last line seen, 16 hex>``. The last seen line is
   looked for (at its old index first, then from the end backwards); lines after it are
   new. Not found (reboot, buffer cleared or rotated past it) -> all lines are new.
   Because dmesg lines carry a microsecond monotonic stamp the last line is practically
   unique; on hosts with ``printk.time=0`` identical lines can hide new ones.
+
+The three are *structured* sources (:func:`is_structured`): they return canonical lines
+``[<seconds since boot>] <message>`` (:func:`canonical_lines`), and the parser then
+requires ``NVRM:`` / ``nvidia-nvswitchN:`` to start the message
+(:mod:`gpuguard.xid.prefix`).
 * any other string -- a plain file path. Cursor ``file:<st_dev>:<st_ino>:<byte offset>``;
   a changed inode or device, or a file shorter than the offset (truncated, rotated),
   starts again at byte 0. Only complete lines are returned: a line is delivered once
@@ -36,9 +43,7 @@ Sources (``source`` argument):
   source than the one used is ignored (reads start from the beginning).
 
 At most :data:`MAX_READ_BYTES` (16 MiB) of new log text is returned per call; the
-cursor then points just after the last returned line so the next call continues (for
-journalctl, whose cursor is only printed at the end, an overflow skips ahead to the
-journal's current end: the skipped part is lost, and a warning is logged). Every
+cursor then points just after the last returned line so the next call continues. Every
 subprocess and the kmsg read loop stop after ``timeout_s`` seconds.
 
 Errors (source missing or unreadable, command failed or timed out, bad source name)
@@ -176,10 +181,7 @@ def _kmsg_record_lines(record: bytes) -> tuple[int, list[str]] | None:
     if pri >> 3 != 0:
         return None
     text = _KMSG_ESCAPE_RE.sub(lambda m: bytes([int(m.group(1), 16)]), body)
-    parts = text.decode("utf-8", "replace").split("\n")
-    stamp = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] "
-    lines = [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
-    return seq, lines
+    return seq, canonical_lines(text.decode("utf-8", "replace"), usec)
 
 
 def read_kmsg(
@@ -248,16 +250,51 @@ def read_kmsg(
 # --------------------------------------------------------------- journalctl
 
 
+def _journal_message(value: object) -> str | None:
+    """journald's MESSAGE: a string, or a list of byte values when it is not UTF-8."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def _journal_lines(entry: dict) -> list[str]:
+    """The canonical lines of one kernel journal entry (see :func:`canonical_lines`)."""
+    message = _journal_message(entry.get("MESSAGE"))
+    if message is None:
+        return []
+    usec: int | None = None
+    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):
+        v = entry.get(key)
+        if isinstance(v, str) and v.isdigit():
+            usec = int(v)
+            break
+    realtime = entry.get("__REALTIME_TIMESTAMP")
+    iso = None
+    if isinstance(realtime, str) and realtime.isdigit():
+        from datetime import UTC, datetime
+
+        iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
+    return canonical_lines(message, usec, iso)
+
+
 def read_journalctl(
     cursor: str | None, timeout_s: float, *, max_bytes: int = MAX_READ_BYTES
 ) -> tuple[list[str], str | None]:
-    """Kernel messages of the current boot after ``cursor`` (``journal:<cursor>``).
+    """Kernel messages of the current boot after ``cursor`` (``journal:<cursor>``), read
+    as ``journalctl -k -o json``: one JSON object per entry, ``MESSAGE`` is the kernel's
+    text exactly, and only entries with ``_TRANSPORT=kernel`` are kept (``logger -t
+    kernel`` and other userspace writes have ``_TRANSPORT=syslog``/``journal``/``stdout``).
 
-    Returns the new cursor, or the old one when nothing new was printed (``None`` when
-    there was none). Raises :class:`KernelLogError`."""
+    Returns canonical lines and the new cursor (the last entry's ``__CURSOR``), or the
+    old one when nothing new was printed (``None`` when there was none). Raises
+    :class:`KernelLogError`."""
+    import json
+
     exe = find_tool("journalctl")
     journal_cursor = cursor[len("journal:"):] if cursor and cursor.startswith("journal:") else None
-    base = [exe, "-k", "-o", "short-iso", "--no-pager", "--show-cursor"]
+    base = [exe, "-k", "-o", "json", "--no-pager"]
     argv = base + ([f"--after-cursor={journal_cursor}"] if journal_cursor else [])
     try:
         data, overflow, _ = _run_capped(argv, timeout_s, max_bytes)
@@ -269,23 +306,58 @@ def read_journalctl(
         data, overflow, _ = _run_capped(base, timeout_s, max_bytes)
     lines: list[str] = []
     new_cursor = journal_cursor
-    for line in _complete_lines(data, overflow):
-        if line.startswith("-- cursor: "):
-            new_cursor = line[len("-- cursor: "):].strip()
-        elif line.startswith("-- ") and line.rstrip().endswith("--"):
-            continue  # "-- No entries --", "-- Boot ... --"
-        else:
-            lines.append(line)
+    for raw in _complete_lines(data, overflow):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue  # "-- No entries --" in older versions, a cut line
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("__CURSOR"), str):
+            new_cursor = entry["__CURSOR"]
+        if entry.get("_TRANSPORT") != "kernel":
+            continue
+        lines.extend(_journal_lines(entry))
     if overflow:
-        log.warning("journalctl output over %d bytes; skipping to the journal's end", max_bytes)
-        tail, _, _ = _run_capped([exe, "-k", "-n", "0", "--no-pager", "--show-cursor"], timeout_s, 65536)
-        for line in _complete_lines(tail, False):
-            if line.startswith("-- cursor: "):
-                new_cursor = line[len("-- cursor: "):].strip()
+        log.warning("journalctl output over %d bytes; continuing from the last entry read", max_bytes)
     return lines, (f"journal:{new_cursor}" if new_cursor else None)
 
 
 # -------------------------------------------------------------------- dmesg
+
+
+def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> list[str]:
+    """One kernel record as the lines :func:`gpuguard.xid.parse.parse_lines` reads with
+    ``structured=True``: ``[<seconds since boot>] <message>`` (prefixed by the ISO 8601
+    UTC time when the source knows it), continuation lines of a multi-line record
+    indented. The message text is kept exactly, so a marker must start it."""
+    parts = message.split("\n")
+    stamp = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] " if usec is not None else "[    0.000000] "
+    if iso:
+        stamp = f"{iso} {stamp}"
+    return [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
+
+
+_DMESG_RAW_RE = re.compile(r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<msg>.*)$")
+
+
+def _dmesg_canonical(raw_lines: list[str]) -> list[str]:
+    """``dmesg -r`` lines (``<pri>[stamp] message``) -> canonical lines of the kernel
+    facility only (``pri >> 3 == 0``; a userspace write to /dev/kmsg has facility user)."""
+    out: list[str] = []
+    keep = False
+    for line in raw_lines:
+        m = _DMESG_RAW_RE.match(line)
+        if not m:
+            if keep and line[:1] in (" ", "\t") and out:
+                out.append(line)  # continuation of a multi-line kernel record
+            continue
+        keep = int(m["pri"]) >> 3 == 0
+        if not keep:
+            continue
+        usec = int(m["sec"]) * 1_000_000 + int((m["frac"] + "000000")[:6]) if m["sec"] else None
+        out.extend(canonical_lines(m["msg"], usec))
+    return out
 
 
 def _line_hash(line: str) -> str:
@@ -295,11 +367,13 @@ def _line_hash(line: str) -> str:
 def read_dmesg(
     cursor: str | None, timeout_s: float, *, max_bytes: int = MAX_READ_BYTES
 ) -> tuple[list[str], str]:
-    """Ring-buffer lines after ``cursor`` (``dmesg:<count>:<hash>``). See module
-    docstring for the matching rule. Raises :class:`KernelLogError`."""
+    """Ring-buffer records after ``cursor`` (``dmesg:<count>:<hash>``), read raw
+    (``dmesg -r``: the priority tells kernel records from userspace ones) and returned as
+    canonical lines. See the module docstring for the matching rule. Raises
+    :class:`KernelLogError`."""
     exe = find_tool("dmesg")
     # The ring buffer is bounded by the kernel; read it with headroom, keep new lines only.
-    data, overflow, _ = _run_capped([exe], timeout_s, 4 * max_bytes)
+    data, overflow, _ = _run_capped([exe, "-r"], timeout_s, 4 * max_bytes)
     all_lines = _complete_lines(data, overflow)
     start = 0
     if cursor and cursor.startswith("dmesg:"):
@@ -324,7 +398,7 @@ def read_dmesg(
     end = start + len(out)
     if end == 0:
         return [], "dmesg:0:"
-    return out, f"dmesg:{end}:{_line_hash(all_lines[end - 1])}"
+    return _dmesg_canonical(out), f"dmesg:{end}:{_line_hash(all_lines[end - 1])}"
 
 
 # --------------------------------------------------------------------- file
@@ -397,6 +471,13 @@ def pick_source(cursor: str | None = None, *, kmsg_path: str = KMSG_PATH) -> str
     if _tool_usable("journalctl"):
         return "journalctl"
     return "dmesg"
+
+
+def is_structured(source: str) -> bool:
+    """True for the sources that deliver the kernel's message text exactly (kmsg,
+    journalctl's JSON, raw dmesg, and ``auto``, which picks one of them); False for a
+    text file, whose lines may hold anything its writer put there."""
+    return source in SOURCES
 
 
 def read_since(

@@ -8,8 +8,10 @@ There is no library for this format; it is matched with ``re`` on the shapes see
 * ``NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`` and the three-line
   ``NVRM: The NVIDIA GPU 0000:b3:00.0 / (PCI ID: ...) installed ... / fallen off the bus``
 
-The Xid/SXid marker is searched anywhere in the line, so any prefix is accepted; the
-prefix is then read for a time stamp:
+The Xid/SXid marker is searched in the line; the text before it must be a kernel-log
+prefix (:mod:`gpuguard.xid.prefix`: structured sources need the message to start with
+the marker, text files accept a grammar of real prefix tokens), else the line is
+*rejected* and counted with its reason. The prefix is then read for a time stamp:
 
 * none -> ``timestamp = monotonic_s = None``;
 * ``[  123.456789]`` (dmesg, kmsg) -> ``monotonic_s`` (seconds since boot);
@@ -21,8 +23,8 @@ prefix is then read for a time stamp:
   local time;
 * syslog ``Mon DD HH:MM:SS host kernel:`` has no year -> ``timestamp`` stays ``None``
   (guessing the year is wrong around New Year); a monotonic stamp after it is still read;
-* third-party wrappers (``Xid errors on instance: ..., Error: <syslog line>``) work
-  because only the marker matters.
+* third-party wrappers (``Xid errors on instance: ..., Error: <syslog line>``) are
+  prefix tokens (:data:`gpuguard.xid.prefix.WRAPPERS`).
 
 Odd cases, and what is done with them:
 
@@ -56,9 +58,11 @@ Odd cases, and what is done with them:
   are appended to the ``raw`` of the most recent SXid event with the same switch and
   code (within 10 s when both carry times). With no such event (the header was cut
   off) the detail line is an event of its own.
-* A line that holds the Xid/SXid marker or "fallen off the bus" but cannot be read (no
-  PCI address, no numeric code) counts in ``unparsed`` (first 5 kept in
-  ``unparsed_samples``). Every other line is ignored silently.
+* A line that holds the Xid/SXid marker or "NVRM: ... fallen off the bus" but is not
+  accepted (no PCI address, no numeric code, a prefix that is not a log prefix) counts
+  in ``unparsed`` and in ``rejected`` by reason (first 5 kept in ``unparsed_samples`` /
+  ``rejected_samples``): nothing with a marker is dropped silently. Every other line is
+  ignored.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpuguard.model import norm_pci, pci_key
+from gpuguard.xid.prefix import check_prefix
 
 #: Kinds of event.
 KINDS = ("xid", "sxid", "fallen_off_bus")
@@ -104,6 +109,9 @@ class XidEvent:
     mig_instance: str | None
     raw: str
     line_no: int
+    #: the text file the event was read from when that file may hold user messages (a
+    #: syslog file of all facilities): such events never drain (:mod:`gpuguard.health`)
+    untrusted_source: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -118,6 +126,7 @@ class XidEvent:
             "mig_instance": self.mig_instance,
             "raw": self.raw,
             "line_no": self.line_no,
+            "untrusted_source": self.untrusted_source,
         }
 
 
@@ -131,6 +140,17 @@ class ParseResult:
     unparsed: int = 0
     unparsed_samples: list[str] = field(default_factory=list)
     gpu_uuids: dict[str, str] = field(default_factory=dict)
+    #: reason -> number of marker lines rejected for it (sums to ``unparsed``)
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: (line number, reason, text) of the first :data:`MAX_UNPARSED_SAMPLES` rejected lines
+    rejected_samples: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def rejected_summary(self) -> str:
+        """``"3 (not a kernel-log prefix: 'alice:' x2; no PCI address x1)"`` or ``"0"``."""
+        if not self.unparsed:
+            return "0"
+        parts = [f"{why} x{n}" for why, n in sorted(self.rejected.items(), key=lambda kv: -kv[1])]
+        return f"{self.unparsed} ({'; '.join(parts)})"
 
 
 _HEX = "[0-9a-fA-F]"
@@ -163,34 +183,6 @@ _ISO_RE = re.compile(
 )
 _SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
 _MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]")
-
-#: What may stand before ``NVRM:`` / ``SXid`` for the line to count. Kernel messages can
-#: embed user-chosen text (a file name in "process 'x' launched '...' with NULL argv", an
-#: audit ``name="..."``, a ``logger`` line in a syslog file), so a marker anywhere in the
-#: line would let any user fake an XID and drain the node. Only the log prefixes seen in
-#: real logs are accepted, each optional, in this order: a third-party alert wrapper
-#: (``Xid errors on instance: HOST, Error:``), ``dmesg --decode`` facility/level, a
-#: ``[ctime]`` or ``[monotonic]`` stamp, an ISO stamp (``dmesg --time-format iso``,
-#: ``journalctl -o short-iso``), a syslog date, ``HOST kernel:``, a monotonic stamp, and
-#: for SXid the ``nvidia-nvswitchN:`` device name.
-_PREFIX_OK = re.compile(
-    r"^\s*"
-    r"(?:Xid errors on instance: [\w.-]+, Error:\s*)?"
-    r"(?:<\d+>)?"
-    r"(?:kern\s*:\s*[a-z]+\s*:\s*)?"
-    r"(?:\[[0-9A-Za-z :.]+\]\s*)?"
-    r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+)?"
-    rf"(?:(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\s+)?"
-    r"(?:[\w.-]+ kernel:\s*)?"
-    r"(?:\[\s*\d+\.\d+\]\s*)?"
-    r"(?:nvidia-nvswitch\d+:\s*)?$"
-)
-
-
-def _prefix_ok(prefix: str) -> bool:
-    """True when ``prefix`` is only log-prefix material (see :data:`_PREFIX_OK`)."""
-    return bool(_PREFIX_OK.match(prefix))
-
 
 def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
@@ -252,6 +244,8 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
             and len(current) <= MAX_CONTINUATION_LINES
             and ("NVRM" in current[0] or "SXid" in current[0])
             and not _STACK_FRAME_RE.match(line)
+            # an indented line holding its own marker is a record of its own
+            and not (_XID_TRIGGER.search(line) or _SXID_TRIGGER.search(line))
         )
         if is_continuation:
             current.append(line)
@@ -281,17 +275,19 @@ def _close_in_time(a: XidEvent, b: XidEvent) -> bool:
     return True
 
 
-def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
-    """An event, ``None`` for an ordinary line, ``False`` for an unparsable NVRM one."""
+def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEvent | str | None:
+    """An event, ``None`` for an ordinary line, or the reason (one line) why a line
+    holding an XID/SXid/fallen-off-the-bus marker is not accepted."""
     m = _XID_RE.search(text)
     if m or _XID_TRIGGER.search(text):
         if not m:
-            return False
-        if not _prefix_ok(text[: m.start()]):
-            return None  # the marker is inside someone's text, not the kernel's: ignore
+            return "no '(PCI:...): <code>' after the Xid marker"
+        why = check_prefix(text[: m.start()], structured)
+        if why:
+            return why  # the marker is inside someone's text, not the kernel's
         loc = _LOC_RE.match(m["loc"])
         if not loc:
-            return False
+            return f"not a PCI address: {m['loc'][:40]!r}"
         timestamp, mono = _prefix_times(text[: m.start()])
         pid, process, message = _split_pid_name(m["rest"])
         return XidEvent(
@@ -310,12 +306,13 @@ def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
     m = _SXID_RE.search(text)
     if m or _SXID_TRIGGER.search(text):
         if not m:
-            return False
-        if not _prefix_ok(text[: m.start()]):
-            return None
+            return "no '(PCI:...): <code>' after the SXid marker"
+        why = check_prefix(text[: m.start()], structured)
+        if why:
+            return why
         loc = _LOC_RE.match(m["loc"])
         if not loc:
-            return False
+            return f"not a PCI address: {m['loc'][:40]!r}"
         timestamp, mono = _prefix_times(text[: m.start()])
         return XidEvent(
             kind="sxid",
@@ -332,12 +329,15 @@ def _parse_record(text: str, raw: str, line_no: int) -> XidEvent | bool | None:
         )
     if _FALLEN_RE.search(text) and "NVRM" in text:
         nvrm = _NVRM_RE.search(text)
-        if nvrm is None or not _prefix_ok(text[: nvrm.start()]):
-            return None  # "NVRM" without the kernel's "NVRM:" at the start of the message
+        if nvrm is None:
+            return None  # "NVRM" without the kernel's "NVRM:": not a driver message
+        why = check_prefix(text[: nvrm.start()], structured)
+        if why:
+            return why
         body = text[nvrm.end():]
         bdf = _BDF_IN_TEXT_RE.search(body)
         if not bdf:
-            return False
+            return "fallen off the bus without a PCI address"
         timestamp, mono = _prefix_times(text[: nvrm.start()])
         return XidEvent(
             kind="fallen_off_bus",
@@ -371,10 +371,15 @@ def _merge_target(event: XidEvent, events: list[XidEvent]) -> XidEvent | None:
     return None
 
 
-def parse_lines(lines: Iterable[str]) -> ParseResult:
+def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
     """Parse kernel-log lines (with or without trailing newlines) into a
     :class:`ParseResult`. Never raises on odd input; see the module docstring for how
-    each odd case is handled."""
+    each odd case is handled.
+
+    ``structured``: the lines come from a structured source in the canonical
+    ``[<seconds>] <message>`` form (:mod:`gpuguard.xid.kernel_log`), so the message must
+    start with ``NVRM:`` / ``nvidia-nvswitchN:``; otherwise the text-prefix grammar of
+    :mod:`gpuguard.xid.prefix` applies."""
     result = ParseResult()
     for line_no, record in _records(lines):
         raw = "\n".join(record)
@@ -386,15 +391,17 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
             except ValueError:
                 pass
         try:
-            parsed = _parse_record(text, raw, line_no)
-        except Exception:  # one odd record must never stop the scan
-            parsed = False
+            parsed = _parse_record(text, raw, line_no, structured)
+        except Exception as e:  # one odd record must never stop the scan
+            parsed = f"parser error: {type(e).__name__}"
         if parsed is None:
             continue
-        if parsed is False:
+        if isinstance(parsed, str):
             result.unparsed += 1
+            result.rejected[parsed] = result.rejected.get(parsed, 0) + 1
             if len(result.unparsed_samples) < MAX_UNPARSED_SAMPLES:
                 result.unparsed_samples.append(text[:300])
+                result.rejected_samples.append((line_no, parsed, text[:300]))
             continue
         target = _merge_target(parsed, result.events)
         if target is not None:

@@ -370,6 +370,7 @@ class Testbed:
 store = "{store or f'{root}/{{node}}/node.db'}"
 cluster_store = "{cluster_store}"
 state_dir = "{root}/{{node}}/state"
+run_dir = "{root}/{{node}}/run"
 job_dir_root = "{root}/{{node}}/jobs"
 spool_dir = "{root}/spool"
 log_file = "{root}/gpuguard.log"
@@ -378,6 +379,7 @@ source = "replay"
 replay_path = "{root}/{{node}}/gpus.json"
 [xid]
 kernel_log = "{root}/{{node}}/kern.log"
+kernel_log_kernel_only = true
 [collector]
 interval_s = 1.0
 flush_s = 2.0

@@ -1,0 +1,36 @@
+"""The collector's store tables: ``samples`` (one row per GPU and sampling tick) and
+``host_samples`` (the job's cgroup CPU, memory and I/O per tick). Times are UTC epoch
+seconds, column names carry units.
+
+A named migration set (:class:`gpuguard.store.MigrationSet`): append steps, never edit a
+released one.
+"""
+
+from __future__ import annotations
+
+from gpuguard.store import MigrationSet, register_set, sqlite_utils
+
+MIGRATIONS = register_set(MigrationSet("collector", legacy={"samples": 1, "samples_by_gpu": 2}))
+
+
+@MIGRATIONS(name="samples")
+def _samples(db: sqlite_utils.Database) -> None:
+    db["samples"].create(
+        {"job_id": str, "node": str, "at": float, "gpu_index": int, "gpu_uuid": str,
+         "gpu_util_pct": float, "mem_util_pct": float, "mem_used_mib": float,
+         "power_w": float, "temp_c": float, "sm_clock_mhz": float, "mem_clock_mhz": float,
+         "clock_event_mask": int, "ecc_volatile_uncorrected": int,
+         "pcie_replay_count": int},
+    )
+    db["samples"].create_index(["job_id", "at"])
+    db["host_samples"].create(
+        {"job_id": str, "node": str, "at": float, "cpu_pct": float, "rss_mib": float,
+         "io_read_mib": float, "io_write_mib": float},
+    )
+    db["host_samples"].create_index(["job_id", "at"])
+
+
+@MIGRATIONS(name="samples_by_gpu")
+def _samples_by_gpu(db: sqlite_utils.Database) -> None:
+    """The summary reads one GPU's samples of one job on one node in time order."""
+    db["samples"].create_index(["job_id", "node", "gpu_index", "at"])

@@ -1,0 +1,236 @@
+"""The verdict's cause detectors: one function per cause, each returning its evidence.
+
+A detector takes a :class:`Context` (the job's series, its comparisons with the
+baseline, the windows, the settings) and returns a :class:`Found` (one-line summary,
+JSON-ready evidence, a strength that orders causes of one precedence group) or
+``None``. It says only whether *its* cause shows; which cause is primary and which
+others it explains is decided by the table in :mod:`gpuguard.epilog.decide`.
+
+Adding a cause: one detector here, one row in :data:`gpuguard.epilog.decide.CAUSE_TABLE`,
+its tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.epilog import baseline as baseline_mod
+from gpuguard.epilog import leak as leak_mod
+from gpuguard.epilog import peers
+from gpuguard.epilog.compare import Comparison, Settings, Windows
+from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
+from gpuguard.epilog.metrics import METRICS, sustained
+
+#: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
+HARD_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+#: Step-time metrics whose rise means the run got slower.
+PERF_UP = ("step_time_p50_s", "step_time_p95_s")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A detector's result: ``summary`` (one line), ``evidence`` (JSON-ready numbers),
+    ``strength`` (orders causes of one precedence group: the larger wins)."""
+
+    summary: str
+    evidence: dict[str, Any]
+    strength: float = 0.0
+
+
+@dataclass
+class Context:
+    """What every detector reads. ``comps``: metric -> :class:`Comparison`; ``judged``:
+    the baseline is ready (else only baseline-free detectors run)."""
+
+    data: JobData
+    comps: dict[str, Comparison]
+    base: baseline_mod.Baseline
+    wins: Windows
+    s: Settings
+    _memo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def judged(self) -> bool:
+        return self.base.state == baseline_mod.READY
+
+    def once(self, key: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` computed once per verdict (analyses shared by two detectors)."""
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
+
+    def up(self, m: str) -> bool:
+        c = self.comps.get(m)
+        return bool(c and c.flagged and c.direction > 0)
+
+    def down(self, m: str) -> bool:
+        c = self.comps.get(m)
+        return bool(c and c.flagged and c.direction < 0)
+
+    def flagged(self) -> list[Comparison]:
+        return [c for c in self.comps.values() if c.flagged]
+
+    def perf_worse(self) -> bool:
+        """The run is slower than its baseline: step time up or throughput down."""
+        return any(self.up(m) for m in PERF_UP) or self.down("throughput_per_s")
+
+    def perf_lines(self) -> list[str]:
+        return [fmt(self.comps[m]) for m in (*PERF_UP, "throughput_per_s") if m in self.comps
+                and self.comps[m].flagged]
+
+    def gpu_hits(self) -> list[dict[str, Any]]:
+        return self.once("gpu_hits", lambda: peers.stragglers_gpu(
+            self.data, self.wins, self.s, self.base.stats if self.judged else None))
+
+
+def fmt(c: Comparison) -> str:
+    """``metric value unit vs median (+rel%)`` for summaries."""
+    unit = METRICS[c.metric][0]
+    rel = "" if c.rel_change is None or not math.isfinite(c.rel_change) else f" ({c.rel_change:+.0%})"
+    return f"{c.metric} {c.value:.4g} {unit} vs {c.median:.4g}{rel}"
+
+
+# -- baseline-free causes ----------------------------------------------------------------------
+def hardware_fault(ctx: Context) -> Found | None:
+    """XID/SXid events the catalog does not mark ``record``, volatile uncorrectable ECC
+    growth in the samples, or critical / hardware findings on the job's nodes during the job."""
+    data = ctx.data
+    ecc = {g.key: ecc_growth(g) for g in data.gpus if ecc_growth(g) > 0}
+    if not (data.hw_events or data.hw_findings or ecc):
+        return None
+    ev = [{"at": e["at"], "node": e["node"], "kind": e["kind"], "code": e["code"], "gpu_index": e["gpu_index"],
+           "action": e.get("action"), "message": (e.get("message") or "")[:200]} for e in data.hw_events[:20]]
+    fi = [{"at": f["at"], "node": f["node"], "code": f["code"], "severity": f["severity"],
+           "gpu_index": f["gpu_index"], "message": (f.get("message") or "")[:200]} for f in data.hw_findings[:20]]
+    parts = [f"{e['kind'].upper()} {e['code']} on {e['node']} gpu{e['gpu_index']}" for e in ev[:3]]
+    parts += [f"{f['code']} on {f['node']} gpu{f['gpu_index']}" for f in fi[:3]]
+    parts += [f"{k}: volatile uncorrectable ECC +{n}" for k, n in ecc.items()]
+    text = "; ".join(parts[:4])
+    return Found(f"hardware fault during the job: {text}",
+                 {"events": ev, "findings": fi, "ecc_uncorrected_growth": ecc, "text": text})
+
+
+def straggler_node(ctx: Context) -> Found | None:
+    """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s)
+    if not hit:
+        return None
+    return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
+                 f"{hit.get('others_median', '-')} on the other nodes", hit)
+
+
+def straggler_gpu(ctx: Context) -> Found | None:
+    """One GPU slower than its peers in the same job (:func:`peers.stragglers_gpu`)."""
+    hits = ctx.gpu_hits()
+    if not hits:
+        return None
+    h = hits[0]
+    rs = ", ".join(h["reasons"]) or "no slowdown reason reported"
+    return Found(f"{h['node']} GPU {h['gpu_index']} straggles: {h['metric']} {h['value']} vs peers "
+                 f"{h['peer_median']} ({h['rel_change']:+.0%}); {rs}", {"gpus": hits})
+
+
+def named_reasons(ctx: Context) -> dict[str, float]:
+    """Slowdown reasons active in at least 5 % of the span's GPU samples, with their share."""
+    t0, t1 = ctx.wins.span
+    if t0 is None:
+        return {}
+    return {r: round(v, 3) for r, v in reasons_share(ctx.data.gpus, t0, t1).items() if v >= 0.05}  # type: ignore[arg-type]
+
+
+def _hard_throttle(ctx: Context) -> dict[str, Any] | None:
+    if ctx.wins.span[0] is None or not ctx.data.gpus:
+        return None
+
+    def share(a: float, b: float) -> float | None:
+        sh = reasons_share(ctx.data.gpus, a, b)
+        hard = [v for r, v in sh.items() if r in HARD_REASONS]
+        return max(hard) if hard else 0.0
+
+    held, secs = sustained(ctx.wins.windows, share, lambda v: v >= ctx.s.throttle_active_share)
+    if not held:
+        return None
+    return {"reasons": named_reasons(ctx), "sustained_s": round(secs, 1)}
+
+
+def gpu_throttling(ctx: Context) -> Found | None:
+    """SM clock flagged down against the baseline with slowdown reasons active in at
+    least ``throttle_active_share`` of GPU samples (or with a slower run when no reason
+    is reported); or, baseline-free, hard reasons (thermal, HW slowdown, power brake)
+    active in that share over a long window."""
+    reasons = named_reasons(ctx)
+    slow_share = max((v for r, v in reasons.items() if r in SLOWDOWN_REASONS), default=0.0)
+    if ctx.down("sm_clock_mhz") and (slow_share >= ctx.s.throttle_active_share or ctx.perf_worse()):
+        c = ctx.comps["sm_clock_mhz"]
+        rs = ", ".join(f"{r} {v:.0%}" for r, v in reasons.items()) or "no reason reported (application clocks?)"
+        return Found(f"SM clock down: {fmt(c)}; active: {rs}", {"reasons": reasons, "sm_clock": c.to_dict()})
+    hard = _hard_throttle(ctx)
+    if hard:
+        rs = ", ".join(f"{r} {v:.0%}" for r, v in hard["reasons"].items())
+        return Found(f"GPU slowdown reasons active: {rs}", hard)
+    return None
+
+
+def memory_leak(ctx: Context) -> Found | None:
+    """GPU memory or host RSS rising steadily after warm-up (:mod:`gpuguard.epilog.leak`)."""
+    leak = leak_mod.memory_leak(ctx.data, ctx.wins, ctx.s)
+    if not leak:
+        return None
+    w = leak["worst"]
+    proj = f", full in {w['hours_to_full']} h" if w["hours_to_full"] is not None else ""
+    return Found(f"{w['where']} memory rising {w['slope_mib_per_h']} MiB/h after warm-up "
+                 f"({w['start_mib']} -> {w['last_mib']} MiB){proj}", leak)
+
+
+# -- causes judged against the baseline ----------------------------------------------------------
+def _share_rise(ctx: Context, metric: str) -> float | None:
+    """How far the share rose over its baseline median when it is flagged up, else None."""
+    if not (ctx.perf_worse() and ctx.up(metric)):
+        return None
+    c = ctx.comps[metric]
+    return c.value - c.median  # type: ignore[operator]
+
+
+def data_pipeline(ctx: Context) -> Found | None:
+    """Slower run (step time up or throughput down) with the data-wait share flagged up;
+    GPU utilisation down is named when flagged. Strength: the share's rise."""
+    rise = _share_rise(ctx, "data_wait_share")
+    if rise is None:
+        return None
+    perf = ctx.perf_lines()
+    ev: dict[str, Any] = {"data_wait_share": ctx.comps["data_wait_share"].to_dict(), "performance": perf}
+    util = ""
+    if ctx.down("gpu_util_pct"):
+        ev["gpu_util"] = ctx.comps["gpu_util_pct"].to_dict()
+        util = f"; {fmt(ctx.comps['gpu_util_pct'])}"
+    return Found(f"waiting for data: {fmt(ctx.comps['data_wait_share'])}; {perf[0]}{util}", ev, rise)
+
+
+def communication(ctx: Context) -> Found | None:
+    """Slower run with the communication share flagged up. Strength: the share's rise.
+    (A node NCCL baseline is not recorded yet: the evidence says so.)"""
+    rise = _share_rise(ctx, "comm_share")
+    if rise is None:
+        return None
+    perf = ctx.perf_lines()
+    return Found(f"communication: {fmt(ctx.comps['comm_share'])}; {perf[0]}",
+                 {"comm_share": ctx.comps["comm_share"].to_dict(), "performance": perf,
+                  "node_nccl_baseline": None}, rise)
+
+
+def job_changed(ctx: Context) -> Found | None:
+    """Step time or throughput flagged (either way), or the memory peak flagged (GPU
+    utilisation too when the job has no training records): the job itself differs.
+    Tried only when no other cause showed (the table's ``fallback``)."""
+    flagged = ctx.flagged()
+    changed = [c for c in flagged if c.metric in (*PERF_UP, "throughput_per_s", "mem_peak_mib")]
+    if not ctx.data.has_steps:
+        changed += [c for c in flagged if c.metric == "gpu_util_pct"]
+    if not changed:
+        return None
+    return Found("the job itself changed: " + "; ".join(fmt(c) for c in changed[:3])
+                 + " with clocks, data wait and communication as usual",
+                 {"changed": [c.to_dict() for c in changed]})

@@ -1,0 +1,171 @@
+"""Comparing one run's metrics with its template's baseline.
+
+One metric is compared like this (thresholds from ``[verdict]``, sources in
+:data:`gpuguard.config.SCHEMA`)::
+
+    z   = (x - median) / (1.4826 * max(MAD, mad_floor_frac * |median|))
+    rel = (x - median) / |median|
+    flagged = |z| >= z_threshold (3.5, Iglewicz & Hoaglin)
+              and |rel| >= min_rel_change (shares: |x - median| >= share_min_abs_change too)
+              and the same deviation shows over at least one long window after warm-up
+
+:class:`Settings` is ``[verdict]``; :class:`Windows` holds the analysis span (after the
+warm-up) and its long windows; :func:`compare` returns one :class:`Comparison` per
+metric of :data:`gpuguard.epilog.metrics.METRICS`. Pure functions over a
+:class:`~gpuguard.epilog.jobdata.JobData` and a
+:class:`~gpuguard.epilog.baseline.Baseline`: no store access.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuguard.config import Config, ConfigError
+from gpuguard.epilog import baseline as baseline_mod
+from gpuguard.epilog import robust
+from gpuguard.epilog.jobdata import JobData
+from gpuguard.epilog.metrics import METRICS, analysis_span, long_windows, sustained, window_metrics
+
+
+#: Metrics that are shares of step time: they must also move by ``share_min_abs_change``.
+SHARES = ("data_wait_share", "comm_share")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``[verdict]`` of the config. The defaults and their sources live in one place,
+    :data:`gpuguard.config.SCHEMA`; build it with :meth:`from_config`."""
+
+    warmup_s: float
+    long_window_s: float
+    short_window_s: float
+    z_threshold: float
+    mad_floor_frac: float
+    min_rel_change: float
+    share_min_abs_change: float
+    peer_min_rel_change: float
+    throttle_active_share: float
+    leak_min_rise_frac: float
+    escalate_codes: tuple[str, ...]
+    escalate_count: int
+    escalate_window_s: float
+
+    @classmethod
+    def from_config(cls, cfg: Config | None) -> Settings:
+        """Read ``[verdict]``; raises :class:`ConfigError` for values out of range."""
+        if cfg is None:
+            from gpuguard.config import from_dict
+
+            cfg = from_dict({})
+        v = dict(cfg.values["verdict"])
+        if "escalate_codes" in v:
+            v["escalate_codes"] = tuple(v["escalate_codes"])
+        s = cls(**{k: v[k] for k in cls.__dataclass_fields__ if k in v})
+        where = cfg.path or "<config>"
+        if s.warmup_s < 0 or s.long_window_s <= 0 or s.short_window_s <= 0:
+            raise ConfigError(f"{where}: verdict windows must be > 0 (warmup_s >= 0)")
+        if s.z_threshold <= 0 or s.mad_floor_frac < 0 or s.min_rel_change < 0:
+            raise ConfigError(f"{where}: verdict.z_threshold must be > 0, mad_floor_frac and min_rel_change >= 0")
+        if s.escalate_count < 1:
+            raise ConfigError(f"{where}: verdict.escalate_count must be >= 1")
+        return s
+
+
+@dataclass
+class Comparison:
+    """One metric of the run against the template baseline.
+
+    ``value``: this run (unit in :data:`gpuguard.epilog.metrics.METRICS`); ``median``,
+    ``mad`` (raw MAD), ``n``: the baseline (``None``/0 when it has no value); ``z``:
+    robust z (``None`` when not judged: learning, or fewer than ``min_runs`` values);
+    ``rel_change``: (value - median) / |median|; ``flagged``: the deviation counts;
+    ``sustained_s``: length of the long windows that showed it.
+    """
+
+    metric: str
+    value: float | None
+    median: float | None
+    mad: float | None
+    z: float | None
+    rel_change: float | None
+    flagged: bool
+    n: int = 0
+    sustained_s: float = 0.0
+
+    @property
+    def direction(self) -> int:
+        """+1 above the baseline, -1 below, 0 equal or not compared."""
+        if self.z is None or self.z == 0:
+            return 0
+        return 1 if self.z > 0 else -1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("z", "rel_change"):
+            if d[k] is not None and not math.isfinite(d[k]):
+                d[k] = "inf" if d[k] > 0 else "-inf"
+        d["unit"] = METRICS[self.metric][0]
+        return d
+
+
+def deviates(metric: str, x: float, med: float, mad_raw: float, s: Settings,
+              sign: int = 0) -> tuple[bool, float, float]:
+    z, _ = robust.robust_z(x, med, mad_raw, s.mad_floor_frac)
+    rel = robust.rel_change(x, med)
+    ok = abs(z) >= s.z_threshold and abs(rel) >= s.min_rel_change
+    if metric in SHARES:
+        ok = ok and abs(x - med) >= s.share_min_abs_change
+    if sign and (z > 0) != (sign > 0):
+        ok = False
+    return ok, z, rel
+
+
+class Windows:
+    """Long windows after the warm-up and their metrics, computed once on demand."""
+
+    def __init__(self, data: JobData, s: Settings):
+        self.data = data
+        t0, t1 = analysis_span(data, s.warmup_s)
+        self.span = (t0, t1)
+        self.windows = long_windows(t0, t1, s.long_window_s, s.short_window_s) if t0 is not None else []
+        self._metrics: dict[tuple[float, float], dict[str, float | None]] = {}
+
+    def metric(self, name: str) -> Callable[[float, float], float | None]:
+        def value(a: float, b: float) -> float | None:
+            if (a, b) not in self._metrics:
+                self._metrics[(a, b)] = window_metrics(self.data, a, b)
+            return self._metrics[(a, b)].get(name)
+        return value
+
+
+def compare(metrics: Mapping[str, float | None], base: baseline_mod.Baseline, wins: Windows,
+            s: Settings, min_runs: int) -> list[Comparison]:
+    """Compare each metric with the baseline (see the module docstring)."""
+    out = []
+    judged = base.state == baseline_mod.READY
+    for m in METRICS:
+        x = metrics.get(m)
+        st = base.stats.get(m)
+        if x is None or st is None:
+            out.append(Comparison(m, x, st.median if st else None, st.mad if st else None, None, None, False,
+                                  st.n if st else 0))
+            continue
+        rel = robust.rel_change(x, st.median)
+        if not judged or st.n < min_runs:
+            out.append(Comparison(m, x, st.median, st.mad, None, rel, False, st.n))
+            continue
+        dev, z, rel = deviates(m, x, st.median, st.mad, s)
+        held = 0.0
+        if dev and METRICS[m][1]:
+            sign = 1 if z > 0 else -1
+            dev, held = sustained(wins.windows, wins.metric(m),
+                                  lambda v, m=m, st=st, sign=sign: deviates(m, v, st.median, st.mad, s, sign)[0])
+        elif dev:
+            held = (wins.span[1] or 0) - (wins.span[0] or 0)
+        out.append(Comparison(m, x, st.median, st.mad, z, rel, dev, st.n, round(held, 1)))
+    return out
+

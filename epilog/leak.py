@@ -1,0 +1,71 @@
+"""Memory-leak analysis: GPU memory (per GPU) or host RSS (per node) rising steadily
+after the warm-up.
+
+Theil–Sen slope > 0, rise over the span >= ``[verdict] leak_min_rise_frac`` of capacity
+(GPU; from the product name) or of the starting level (host), each quarter of the span
+higher than the last by >= 15 % of the rise (our choice: a caching allocator grows in
+steps, then plateaus; a leak keeps climbing), and the second half still rising at >= half
+the slope. The projection says when it reaches capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.epilog import robust
+from gpuguard.epilog.compare import Settings, Windows
+from gpuguard.epilog.jobdata import JobData
+
+
+def _leak_of(ts: list[float], ys: list[float | None], t0: float, t1: float, capacity: float | None,
+             s: Settings) -> dict[str, Any] | None:
+    pts = [(t, y) for t, y in zip(ts, ys, strict=True) if t0 <= t < t1 and y is not None]
+    if len(pts) < 8 or pts[-1][0] - pts[0][0] < s.long_window_s:
+        return None
+    tt = [p[0] for p in pts]
+    yy = [p[1] for p in pts]
+    slope = robust.theil_sen(tt, yy)
+    if not slope or slope <= 0:
+        return None
+    span = tt[-1] - tt[0]
+    rise = slope * span
+    n = len(pts)
+    q = [robust.median(yy[k * n // 4:(k + 1) * n // 4]) for k in range(4)]
+    start_level = q[0] or 0.0
+    ref = capacity if capacity else start_level
+    if not ref or rise < s.leak_min_rise_frac * ref:
+        return None
+    total = q[3] - q[0]  # type: ignore[operator]
+    if total <= 0 or any(q[k + 1] - q[k] < 0.15 * total for k in range(3)):  # type: ignore[operator]
+        return None
+    half = n // 2
+    late = robust.theil_sen(tt[half:], yy[half:]) or 0.0
+    if late < 0.5 * slope:
+        return None
+    out: dict[str, Any] = {"slope_mib_per_h": round(slope * 3600, 1), "rise_mib": round(rise, 1),
+                           "start_mib": round(start_level, 1), "last_mib": round(yy[-1], 1),
+                           "capacity_mib": capacity, "projected_full_at": None, "hours_to_full": None}
+    if capacity:
+        hours = max(0.0, (capacity - yy[-1]) / slope / 3600)
+        out["hours_to_full"] = round(hours, 2)
+        out["projected_full_at"] = round(tt[-1] + hours * 3600, 1)
+    return out
+
+
+def memory_leak(data: JobData, wins: Windows, s: Settings) -> dict[str, Any] | None:
+    t0, t1 = wins.span
+    if t0 is None:
+        return None
+    hits = []
+    for g in data.gpus:
+        r = _leak_of(g.t, g.mem, t0, t1, data.mem_total_mib.get(g.key), s)
+        if r:
+            hits.append(dict(r, where=g.key, kind="gpu", node=g.node, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid))
+    for node, (ts, vs) in data.host.items():
+        r = _leak_of(ts, vs, t0, t1, None, s)
+        if r:
+            hits.append(dict(r, where=f"{node}/host", kind="host", node=node))
+    if not hits:
+        return None
+    hits.sort(key=lambda h: -h["slope_mib_per_h"])
+    return {"leaks": hits[:8], "worst": hits[0]}

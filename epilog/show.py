@@ -1,0 +1,65 @@
+"""Text of a verdict for ``gpuguard job show``: the cause and its evidence first, then
+one row per compared metric, then the node change-log context."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _num(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not math.isfinite(v) or abs(v) >= 1e300:
+            return "inf" if v > 0 else "-inf"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def format_verdict(d: dict[str, Any]) -> str:
+    """Text for ``gpuguard job show``: the verdict and its evidence first, then one row
+    per metric (this run, baseline median, deviation as relative change and z, flag),
+    then the node change-log context. ``d`` is :func:`load_verdict`'s dict (or
+    :meth:`Verdict.to_dict`)."""
+    head = f"verdict: {d['cause']} — {d['summary']}"
+    out = [head, f"  template {d['template']} ({d['state']}"
+           + (f", {d.get('baseline_runs')} baseline runs)" if d.get("baseline_runs") is not None else ")")]
+    if d.get("also"):
+        out.append("  also: " + ", ".join(d["also"]))
+    ev = d.get("evidence") or {}
+    for key in ("gpus", "leaks"):
+        for h in ev.get(key, [])[:8]:
+            out.append("  evidence: " + ", ".join(f"{k}={_num(v)}" for k, v in h.items()
+                                                  if k not in ("gpu_uuid",) and not isinstance(v, dict)))
+    if ev.get("reasons"):
+        out.append("  active reasons: " + ", ".join(f"{r} {v:.0%}" for r, v in ev["reasons"].items()))
+    for e in (ev.get("events") or [])[:5]:
+        out.append(f"  event: {e['node']} gpu{e['gpu_index']} {e['kind']} {e['code']} ({e.get('action')}) "
+                   f"{e.get('message', '')}")
+    for f in (ev.get("findings") or [])[:5]:
+        out.append(f"  finding: {f['node']} gpu{f['gpu_index']} {f['code']} {f['severity']}: {f.get('message', '')}")
+    if ev.get("unexplained"):
+        out.append("  moved without a cause: " + ", ".join(ev["unexplained"]))
+    rows = []
+    for c in d.get("comparisons", []):
+        dev = "-"
+        if c.get("rel_change") is not None and c.get("median") is not None:
+            rel = c["rel_change"]
+            dev = (f"{rel:+.1%}" if isinstance(rel, float) and math.isfinite(rel) and abs(rel) < 1e300 else "new")
+            if c.get("z") is not None:
+                dev += f" (z {_num(c['z'], 3)})"
+        rows.append([c["metric"], c.get("unit", ""), _num(c.get("value")), _num(c.get("median")), dev,
+                     "FLAG" if c.get("flagged") else ""])
+    if rows:
+        headers = ["METRIC", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
+        cols = [headers, *rows]
+        widths = [max(len(str(r[i])) for r in cols) for i in range(len(headers))]
+        lines = ["  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in cols]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        out += ["", *lines]
+    if d.get("context"):
+        out += ["", "node changes since the baseline's runs:"]
+        for c in d["context"][:10]:
+            out.append(f"  {c['node']} gpu{c['gpu_index']} {c['field']}: {c['old']} -> {c['new']}")
+    return "\n".join(out)

@@ -1,0 +1,131 @@
+"""What nvidia-smi prints for GPUs it cannot reach, and the GPU recovery action.
+
+* **Dead GPUs.** When NVML cannot get a handle for a GPU, nvidia-smi prints, in place of
+  that GPU's section (``-q``, ``-a``, ``-q -x``) or as its whole output (``-i N``), one line
+  of its own: ``Unable to determine the device handle for GPU 0000:09:00.0: Unknown
+  Error`` (NVIDIA/nvidia-docker#1553; lyulyul/shine-cluster#171). :func:`split_lost_lines`
+  takes those lines out of the dump and returns a :class:`~gpuguard.model.GpuState` per
+  line, with the bus id and ``read_errors["device_handle"]`` set to the NVML error name,
+  so the ``gpu_lost`` check raises ``gpu.lost`` (critical) on that bus id.
+  :func:`place_lost_gpus` merges them with the parsed GPUs in document order (the GPU
+  index is the position in the dump, as for the sections).
+* **Fewer sections than ``Attached GPUs``** is *not* a fault by itself: ``nvidia-smi -q
+  -i N`` prints one section under ``Attached GPUs : 8``. Only the configured
+  ``[node] gpu_count`` or the job's gres judge the count.
+* **GPU recovery action** (R550+ drivers; NVML ``nvmlDeviceGpuRecoveryAction_t``:
+  0 None, 1 GPU Reset, 2 Node Reboot, 3 Drain P2P, 4 Drain and Reset). nvidia-smi prints
+  it as ``GPU Recovery Action : <name>`` (``-q``), ``<gpu_recovery_action>`` (``-q -x``)
+  and in ``--query-gpu=index,gpu_recovery_action --format=csv[,noheader]``
+  (:func:`parse_recovery_csv`). Names differ between drivers and tools (``Reset``,
+  ``GPU Reset Required``, ``Reboot``, ``OS Reboot``, ``Node Reboot Required``...);
+  :func:`gpuguard.xid.catalog.recovery_action_code` maps all of them, or a printed
+  number, to the enum value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+from gpuguard.gpu.nvsmi_common import READ_ERROR_NAMES, NvsmiParseError
+from gpuguard.model import GpuState, NodeSnapshot, norm_pci
+from gpuguard.xid.catalog import recovery_action_code
+
+_LOST_RE = re.compile(
+    r"^\s*Unable to determine the device handle for (?:GPU\s*)?"
+    r"(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?)\s*:\s*(?P<err>.*?)\s*$",
+    re.MULTILINE,
+)
+_HEADER_RE = re.compile(
+    r"^\s*(?:GPU\s+|<gpu id=\")(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\"?>?\s*$",
+    re.MULTILINE,
+)
+
+def split_lost_lines(text: str) -> tuple[str, list[tuple[int, GpuState]]]:
+    """Remove nvidia-smi's per-GPU "Unable to determine the device handle" lines.
+
+    Returns ``(remaining text, [(offset in the dump, lost GpuState), ...])``. The error
+    text after the bus id becomes the NVML error name (``Unknown Error`` -> ``Unknown``,
+    ``GPU is lost`` -> ``GpuIsLost``; anything else -> ``Unknown``)."""
+    lost: list[tuple[int, GpuState]] = []
+    for m in _LOST_RE.finditer(text):
+        err = READ_ERROR_NAMES.get(m["err"].strip().rstrip(".").lower(), "Unknown")
+        try:
+            bus = norm_pci(m["bus"])
+        except ValueError:
+            continue
+        lost.append((m.start(), GpuState(index=-1, pci_bus_id=bus, read_errors={"device_handle": err})))
+    if not lost:
+        return text, []
+    return _LOST_RE.sub("", text), lost
+
+
+def place_lost_gpus(snap: NodeSnapshot, original: str, lost: list[tuple[int, GpuState]]) -> None:
+    """Insert ``lost`` GPUs into ``snap.gpus`` in document order and renumber indices
+    (index = position in the dump, as nvidia-smi numbers GPUs by PCI order)."""
+    order: list[tuple[int, GpuState]] = []
+    headers = [(m.start(), norm_pci(m["bus"])) for m in _HEADER_RE.finditer(original)]
+    for i, g in enumerate(snap.gpus):
+        pos = next((p for p, bus in headers if bus == g.pci_bus_id), None)
+        order.append((pos if pos is not None else -1 + i * 1e-6, g))
+    for pos, g in lost:
+        g.driver_version, g.cuda_version = snap.driver_version, snap.cuda_version
+        order.append((pos, g))
+    order.sort(key=lambda pg: pg[0])
+    snap.gpus = [g for _, g in order]
+    for i, g in enumerate(snap.gpus):
+        g.index = i
+
+
+def lost_only_snapshot(lost: list[tuple[int, GpuState]], source: str, taken_at: float) -> NodeSnapshot:
+    """A snapshot of a dump that holds nothing but device-handle error lines."""
+    snap = NodeSnapshot(taken_at=taken_at, source=source)
+    snap.gpus = [g for _, g in lost]
+    for i, g in enumerate(snap.gpus):
+        g.index = i
+    return snap
+
+
+def parse_recovery_csv(text: str, where: str, taken_at: float) -> NodeSnapshot:
+    """``nvidia-smi --query-gpu=index[,pci.bus_id],gpu_recovery_action --format=csv``
+    (with or without the header line) -> one GpuState per row with ``recovery_action``
+    set. Without a header the columns must be ``index, gpu_recovery_action``. Raises
+    :class:`NvsmiParseError` for any other CSV."""
+    rows = [r for r in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in r)]
+    if not rows:
+        raise NvsmiParseError(f"{where}: empty CSV")
+    header = [c.strip().lower() for c in rows[0]]
+    if "gpu_recovery_action" in header:
+        cols = {name: header.index(name) for name in header}
+        body = rows[1:]
+    else:
+        cols = {"index": 0, "gpu_recovery_action": 1}
+        body = rows
+    snap = NodeSnapshot(taken_at=taken_at, source="nvidia-smi-query")
+    for n, row in enumerate(body, 1):
+        try:
+            index = int(row[cols["index"]]) if "index" in cols else n - 1
+            raw = row[cols["gpu_recovery_action"]]
+        except (IndexError, ValueError):
+            raise NvsmiParseError(f"{where}: row {n}: expected index, gpu_recovery_action") from None
+        code = recovery_action_code(raw)
+        if code is None and raw.strip().lower() not in ("n/a", "[n/a]", "not supported"):
+            raise NvsmiParseError(f"{where}: row {n}: unknown GPU recovery action {raw.strip()!r}")
+        g = GpuState(index=index, recovery_action=code)
+        if "pci.bus_id" in cols:
+            try:
+                g.pci_bus_id = norm_pci(row[cols["pci.bus_id"]])
+            except (IndexError, ValueError):
+                pass
+        snap.gpus.append(g)
+    return snap
+
+
+def looks_like_recovery_csv(text: str) -> bool:
+    """True for ``--query-gpu`` CSV whose columns are what :func:`parse_recovery_csv` reads."""
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    if "gpu_recovery_action" in first.lower():
+        return True
+    cells = [c.strip() for c in first.split(",")]
+    return len(cells) == 2 and cells[0].isdigit() and recovery_action_code(cells[1]) is not None

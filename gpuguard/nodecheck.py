@@ -1,0 +1,101 @@
+"""The node check both hooks run: decide and act first, bookkeeping after.
+
+Order (each step bounded by the hook's deadline, a :func:`time.monotonic` instant):
+
+1. :meth:`gpuguard.drainq.PendingDrains.retry`: drains earlier runs could not confirm;
+2. :func:`live_check`: snapshot + kernel log + checks **without the store** (a locked,
+   corrupt, full or hung store cannot delay or change the verdict); on ``drain`` the
+   decision is written to the pending-drain list, *then* the kernel-log cursor moves past
+   the events, then the drain is tried and confirmed (:mod:`gpuguard.drainq`);
+   without a drain the cursor moves at once;
+3. :func:`record_with_store`: with the store open, the checks run again with history
+   (counters, inventory, idle baseline), the run is recorded, and a drain that only the
+   history shows (a site policy can make one) goes through the same pending list.
+
+Kernel-log lines with an XID marker that were not accepted are in the result's
+``tool_errors`` (with their reasons), which the hooks log.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpuguard.drainq import Outcome, PendingDrains
+from gpuguard.health import Collected, HealthResult, collect, judge, record_run, write_cursor_file
+
+
+@dataclass
+class LiveCheck:
+    """What :func:`live_check` saw, decided and did."""
+
+    collected: Collected
+    result: HealthResult
+    drain: Outcome | None = None
+
+
+def pending_drains(cfg: Any, deadline: float | None, log: Any, *, allow_drain: bool = True) -> PendingDrains:
+    """The pending-drain list acting through the hook's actuator
+    (:meth:`gpuguard.actuator.Actuator.from_config`, calls capped by ``deadline``); a dry
+    run when ``[slurm] drain`` is false or ``allow_drain`` is False (a broken config)."""
+    from gpuguard.actuator import Actuator
+
+    act = Actuator.from_config(cfg, deadline=deadline, log=log)
+    if not allow_drain:
+        act.dry_run = True
+    return PendingDrains(cfg, act, log=log)
+
+
+def _budget_left(deadline: float | None, share: float = 1.0) -> float | None:
+    if deadline is None:
+        return None
+    return max(0.1, (deadline - time.monotonic()) * share)
+
+
+def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
+    """Move the kernel-log cursor (files in state_dir and run_dir); errors appended."""
+    if cursor is None:
+        return
+    try:
+        write_cursor_file(cfg, cursor)
+    except OSError as e:
+        errors.append(f"cursor file: {e}")
+
+
+def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, job_gpus: list[int] | None,
+               deadline: float | None) -> LiveCheck:
+    """Steps 1-2 of the module docstring. Never touches the store."""
+    pend.retry()
+    col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
+    res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)
+    out = LiveCheck(col, res)
+    if res.decision.outcome == "drain" and not pend.dry_run:
+        node = cfg.node_name
+        if pend.add(node, res.decision.reason):
+            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+        else:
+            res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
+                                   "so these events are read again next run")
+        out.drain = pend.settle(node, res.decision.reason)
+    else:
+        if res.decision.outcome == "drain":
+            pend.log.warning("dry run: would drain %s: %s", cfg.node_name, res.decision.reason)
+        commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    return out
+
+
+def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains, *, hook: str,
+                      job_id: str | None, job_gpus: list[int] | None) -> HealthResult:
+    """Step 3 of the module docstring. Returns the result with history (the live result
+    when the store fails)."""
+    res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus)
+    try:
+        res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor)
+    except Exception as e:  # locked, corrupt, read-only, full: the verdict is already acted on
+        live.result.tool_errors.append(f"store: {e}")
+        return live.result
+    if res.decision.outcome == "drain" and live.result.decision.outcome != "drain":
+        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason):
+            live.drain = pend.settle(cfg.node_name, res.decision.reason)
+    return res

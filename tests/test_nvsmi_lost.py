@@ -1,0 +1,124 @@
+"""Dead GPUs in nvidia-smi dumps, the GPU recovery action, pending page retirement, and
+`check --kernel-log` on a `kernel:`-only file: the measured failures of issue class 7/1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import DATA
+
+from gpuguard.cli import main
+from gpuguard.gpu.nvsmi import load_nvidia_smi, parse_nvidia_smi
+from gpuguard.gpu.nvsmi_common import NvsmiParseError
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["--config", "/dev/null", *args])
+
+
+def check_json(path, *extra):
+    r = invoke("check", "--json", "--from-nvidia-smi", str(path), *extra)
+    return r.exit_code, json.loads(r.output)
+
+
+def test_handle_error_line_alone_is_a_lost_gpu_not_bad_input():
+    rc, doc = check_json(DATA / "nvsmi-a-device-handle-unknown-error.txt")
+    assert rc == 2
+    assert doc["outcome"] == "drain"
+    [f] = doc["findings"]
+    assert (f["code"], f["severity"], f["action"], f["gpu_index"]) == ("gpu.lost", "critical", "drain", 0)
+    assert f["message"] == "gpu0 (0000:09:00.0) lost or hung: device_handle=Unknown"
+    assert doc["reason"] == "gpuguard: gpu.lost gpu0 (0000:09:00.0) lost or hung: device_handle=Unknown"
+
+
+def test_eight_gpu_dump_with_one_handle_error_is_seven_read_and_one_lost():
+    snap = load_nvidia_smi(DATA / "nvsmi-q-h100x8-one-gpu-handle-error.txt")
+    assert [(g.index, g.pci_bus_id, bool(g.read_errors)) for g in snap.gpus] == [
+        (0, "0000:53:00.0", False), (1, "0000:64:00.0", True), (2, "0000:75:00.0", False),
+        (3, "0000:86:00.0", False), (4, "0000:97:00.0", False), (5, "0000:a8:00.0", False),
+        (6, "0000:b9:00.0", False), (7, "0000:ca:00.0", False)]
+    assert snap.gpus[1].read_errors == {"device_handle": "Unknown"}
+    assert snap.gpus[2].name == "NVIDIA H100 80GB HBM3"
+    rc, doc = check_json(DATA / "nvsmi-q-h100x8-one-gpu-handle-error.txt")  # no [node] gpu_count
+    assert rc == 2 and doc["outcome"] == "drain"
+    lost = [(f["code"], f["gpu_index"]) for f in doc["findings"] if f["code"] == "gpu.lost"]
+    assert lost == [("gpu.lost", 1)]
+
+
+def test_fewer_sections_than_attached_gpus_is_not_a_fault():
+    # `nvidia-smi -q -i 0` on an 8-GPU node: one section under "Attached GPUs : 8"
+    text = (DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt").read_text()
+    assert "Attached GPUs                             : 8" in text
+    rc, doc = check_json(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
+    assert (rc, doc["outcome"], doc["gpus"], doc["findings"]) == (0, "proceed", 1, [])
+
+
+@pytest.mark.parametrize("err,name", [("Unknown Error", "Unknown"), ("GPU is lost", "GpuIsLost"),
+                                      ("Some New Error", "Unknown")])
+def test_handle_error_variants_and_xml(err, name):
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><driver_version>550.54</driver_version>'
+           '<attached_gpus>2</attached_gpus>\n<gpu id="00000000:07:00.0"><product_name>A100</product_name>'
+           '<pci><pci_bus_id>00000000:07:00.0</pci_bus_id></pci></gpu>\n'
+           f'Unable to determine the device handle for GPU 00000000:0F:00.0: {err}\n</nvidia_smi_log>\n')
+    snap = parse_nvidia_smi(xml)
+    assert [(g.index, g.pci_bus_id, g.read_errors) for g in snap.gpus] == [
+        (0, "0000:07:00.0", {}), (1, "0000:0f:00.0", {"device_handle": name})]
+
+
+def test_recovery_action_csv_reset_is_a_drain_finding():
+    rc, doc = check_json(DATA / "nvsmi-query-gpu-recovery-action-reset.csv")
+    assert (rc, doc["outcome"], doc["gpus"]) == (2, "drain", 8)
+    assert [(f["code"], f["gpu_index"], f["action"]) for f in doc["findings"]] == [
+        ("gpu.recovery_action.gpu_reset", 1, "drain")]
+    assert doc["findings"][0]["message"] == "gpu1 driver requests recovery action 0x1 GPU Reset"
+
+
+@pytest.mark.parametrize("value,code,action", [
+    ("None", None, None), ("GPU Reset", "gpu.recovery_action.gpu_reset", "drain"),
+    ("OS Reboot", "gpu.recovery_action.node_reboot", "drain"), ("0x2 (Whatever)", "gpu.recovery_action.node_reboot", "drain"),
+    ("Drain P2P", "gpu.recovery_action.drain_p2p", "alert"), ("Drain and Reset", "gpu.recovery_action.drain_and_reset", "drain"),
+])
+def test_recovery_action_field_of_q_text(tmp_path, value, code, action):
+    text = (DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt").read_text()
+    text = text.replace("    Product Name", f"    GPU Recovery Action                   : {value}\n    Product Name", 1)
+    p = tmp_path / "q.txt"
+    p.write_text(text)
+    _rc, doc = check_json(p)
+    assert [(f["code"], f["action"]) for f in doc["findings"]] == ([(code, action)] if code else [])
+
+
+def test_recovery_action_field_of_xml():
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000000:07:00.0">'
+           '<gpu_recovery_action>Drain and Reset</gpu_recovery_action></gpu></nvidia_smi_log>\n')
+    assert parse_nvidia_smi(xml).gpus[0].recovery_action == 4
+
+
+@pytest.mark.parametrize("blacklist,retirement,expected", [
+    ("No", "Yes", True), ("Yes", "No", True), ("No", "No", False), ("N/A", "N/A", None), ("N/A", "Yes", True)])
+def test_pending_blacklist_or_retirement(blacklist, retirement, expected):
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000000:07:00.0"><retired_pages>'
+           f'<pending_blacklist>{blacklist}</pending_blacklist><pending_retirement>{retirement}</pending_retirement>'
+           '</retired_pages></gpu></nvidia_smi_log>\n')
+    assert parse_nvidia_smi(xml).gpus[0].retired_pages_pending is expected
+    text = ("GPU 00000000:07:00.0\n    Product Name : A100\n    Retired Pages\n"
+            f"        Pending Page Blacklist : {blacklist}\n        Pending Page Retirement : {retirement}\n")
+    assert parse_nvidia_smi(text).gpus[0].retired_pages_pending is expected
+
+
+def test_other_csv_is_still_refused():
+    with pytest.raises(NvsmiParseError, match="comma-separated output"):
+        parse_nvidia_smi("index, name\n0, A100\n")
+    with pytest.raises(NvsmiParseError, match="unknown GPU recovery action 'Explode'"):
+        parse_nvidia_smi("index, gpu_recovery_action\n0, Explode\n")
+
+
+def test_check_kernel_log_with_kernel_prefix_only_xid79_drains(tmp_path):
+    log = tmp_path / "pasted.log"
+    log.write_text("kernel: NVRM: Xid (PCI:0000:dc:00): 79, pid=1818990, name=python3, GPU has fallen off the bus.\n")
+    r = invoke("check", "--json", "--from-nvidia-smi", str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt"),
+               "--kernel-log", str(log))
+    doc = json.loads(r.output)
+    assert (r.exit_code, doc["outcome"]) == (2, "drain")
+    assert [(f["code"], f["action"]) for f in doc["findings"]] == [("xid.79", "drain")]

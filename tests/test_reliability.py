@@ -1,0 +1,209 @@
+"""The pieces that keep faults from being lost or repeated: durable state files, the
+pending-drain list, the per-job epilog lock, the hook watchdog, the collector supervisor
+and the job directory's size cap."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import node_snapshot
+
+from gpuguard import durable
+from gpuguard.collector import launch
+from gpuguard.collector.jobdir_cap import enforce_cap
+from gpuguard.actuator import Actuator
+from gpuguard.drainq import PendingDrains
+from gpuguard.hookrun import announce, run_watched
+
+# -- durable state files ------------------------------------------------------------------
+
+
+def test_durable_newest_copy_wins_and_survives_a_readonly_dir(tmp_path):
+    disk, run = str(tmp_path / "disk"), str(tmp_path / "run")
+    dirs = [disk, run]
+    assert durable.write(dirs, "x.json", "a") == [disk, run]
+    assert durable.read(dirs, "x.json") == ("a", 1)
+    os.makedirs(disk, exist_ok=True)
+    # the disk copy can no longer be replaced (read-only / full): only /run takes it
+    os.rename(os.path.join(disk, "x.json"), os.path.join(disk, "keep"))
+    os.mkdir(os.path.join(disk, "x.json"))  # a directory in the way: rename onto it fails
+    assert durable.write(dirs, "x.json", "b") == [run]
+    assert durable.read(dirs, "x.json") == ("b", 2)
+
+
+def test_durable_copies_of_another_owner_are_ignored(tmp_path):
+    run = str(tmp_path / "run")
+    durable.write([str(tmp_path / "other"), run], "x.json", "theirs")
+    assert durable.read([str(tmp_path / "mine"), run], "x.json") == (None, 0)
+
+
+def test_durable_nothing_writable_raises(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(OSError):
+        durable.write([str(tmp_path / "f" / "sub")], "x.json", 1)
+
+
+# -- pending drains -----------------------------------------------------------------------
+
+
+class FakeSlurm:
+    def __init__(self, fail_drains=0, hang=False):
+        self.reasons: dict[str, str] = {}
+        self.fail_drains = fail_drains
+        self.calls: list[tuple] = []
+        self.hang = hang
+
+    def node_reason(self, node, timeout_s=None):
+        self.calls.append(("show", node, timeout_s))
+        return self.reasons.get(node)
+
+    def drain_node(self, node, reason, timeout_s=None):
+        self.calls.append(("drain", node, timeout_s))
+        if self.fail_drains:
+            self.fail_drains -= 1
+            from gpuguard.slurm import SlurmError
+            raise SlurmError("slurmctld down")
+        self.reasons[node] = reason + " [root@x]"
+
+
+@pytest.fixture
+def cfg(make_config):
+    return make_config()[1]
+
+
+def test_failed_drain_stays_pending_and_the_next_run_confirms_it(cfg):
+    slurm = FakeSlurm(fail_drains=1)
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert (out.status, out.why) == ("pending", "drain failed: slurmctld down")
+    assert PendingDrains(cfg, Actuator(slurm)).entries()["n1"]["attempts"] == 1
+    [again] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert again.status == "confirmed"
+    assert PendingDrains(cfg, Actuator(slurm)).entries() == {}
+    assert [c[0] for c in slurm.calls if c[0] == "drain"] == ["drain", "drain"]
+    assert slurm.calls[-1][0] == "show"  # confirmed by reading the node back
+
+
+def test_already_drained_by_us_is_confirmed_without_a_second_drain(cfg):
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "gpuguard: xid.48 earlier [root@x]"
+    assert PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x").status == "confirmed"
+    assert [c[0] for c in slurm.calls] == ["show"]
+
+
+def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert out.status == "refused"
+    assert "n1" in PendingDrains(cfg, Actuator(slurm)).entries()
+    assert "drain" not in [c[0] for c in slurm.calls]
+
+
+def test_every_call_timeout_is_capped_by_the_deadline(cfg):
+    slurm = FakeSlurm()
+    PendingDrains(cfg, Actuator(slurm, deadline=time.monotonic() + 2.0)).drain("n1", "gpuguard: x")
+    assert all(c[2] <= 2.0 for c in slurm.calls)
+    slurm2 = FakeSlurm()
+    out = PendingDrains(cfg, Actuator(slurm2, deadline=time.monotonic() - 1)).drain("n2", "gpuguard: x")
+    assert (out.status, slurm2.calls) == ("pending", [])  # no time left: no call, kept
+
+
+# -- the hook watchdog -------------------------------------------------------------------
+
+
+def test_watchdog_ends_a_blocked_hook_at_its_budget(tmp_path):
+    fifo = tmp_path / "hung"
+    os.mkfifo(fifo)
+
+    def blocked():
+        with open(fifo, "rb") as fh:  # blocks in open(2) until a writer comes: never
+            fh.read()
+        return 1
+
+    t = time.monotonic()
+    assert run_watched(blocked, 0.5, "prolog", log_file=str(tmp_path / "g.log")) == 0
+    assert time.monotonic() - t < 2.0
+    assert "prolog exceeded its time budget of 0.5 s" in (tmp_path / "g.log").read_text()
+
+
+def test_watchdog_exits_with_the_announced_verdict(tmp_path):
+    def drain_then_hang():
+        announce(1)
+        time.sleep(30)
+        return 0
+
+    assert run_watched(drain_then_hang, 0.5, "prolog", log_file=str(tmp_path / "g.log")) == 1
+    assert "exiting 1 as announced" in (tmp_path / "g.log").read_text()
+
+
+def test_watchdog_passes_rc_and_output():
+    r = subprocess.run([sys.executable, "-c",
+                        "from gpuguard.hookrun import run_watched\n"
+                        "import sys\n"
+                        "rc = run_watched(lambda: print('hello') or 3, 5, 'epilog')\n"
+                        "sys.exit(rc)\n"], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (3, "hello\n")
+
+
+# -- job directory cap ---------------------------------------------------------------------
+
+
+def test_job_dir_cap_cuts_files_in_name_order(tmp_path):
+    d = tmp_path / "42"
+    d.mkdir()
+    (d / "train.rank0.jsonl").write_bytes(b"a" * 600)
+    (d / "train.rank1.jsonl").write_bytes(b"b" * 600)
+    (d / "link").symlink_to("/etc/passwd")
+    assert enforce_cap(str(d), 1000) == (1200, ["train.rank1.jsonl"])
+    assert (os.path.getsize(d / "train.rank0.jsonl"), os.path.getsize(d / "train.rank1.jsonl")) == (600, 400)
+    assert enforce_cap(str(d), 1000) == (1000, [])
+    assert enforce_cap(str(tmp_path / "missing"), 10) == (0, [])
+
+
+# -- collector supervisor ----------------------------------------------------------------
+
+
+def _wait(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_config, write_replay):
+    _, cfg = make_config("[collector]\ninterval_s = 0.5\nflush_s = 1\n", replay=write_replay(node_snapshot(2)))
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "cpuacct.usage").write_text("1\n")
+    env = {"SLURM_JOB_ID": "77", "PATH": os.environ["PATH"]}
+    sup = launch.start_collector(cfg, "77", gpus="0", uid=1001, env=env,
+                                 extra_args=["--job-cgroup", str(cg), "--no-scontrol"])
+    try:
+        def children():
+            return [p for p in launch.find_collector_pids("77") if p != sup]
+        assert _wait(lambda: len(children()) == 1)
+        first = children()[0]
+        os.kill(first, signal.SIGKILL)
+        t = time.monotonic()
+        assert _wait(lambda: children() and children()[0] != first, timeout=5.0)
+        assert time.monotonic() - t < 2 * 0.5 + 1.0  # within two intervals (+ start-up slack)
+        doc = json.loads((tmp_path / "state" / "collector.77.restarts.json").read_text())
+        assert doc["restarts"] == 1 and doc["last_death"] == "killed by SIGKILL" and 0 < doc["down_s"] < 1.0
+        res = launch.stop_collector(cfg, "77", timeout_s=10)
+        assert res.was_running and res.exited
+        assert _wait(lambda: launch.find_collector_pids("77") == [], timeout=10)
+    finally:
+        for p in launch.find_collector_pids("77"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(sup, 0)

@@ -1,0 +1,90 @@
+"""Kernel-log prefixes: every real layout is read; user text before the marker is not.
+
+The layouts are those the tools print (util-linux dmesg, journalctl -o ..., rsyslog
+traditional / RFC 3339 / RFC 5424, talosctl dmesg), in several locales, plus the corpus
+file pasted from a GB200 node (``kernel:`` only)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from gpuguard.xid.parse import parse_lines
+from gpuguard.xid.prefix import check_prefix, text_prefix_tokens
+
+DATA = pathlib.Path(__file__).parent / "data"
+MSG = "NVRM: Xid (PCI:0000:dc:00): 79, pid=1, name=python3, GPU has fallen off the bus."
+
+PREFIXES = [
+    ("kernel: ", ["kernel"]),
+    ("May 19 07:08:57 kernel: ", ["syslog_date", "kernel"]),  # journalctl --no-hostname
+    ("May 19 07:08:57.123456 node01 kernel: ", ["syslog_date", "host_kernel"]),  # -o short-precise
+    ("May  9 07:08:57 node01 kernel: [ 12.500000] ", ["syslog_date", "host_kernel", "bracket"]),
+    ("[May19 07:08] ", ["bracket"]),  # dmesg -H, first line of a minute
+    ("[  +0.000123] ", ["bracket"]),  # dmesg -H, relative
+    ("[Sun Feb 23 16:24:18 2025] ", ["bracket"]),  # dmesg -T
+    ("[ 1234.5678] ", ["bracket"]),
+    ("Mai 19 07:08:57 node01 kernel: ", ["syslog_date", "host_kernel"]),  # de_DE
+    ("févr. 19 07:08:57 node01 kernel: ", ["syslog_date", "host_kernel"]),  # fr_FR
+    ("19 мая 07:08:57 node01 kernel: ", ["syslog_date", "host_kernel"]),  # ru_RU, day first
+    (" 5月 19 07:08:57 node01 kernel: ", ["syslog_date", "host_kernel"]),  # ja_JP
+    ("12월 03 07:08:57 node01 kernel: ", ["syslog_date", "host_kernel"]),  # ko_KR
+    ("2025-01-21T04:41:44,283302+00:00 ", ["iso"]),  # dmesg --time-format iso
+    ("2025-01-21T04:41:44.283302+0000 node01 kernel: ", ["iso", "host_kernel"]),  # short-iso-precise
+    ("Fri 2024-05-17 07:08:57 UTC node01 kernel: ", ["iso", "host_kernel"]),  # -o short-full
+    ("<4>1 2024-05-17T07:08:57.123+00:00 node01 kernel - - - ", ["priority", "iso", "rfc5424_kernel"]),
+    ("<4>[ 12.5] ", ["priority", "bracket"]),  # dmesg -r
+    ("kern  :warn  : [ 12.5] ", ["kern_level", "bracket"]),  # dmesg -x
+    ("172.20.0.5: kern:    warn: [2024-07-09T19:12:01.426396139Z]: ", ["kern_level", "bracket"]),  # talosctl dmesg
+    ("node01 kern.warning kernel: ", ["facility", "kernel"]),  # rsyslog %syslogfacility-text%.%syslogseverity-text%
+    ("May 19 07:08:57 node01 kernel[0]: ", ["syslog_date", "host_kernel"]),
+    ("Xid errors on instance: ip-10-0-0-11, Error: May 19 07:08:57 ip-10-0-0-11 kernel: [680111.646286] ",
+     ["wrapper", "syslog_date", "host_kernel", "bracket"]),
+]
+
+
+@pytest.mark.parametrize("prefix,tokens", PREFIXES)
+def test_every_real_prefix_layout_gives_the_event(prefix, tokens):
+    res = parse_lines([prefix + MSG])
+    assert [(e.xid, e.pci_bus_id) for e in res.events] == [(79, "0000:dc:00")], res.rejected
+    assert res.unparsed == 0
+    if tokens is not None:
+        names, rest = text_prefix_tokens(prefix)
+        assert (names, rest) == (tokens, "")
+
+
+@pytest.mark.parametrize("prefix,reason", [
+    ("Nov 30 03:40:01 node01 alice: ", "not a kernel-log prefix: 'node01 alice:'"),
+    ("Nov 30 03:40:01 node01 python3[123]: ", "not a kernel-log prefix: 'node01 python3[123]:'"),
+    ('[ 5013.2] audit: name="/tmp/', "not a kernel-log prefix: 'audit: name=\"/tmp/'"),
+    ("[user] ", "not a kernel-log prefix: '[user]'"),
+    ("echo ", "not a kernel-log prefix: 'echo'"),
+])
+def test_user_text_before_the_marker_is_rejected_with_its_reason(prefix, reason):
+    res = parse_lines([prefix + MSG])
+    assert res.events == []
+    assert res.rejected == {reason: 1}
+    assert check_prefix(prefix, structured=False) == reason
+
+
+def test_timestamps_read_from_prefixes():
+    ev = parse_lines(["2025-01-21T04:41:44.5+00:00 node01 kernel: [  12.25] " + MSG]).events[0]
+    assert (ev.timestamp, ev.monotonic_s) == (1737434504.5, 12.25)
+    ev = parse_lines(["Mai 19 07:08:57 node01 kernel: " + MSG]).events[0]
+    assert (ev.timestamp, ev.monotonic_s) == (None, None)  # no year in a syslog date
+
+
+def test_corpus_kernel_prefix_only_file():
+    res = parse_lines((DATA / "xid-kernel-prefix-gb200-xid45.txt").read_text().splitlines())
+    assert [(e.pci_bus_id, e.xid) for e in res.events] == [
+        ("0000:dc:00", 45), ("0000:ed:00", 45), ("0000:ba:00", 45), ("0000:97:00", 45),
+        ("0000:dc:00", 45), ("0000:ba:00", 45), ("0000:ed:00", 45)]
+    assert res.events[0].message == "Ch 00000001 caused by previous Xid 149"
+    assert res.unparsed == 0
+
+
+def test_indented_marker_line_is_its_own_record_not_a_continuation():
+    lines = ["[ 1.0] NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
+             " 5月 19 07:08:57 node01 kernel: " + MSG]
+    assert [e.xid for e in parse_lines(lines).events] == [13, 79]
