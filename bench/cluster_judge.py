@@ -12,7 +12,8 @@ Prints figures and ratios against the issue's bounds; asserts nothing about time
    30 min each): jobs/s, cluster store growth per job, and ``sacctmgr`` calls per job
    (a stub that counts its calls; bound: exactly 1).
 
-    python bench/cluster_judge.py [--jobs 10000] [--skip-judge] [--skip-ingest]
+    python bench/cluster_judge.py [--jobs 10000] [--judge-nodes 64] [--judge-runs 4]
+                                  [--skip-judge] [--skip-ingest]
 """
 
 from __future__ import annotations
@@ -105,15 +106,16 @@ def _judge_child(spool: str, store_path: str, job_id: str, nodes: list[str]) -> 
                       "state": res.verdict["state"]}))
 
 
-def bench_judge(tmp: str) -> None:
-    nodes = [f"gpu{i:03d}" for i in range(1, 65)]
+def bench_judge(tmp: str, n_nodes: int = 64, runs: int = 4) -> None:
+    nodes = [f"gpu{i:03d}" for i in range(1, n_nodes + 1)]
     spool = os.path.join(tmp, "spool")
     os.makedirs(spool)
     store_path = os.path.join(tmp, "cluster.db")
-    print("judge, 64 nodes x 8 GPUs x 24 h (4 runs of one template: 3 learning, then judged):")
+    print(f"judge, {n_nodes} nodes x 8 GPUs x 24 h ({runs} runs of one template: the first 3 learning, then "
+          "judged):")
     import gzip
 
-    for k in range(4):
+    for k in range(runs):
         job_id = str(1000 + k)
         # one node's part built as its Epilog would, then given each node's name (building
         # 64 x 24 h of synthetic series would take the bench half an hour)
@@ -125,7 +127,7 @@ def bench_judge(tmp: str) -> None:
         out = subprocess.run([sys.executable, __file__, "--judge-child", spool, store_path, job_id, ",".join(nodes)],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"  run {k + 1}: {r['state']}/{r['cause']}: {r['s']:.2f} s (of which reading 64 parts "
+        print(f"  run {k + 1}: {r['state']}/{r['cause']}: {r['s']:.2f} s (of which reading {n_nodes} parts "
               f"{r['read_s']:.2f} s; bound 5 s: {r['s'] / 5:.2f}x), peak RSS {r['rss'] / 2**20:.0f} MiB "
               f"(bound 1 GiB: {r['rss'] / 2**30:.2f}x)")
 
@@ -222,12 +224,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10000)
     ap.add_argument("--skip-judge", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--judge-nodes", type=int, default=64, help="nodes of the judged job (the issue's case: 64)")
+    ap.add_argument("--judge-runs", type=int, default=4, help="runs of its template (4: the last is judged)")
     a = ap.parse_args()
     bench_part()
     bench_admin_comment()
     with tempfile.TemporaryDirectory() as tmp:
         if not a.skip_judge:
-            bench_judge(tmp)
+            bench_judge(tmp, a.judge_nodes, a.judge_runs)
         if not a.skip_ingest:
             bench_ingest(tmp, a.jobs)
 

@@ -301,6 +301,10 @@ def _read_bounded(path: str, max_bytes: int) -> bytes | None:
             os.close(fd)
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number gpuguard writes")
+
+
 def decode_part(blob: bytes) -> dict[str, Any]:
     """Inverse of :func:`encode_part`. Raises :class:`SpoolError` for anything that is not
     a part of a version this code reads."""
@@ -309,7 +313,7 @@ def decode_part(blob: bytes) -> dict[str, Any]:
             raw = gz.read(MAX_PART_JSON_BYTES + 1)
         if len(raw) > MAX_PART_JSON_BYTES:
             raise SpoolError("part decompresses to more than 64 MiB")
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_constant=_no_constant)
     except (OSError, EOFError, ValueError) as e:
         raise SpoolError(f"not a gzip JSON part: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -348,10 +352,13 @@ def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[s
 
 
 # -- the judge's view ------------------------------------------------------------------------
+_NUMBER = (int, float)
+
+
 def _f(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
+    """A number of a decoded part, else None (``bool`` is not a number; NaN and infinity
+    never get here: :func:`decode_part` refuses them)."""
+    return v if type(v) in _NUMBER else None
 
 
 def _col(d: Mapping[str, Any], k: str, n: int) -> list[Any]:
