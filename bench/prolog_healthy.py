@@ -2,7 +2,7 @@
 
 Prints the median wall time of N complete ``gpuguard-prolog`` process runs (store,
 kernel-log scan, every check, decision; collector start off) and the import time of the
-prolog path (``python -X importtime``). Goal (issue 2): <= 0.3 s wall. A figure, not a
+prolog path (``python -X importtime``). Goal: <= 0.3 s wall. A figure, not a
 test: nothing here asserts a time.
 
     .venv/bin/python bench/prolog_healthy.py [N]

@@ -119,7 +119,7 @@ def generate(path: str, n: int, seed: int = 5) -> list[tuple[int, str]]:
             tmpl = f"gpuguard:template=t{rnd.randrange(40)}" if rnd.random() < 0.4 else ""
             fh.write("|".join((str(raw), str(raw), "bench", f"job{i % 997}", user, acct, part, "normal",
                                _fmt(submit), _fmt(eligible), start_s, end_s, str(elapsed), state, ec, tres,
-                               str(cpus), "1", "n001", tmpl, "")) + "\n")
+                               str(cpus), "1", "n001", tmpl, "", tres, "1440")) + "\n")
     return summaries
 
 
@@ -263,7 +263,29 @@ def main() -> None:
                                    float(pdr["efficiency"][1].idle.sum()) / 3600, rel_tol=1e-9),
     }
     print("\nsqlite and pandas agree: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in agree.items()))
+    grouped_and_bucketed(store, since, until)
     store.close()
+
+
+def grouped_and_bucketed(store, since, until) -> None:
+    """Time the grouping features: two keys, month buckets (one query per bucket plus the
+    whole window), a filter, and the HTML usage-over-time series (one query)."""
+    from gpuguard.reports.buckets import usage_series
+    from gpuguard.reports.queries import Filters, run_reports
+
+    utc = ZoneInfo("UTC")
+    print(f"\n{'grouping':44} {'s':>7}")
+    for label, kw in (("cost --by account,user", {"by": "account,user"}),
+                      ("cost --by account --per month", {"per": "month"}),
+                      ("cost --by account,user --per week", {"by": "account,user", "per": "week"}),
+                      ("cost --user <one> (filter)", {"cluster": Filters(user=("user001",))})):
+        t = time.perf_counter()
+        (rep,) = run_reports(store, ["cost"], since=since, until=until, rates=RATES, tz=utc, **kw)
+        print(f"{label:44} {time.perf_counter() - t:7.3f}  ({len(rep.tables[0].rows)} rows)")
+    t = time.perf_counter()
+    s = usage_series(store, since, until, "account", utc)
+    print(f"{'usage over time (' + s['bucket'] + ', one query)':44} {time.perf_counter() - t:7.3f}  "
+          f"({len(s['periods'])} periods x {len(s['groups'])} groups)")
 
 
 if __name__ == "__main__":

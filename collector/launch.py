@@ -527,27 +527,51 @@ def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> str | None:
     return sig.name
 
 
-def find_collector_pids(job_id: str) -> list[int]:
+def _argv(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _arg_value(argv: list[bytes], name: bytes) -> bytes | None:
+    try:
+        return argv[argv.index(name) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+def find_collector_pids(job_id: str, *, node: str | None = None, config: str | None = None) -> list[int]:
     """Pids of the live collectors (and collector supervisors) of ``job_id`` on this host,
     found through ``/proc/PID/cmdline`` (:func:`is_collector`), without any config: the
-    epilog stops them even when the config broke after the prolog."""
+    epilog stops them even when the config broke after the prolog. ``node`` / ``config``
+    narrow it to collectors started with that ``--node`` / ``--config`` (several slurmd
+    on one host run the same job id's collectors side by side)."""
     out = []
     try:
         names = os.listdir("/proc")
     except OSError:
         return out
     for name in names:
-        if name.isdigit() and is_collector(int(name), job_id):
-            out.append(int(name))
+        if not (name.isdigit() and is_collector(int(name), job_id)):
+            continue
+        argv = _argv(int(name))
+        if node is not None and _arg_value(argv, b"--node") != node.encode():
+            continue
+        if config is not None and _arg_value(argv, b"--config") != os.path.abspath(config).encode():
+            continue
+        out.append(int(name))
     return sorted(out)
 
 
-def stop_collector_by_scan(job_id: str, timeout_s: float = 5.0) -> list[StopResult]:
+def stop_collector_by_scan(job_id: str, timeout_s: float = 5.0, *, node: str | None = None,
+                           config: str | None = None) -> list[StopResult]:
     """SIGTERM, wait, SIGKILL every collector of ``job_id`` found by
-    :func:`find_collector_pids` (parents first, so a supervisor does not restart its
-    child). Never raises for a process that is already gone."""
+    :func:`find_collector_pids` (same ``node`` / ``config`` filters). Never raises for a
+    process that is already gone."""
     results = []
-    for pid in find_collector_pids(job_id):
+    for pid in find_collector_pids(job_id, node=node, config=config):
         pidfd = None
         with contextlib.suppress(OSError, AttributeError, OverflowError, ValueError):
             pidfd = os.pidfd_open(pid)

@@ -215,12 +215,17 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
     except (StoreError, ValueError, AdviceError, JobNotVisible) as e:
         _fail(str(e))
     idle = cfg.get("job_page", "idle_gpu_pct") if cfg is not None else 5.0
+    rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
+            for s in rep["summaries"] for m, v, u in summary_rows(s)]
+    headers = ["node", "metric", "value", "unit"]
     if fmt in ("json", "csv") and not output:
-        rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
-                for s in rep["summaries"] for m, v, u in summary_rows(s)]
-        emit(fmt, dict(rep, job=isoify(rep["job"], tz)), rows=rows, headers=["node", "metric", "value", "unit"])
+        emit(fmt, dict(rep, job=isoify(rep["job"], tz)), rows=rows, headers=headers)
         return
-    if fmt == "html":
+    if fmt == "csv":
+        from gpuguard.output import to_csv
+
+        text = to_csv(rows, headers)
+    elif fmt == "html":
         from gpuguard.epilog.jobpage_html import render_html
 
         text = render_html(rep, series, tz=tz, advice=advice, idle_gpu_pct=idle)

@@ -182,7 +182,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         # stopped (found through /proc, not through the broken config's paths).
         log.error("tool error: config: %s", config_error)
         if job_id:
-            _stop_without_config(job_id, log)
+            from gpuguard.config import find_config_path
+
+            _stop_without_config(job_id, log, node=env.get("SLURMD_NODENAME"), config=find_config_path()[0])
         return EXIT_OK
     budget = float(cfg.get("epilog", "time_budget_s"))
     deadline = started + budget * DEADLINE_SHARE
@@ -198,7 +200,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         except Exception as e:  # our fault: the summary says "unknown"
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
         # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
-        _stop_without_config(job_id, log)
+        _stop_without_config(job_id, log, node=node, config=cfg.path)
     status = collector_status(stop)
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
 
@@ -206,7 +208,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     from gpuguard.nodecheck import live_check, pending_drains
 
     job_gpus = henv.job_gpus
-    pend = pending_drains(cfg, deadline, log)
+    from gpuguard.ops.maintenance import cached as maintenance_now
+
+    maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
     live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
     res = live.result
     for err in res.tool_errors:
@@ -218,6 +223,15 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     elif res.decision.outcome == "fail-job":
         log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
                     res.decision.reason)
+    if maint.active and res.decision.outcome == "drain":
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, "drain", res.decision.reason, by="epilog", log=log)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+    from gpuguard.ops.jobmap import job_ended
+
+    enqueue_from_hook(cfg, node, res.decision.actions, source="epilog", job_id=job_id, log=log)
+    job_ended(cfg, env, log)  # exporters' GPU -> job files; fails open
 
     # 4. one epilog at a time per job: a second or concurrent one never undoes the first
     from gpuguard.epilog.joblock import job_lock
@@ -252,12 +266,30 @@ def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
     return doc
 
 
-def _stop_without_config(job_id: str, log: Any) -> None:
-    """Stop the job's collector found through /proc (config unreadable)."""
+def _load_spill(store: Any, cfg: Any, job_id: str, log: Any) -> None:
+    """Rows the collector could not store at exit (a locked store) go in now."""
+    from gpuguard.collector.spill import load_spill
+    from gpuguard.store import StoreError
+
+    path = os.path.join(cfg.get("paths", "state_dir"), f"collector.{job_id}.spill.jsonl")
+    try:
+        n = load_spill(store, path)
+        if n:
+            log.info("loaded %d row(s) the collector could not store at exit", n)
+    except StoreError as e:
+        log.error("tool error: collector spill %s kept: %s", path, e)
+
+
+def _stop_without_config(job_id: str, log: Any, *, node: str | None, config: str | None) -> None:
+    """Stop the job's collectors found through /proc, those of this node and config
+    file only (``--node`` / ``--config`` on their command line); used when the pid file
+    cannot be trusted or read (a broken config, a killed supervisor)."""
+    if not node:
+        return  # without a node name the scan could hit another slurmd's collector
     try:
         from gpuguard.collector.launch import stop_collector_by_scan
 
-        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S):
+        for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S, node=node, config=config):
             log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
                         "exited" if r.exited else "did not exit")
     except Exception as e:
@@ -278,6 +310,7 @@ def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -
 def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
                  live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
                  restarts: dict | None = None, uid: int | None = None) -> None:
+    from gpuguard.ops import schema as _ops_schema  # noqa: F401  (the "ops" tables: record_hook_drain)
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -288,6 +321,9 @@ def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, s
     if store is None:
         log.info("epilog done without a summary (no store)")
         return
+    from gpuguard.nodecheck import bound_store_waits
+
+    bound_store_waits(store, pend.deadline, share=0.3)
     try:
         _bookkeeping_in(store, cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log,
                         restarts, uid)
@@ -308,15 +344,19 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: %s", e)
         return
     n_err = len(live.result.tool_errors)
-    record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
+    rec = record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
     for err in live.result.tool_errors[n_err:]:
         log.error("tool error: %s", err)
+    from gpuguard.ops.nodes import record_hook_drain
+
+    record_hook_drain(store, node, live, by="epilog", run_id=getattr(rec, "run_id", None), log=log)
     if not job_id:
         log.info("epilog done without a summary (no job id)")
         return
     if repeat:
         log.info("epilog of job %s already done: its records and summary are kept", job_id)
         return
+    _load_spill(store, cfg, job_id, log)
     if status == "died":
         log.warning("collector pid %s died before the epilog", stop.pid)
         try:
@@ -373,6 +413,11 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     if summary is not None:
         _hand_over(store, job_id, cfg, env, node, summary, log, pend)
 
+    if store is not None:
+        deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
+        _auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
+                    else deadline - time.monotonic(), log)
+
     # 7. the job directory
     if keep_dir:
         log.info("job directory kept: %s", job_dir)
@@ -383,6 +428,25 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
             pass  # no job_dir_root: the job never had a directory
         except Exception as e:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+
+
+def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
+    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
+    and at most half of what the epilog's budget has left; our errors are logged only."""
+    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
+    if budget_s <= 0:
+        return
+    from gpuguard.retention import prune
+
+    try:
+        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
+                    budget_s=budget_s)
+    except Exception as e:  # pruning is housekeeping: never fails the epilog
+        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
+        return
+    if res["samples_folded"] or res["minutes"] or not res["complete"]:
+        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
+                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
 
 
 def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, summary: Any,
@@ -403,7 +467,9 @@ def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str
            "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
            "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": parse_uint(env.get("SLURM_JOB_NUM_NODES")),
            "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": parse_uint(env.get("SLURM_JOB_EXIT_CODE"))}
-    slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0)
+    # the template lookup (scontrol show job) is capped by what is left of the budget
+    slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
+                     deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
     if not spool and (job["num_nodes"] or 1) > 1:
         log.warning("multi-node job not judged: set [paths] spool_dir so the controller judges it once "
                     "with every node's data")

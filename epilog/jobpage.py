@@ -26,8 +26,12 @@ from typing import Any
 EVIDENCE_LINES = 3
 #: Width of a bar in characters.
 BAR_W = 16
-#: Most GPU lines on the default page; more are summarised (``--full`` lists them all).
-MAX_GPU_LINES = 24
+#: Most GPU lines on the default page (2 nodes x 8 GPUs); a larger job gets one line per
+#: node (means over its GPUs) plus a line for each idle GPU (``--full`` lists every GPU).
+MAX_GPU_LINES = 16
+#: Lines of the default page (our choice: one 40-line terminal screen; jobstats' page is
+#: about as long). Advice is cut to fit, never the header, verdict or GPUs.
+PAGE_LINES = 40
 
 
 def bar(frac: float | None, width: int = BAR_W) -> str:
@@ -192,44 +196,85 @@ def _verdict_lines(v: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def _gpu_lines(gpus: list[dict[str, Any]], idle_pct: float) -> list[str]:
-    if not gpus:
-        return ["GPUs: no samples recorded"]
-    w = max(len(f"{g['node']} gpu{g['gpu']}") for g in gpus)
-    out = [f"{'GPU'.ljust(w)}  {'utilisation'.ljust(BAR_W + 7)}  {'memory peak'.ljust(BAR_W + 11)}  power mean"]
-    for g in gpus[:MAX_GPU_LINES]:
-        label = f"{g['node']} gpu{g['gpu']}".ljust(w)
-        util = f"{bar(g['util_f'])} {_num(g['util'], '3.0f')}%"
-        mem = f"{bar(g['mem_f'])} {_num(g['mem'] / 1024 if g['mem'] is not None else None, '5.1f')} GiB"
-        pw = f"{bar(g['power_f'])} {_num(g['power'], '4.0f')} W"
-        idle = "  idle" if g["util"] is not None and g["util"] < idle_pct else ""
-        out.append(f"{label}  {util}  {mem}  {pw}{idle}")
-    if len(gpus) > MAX_GPU_LINES:
-        out.append(f"... {len(gpus) - MAX_GPU_LINES} more GPUs (--full)")
+def _node_rows(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-node means of the GPU rows (bars scaled as the GPU rows are)."""
+    out = []
+    for node in sorted({g["node"] for g in gpus}):
+        gs = [g for g in gpus if g["node"] == node]
+
+        def mean(k: str, gs: list[dict[str, Any]] = gs) -> float | None:
+            xs = [g[k] for g in gs if g[k] is not None]
+            return sum(xs) / len(xs) if xs else None
+
+        out.append({"label": f"{node} ({len(gs)} GPUs)", "util": mean("util"), "util_f": mean("util_f"),
+                    "mem": mean("mem"), "mem_f": mean("mem_f"), "power": mean("power"), "power_f": mean("power_f")})
     return out
 
 
-def _advice_lines(advice: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for a in advice:
-        who = "you can fix this" if a.get("who") == "you" else "the machine's fault, reported to the admins"
-        out.append(f"What to check ({a['cause']}: {who}):")
-        out += [f"  - {c}" for c in a.get("check") or []]
-        if a.get("docs"):
-            out.append(f"  more: {a['docs']}")
+def _gpu_line(label: str, g: dict[str, Any], idle_pct: float) -> str:
+    util = f"{bar(g['util_f'])} {_num(g['util'], '3.0f')}%"
+    mem = f"{bar(g['mem_f'])} {_num(g['mem'] / 1024 if g['mem'] is not None else None, '5.1f')} GiB"
+    pw = f"{bar(g['power_f'])} {_num(g['power'], '4.0f')} W"
+    idle = "  idle" if g["util"] is not None and g["util"] < idle_pct else ""
+    return f"{label}  {util}  {mem}  {pw}{idle}"
+
+
+def _gpu_lines(gpus: list[dict[str, Any]], idle_pct: float) -> list[str]:
+    if not gpus:
+        return ["GPUs: no samples recorded"]
+    if len(gpus) <= MAX_GPU_LINES:
+        rows = [(f"{g['node']} gpu{g['gpu']}", g) for g in gpus]
+        head = "GPU"
+    else:
+        rows = [(n["label"], n) for n in _node_rows(gpus)]
+        rows += [(f"{g['node']} gpu{g['gpu']}", g) for g in gpus if g["util"] is not None and g["util"] < idle_pct]
+        head = "node (mean of its GPUs)"
+    w = max(len(lab) for lab, _ in [*rows, (head, None)])
+    out = [f"{head.ljust(w)}  {'utilisation'.ljust(BAR_W + 7)}  {'memory peak'.ljust(BAR_W + 11)}  power mean"]
+    out += [_gpu_line(lab.ljust(w), g, idle_pct) for lab, g in rows]
+    return out
+
+
+def _advice_block(a: dict[str, Any], checks: int) -> list[str]:
+    who = "you can fix this" if a.get("who") == "you" else "the machine's fault, reported to the admins"
+    out = [f"What to check ({a['cause']}: {who}):"]
+    out += [f"  - {c}" for c in (a.get("check") or [])[:checks]]
+    if a.get("docs"):
+        out.append(f"  more: {a['docs']}")
+    return out
+
+
+def _advice_lines(advice: list[dict[str, Any]], budget: int | None = None) -> list[str]:
+    """The advice blocks, cut to ``budget`` lines: a block that does not fit whole keeps
+    its title, first check and link; blocks that do not fit at all are named."""
+    out: list[str] = []
+    for i, a in enumerate(advice):
+        block = _advice_block(a, len(a.get("check") or []))
+        if budget is not None and len(out) + len(block) > budget:
+            block = _advice_block(a, 1)
+            if len(out) + len(block) + (1 if i + 1 < len(advice) else 0) > budget:
+                rest = [x["cause"] for x in advice[i:]]
+                if len(out) < budget:
+                    out.append(f"More advice ({', '.join(rest)}): --format html")
+                break
+        out += block
     return out
 
 
 def format_page(rep: dict[str, Any], *, tz: tzinfo, advice: dict[str, dict[str, Any]],
                 idle_gpu_pct: float = 5.0) -> str:
-    """The default, one-screen text page (module docstring)."""
+    """The default, one-screen text page (module docstring): at most :data:`PAGE_LINES`
+    lines for up to :data:`MAX_GPU_LINES` GPUs."""
     v = view(rep, advice=advice, idle_gpu_pct=idle_gpu_pct)
     out = [*_header_lines(v["header"], tz), "", *_verdict_lines(v["verdict"]), ""]
     out += _gpu_lines(v["gpus"], idle_gpu_pct)
-    if v["advice"]:
-        out += ["", *_advice_lines(v["advice"])]
     ev = v["events"]
     xids = [e for e in ev if str(e.get("kind", "")).lower() in ("xid", "sxid")]
-    out += ["", f"{len(v['findings'])} finding(s), {len(ev)} event(s)"
+    tail = ["", f"{len(v['findings'])} finding(s), {len(ev)} event(s)"
             + (f" ({len(xids)} XID/SXid)" if xids else "") + "; every metric, finding and event: --full"]
-    return "\n".join(out)
+    if v["advice"]:
+        budget = PAGE_LINES - len(out) - len(tail) - 1
+        lines = _advice_lines(v["advice"], budget)
+        if lines:
+            out += ["", *lines]
+    return "\n".join(out + tail)

@@ -65,6 +65,14 @@ def _baselines(db: sqlite_utils.Database) -> None:
     db["comparisons"].create_index(["template", "metric"])
 
 
+@MIGRATIONS(name="baseline_relearn")
+def _baseline_relearn(db: sqlite_utils.Database) -> None:
+    """When a template's baseline last re-learned by itself (:mod:`gpuguard.epilog.relearn`)
+    and from which runs (JSON list of job ids)."""
+    db["templates"].add_column("relearned_at", float)
+    db["templates"].add_column("relearned_jobs", str)
+
+
 @MIGRATIONS(name="cluster_jobs")
 def _cluster_jobs(db: sqlite_utils.Database) -> None:
     """Cluster store (``gpuguard.epilog.judge``): one row per judged job (who, where, which

@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpuguard.output import cell, table
 
-def _num(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if not math.isfinite(v) or abs(v) >= 1e300:
-            return "inf" if v > 0 else "-inf"
-        return f"{v:.{digits}g}"
-    return str(v)
+
+def _num(v: Any) -> str:
+    """A value for people (:func:`gpuguard.output.cell`: no exponent notation); the
+    verdict stores an infinite z as a huge float, shown as ``inf``."""
+    if isinstance(v, float) and (not math.isfinite(v) or abs(v) >= 1e300):
+        return "inf" if v > 0 else "-inf"
+    return cell(v)
 
 
 def format_verdict(d: dict[str, Any]) -> str:
@@ -48,16 +48,13 @@ def format_verdict(d: dict[str, Any]) -> str:
             rel = c["rel_change"]
             dev = (f"{rel:+.1%}" if isinstance(rel, float) and math.isfinite(rel) and abs(rel) < 1e300 else "new")
             if c.get("z") is not None:
-                dev += f" (z {_num(c['z'], 3)})"
+                dev += f" (z {_num(c['z'])})"
         rows.append([c["metric"], c.get("unit", ""), _num(c.get("value")), _num(c.get("median")), dev,
                      "FLAG" if c.get("flagged") else ""])
     if rows:
-        headers = ["METRIC", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
-        cols = [headers, *rows]
-        widths = [max(len(str(r[i])) for r in cols) for i in range(len(headers))]
-        lines = ["  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in cols]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        out += ["", *lines]
+        # compared values cover the job after its warm-up, not the whole job as the summary does
+        headers = ["METRIC (after warm-up)", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
+        out += ["", table(rows, headers, right=[False, False, True, True, False, False])]
     if d.get("context"):
         out += ["", "node changes since the baseline's runs:"]
         for c in d["context"][:10]:

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuguard.slurm import REASON_PREFIX, SlurmError
+from gpuguard.slurm import REASON_PREFIX, SlurmCli, SlurmError
 
 #: Smallest time (s) worth starting a Slurm command with; below this the action fails
 #: with "no time left" (our choice: ``scontrol`` round trips take 10-100 ms on a healthy
@@ -104,8 +104,6 @@ class Actuator:
                     timeout_s: float | None = None) -> Actuator:
         """The actuator a hook or command uses: ``[slurm] bin_dir``, dry run unless
         ``[slurm] drain``; ``timeout_s`` caps each command (default: the backend's 15 s)."""
-        from gpuguard.slurm import SlurmCli
-
         slurm = SlurmCli(cfg.get("slurm", "bin_dir"), **({"timeout_s": timeout_s} if timeout_s else {}))
         return cls(slurm, dry_run=not cfg.get("slurm", "drain"), deadline=deadline, log=log)
 

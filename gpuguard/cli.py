@@ -59,9 +59,13 @@ def main(ctx: click.Context, config_path: str | None) -> None:
               "(default: the config's; 'none' with --from-nvidia-smi)")
 @click.option("--record", is_flag=True, help="store the run and advance the kernel-log cursor like the prolog does")
 @click.option("--list", "list_checks", is_flag=True, help="list the checks and exit")
+@click.option("--from-file", "from_files", metavar="FILE", multiple=True,
+              help="judge saved interconnect outputs instead of the live node (repeatable): nccl-tests logs, "
+                   "ibstat, ibv_devinfo -v, perfquery [-x], nvidia-smi nvlink -s / -e, nvidia-smi topo -m, "
+                   "dcgmi nvlink --link-status")
 @click.pass_obj
 def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,
-          kernel_log: str | None, record: bool, list_checks: bool) -> None:
+          kernel_log: str | None, record: bool, list_checks: bool, from_files: tuple[str, ...]) -> None:
     """Run every health check once and print the findings with their policy action.
 
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings. Reads the
@@ -74,6 +78,9 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
             click.echo(f"{name:16} {(fn.__doc__ or '').strip().splitlines()[0]}")
         return
     cfg = obj.cfg
+    if from_files:
+        _check_files(cfg, list(from_files), fmt)
+        return
     if gpu_source:
         cfg.values["gpu"]["source"] = gpu_source
     if replay_path:
@@ -125,6 +132,44 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
     for e in res.tool_errors if fmt != "json" else []:
         click.echo(f"tool error: {e}", err=True)
     worst = res.worst_severity
+    sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
+
+
+def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:
+    """``gpuguard check --from-file``: triage saved outputs (:mod:`gpuguard.net.triage`)."""
+    from gpuguard.inputs import InputError, read_input
+    from gpuguard.model import SEVERITY_RANK
+    from gpuguard.net.triage import TriageError, triage
+    from gpuguard.policy import decide, summarize
+
+    files = []
+    for p in paths:
+        try:
+            files.append((p, read_input(p, 64 * 2**20).decode("utf-8", "replace")))
+        except InputError as e:
+            _fail(str(e))
+    try:
+        res = triage(files, cfg)
+    except TriageError as e:
+        _fail(str(e))
+    decision = decide(res.findings, cfg.policy, cfg.xid_policy)
+    rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
+            for f, a in decision.actions]
+    if fmt == "json":
+        doc = summarize(decision)
+        doc.update({"read": res.summary, "problems": res.problems})
+        emit(fmt, doc)
+    elif fmt == "csv":
+        emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
+    else:
+        for line in res.summary:
+            click.echo(line)
+        click.echo(table([list(r.values()) for r in rows], ["SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])
+                   if rows else "no findings")
+        for p in res.problems:
+            click.echo(f"unreadable: {p}")
+        click.echo(f"decision: {decision.outcome}" + (f" ({decision.reason})" if decision.reason else ""))
+    worst = max((f.severity for f in res.findings), key=SEVERITY_RANK.__getitem__, default=None)
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
 
@@ -221,11 +266,16 @@ def _register_subcommands() -> None:
     from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
     from gpuguard.epilog.cluster_cli import cluster
+    from gpuguard.net.cli import nccl
     from gpuguard.reports.cli import report
+    from gpuguard.store_cli import store_group
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report, cluster):
+    for group in (xid, job, template, baseline, report, nccl, store_group, cluster):
         main.add_command(group)
+    from gpuguard.ops.cli import register
+
+    register(main)
 
 
 _register_subcommands()

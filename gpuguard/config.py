@@ -71,6 +71,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "pcie_require_max_link": (False, bool, "warn when an idle GPU's PCIe link is below max gen/width (idle GPUs downshift, so off by default)"),
         "temp_margin_c": (10.0, (int, float), "warn when idle temperature is within this many degrees of the slowdown threshold"),
         "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks"),
+        "nvlink_expected_links": (0, int, "NVLinks each GPU must have up; 0 = learn: a link counts once it was seen up on this GPU or is up on every other GPU of the same model here (links inactive by design, azurehpc-health-checks #162)"),
+        "nvlink_crc_rate_per_s": (100.0, (int, float), "nvlink.errors_rising when CRC flit/data errors grow at least this fast per link (DCGM dcgm_hardware_limits.h DCGM_LIMIT_MAX_LWLINK_CRC_ERROR: 'CRC errors only matter at rates of 100+ per second')"),
+        "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
     },
     "prolog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout"),
@@ -80,13 +83,19 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "interval_s": (10.0, (int, float), "sampling interval; 1 s works"),
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
+    "store": {
+        "raw_days": (14.0, (int, float), "keep raw GPU/host samples this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
+        "minutes_days": (400.0, (int, float), "keep per-minute GPU aggregates this many days (our choice: a year and a month, for year-on-year comparisons; < 1 B per GPU-second)"),
+        "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
+    },
     "epilog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld worker: how long to wait for every node's part in the spool before judging what arrived"),
     },
     "baseline": {
-        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (issue 4: default 20)"),
-        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (issue 4: default 3)"),
+        "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (our choice: 20 runs give a median/MAD stable to a few outliers while a template re-learns within days)"),
+        "min_runs": (3, int, "below this many baseline runs a template is 'learning' and nothing is judged (our choice: 3 is the fewest runs with a meaningful median and MAD)"),
+        "relearn_runs": (5, int, "a template's baseline re-learns from its last this-many runs when all were judged job-changed (no machine-side cause), agree with each other within [verdict] min_rel_change and completed; 0 = never (our choice: a working week of daily runs; fewer would let a regression of a few days become the normal; must be >= min_runs)"),
         "idle_readings": (20, int, "a GPU's idle baseline: median/MAD of its last this-many prolog idle readings (same N as templates)"),
         "idle_min_readings": (5, int, "idle readings a GPU needs before its idle temperature/power is judged (our choice: a week of daily jobs)"),
         "idle_temp_rise_c": (10.0, (int, float), "baseline.idle_temp_up when a GPU idles this many degC above its own median (our choice: 10 degC is about a third of the idle-to-slowdown margin of H100/A100 at 30 degC idle, 87 degC slowdown)"),
@@ -94,7 +103,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "verdict": {
         "warmup_s": (300.0, (int, float), "start of the job left out of the comparison: CUDA/NCCL init, autotuning, compilation, first data loads (our choice: 5 min)"),
-        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (issue 4: e.g. 10 min); shorter jobs: their whole span after warm-up"),
+        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up"),
         "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide"),
         "z_threshold": (3.5, (int, float), "|robust z| = |x - median| / (1.4826 MAD) at or above this flags a metric (Iglewicz & Hoaglin 1993, modified z-score outlier cut-off 3.5)"),
         "mad_floor_frac": (0.02, (int, float), "MAD is at least this fraction of the median, so a tiny spread does not flag noise (our choice: about the run-to-run jitter of step time on dedicated nodes; checked with bench/verdict_accuracy.py)"),
@@ -112,6 +121,33 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "ingest_grace_s": (60.0, (int, float), "cluster ingest leaves a job alone until this long after the EpilogSlurmctld worker's wait (slurmctld_wait_s) has passed since its newest spool file (our choice: the worker's budget is wait + 30 s)"),
         "spool_keep_days": (7.0, (int, float), "spool directories of jobs still missing a node's part are removed after this many days (our choice: a week covers a node down over a weekend)"),
     },
+    "nccl": {
+        "binary": ("/usr/local/bin/all_reduce_perf", str, "nccl-tests all_reduce_perf used by the default probe command (hooks have no PATH)"),
+        "command": ([], list, "probe argument list replacing the default (e.g. [\"/opt/nccl-tests/all_reduce_perf\", \"-b\", \"1G\", \"-e\", \"1G\", \"-g\", \"{gpus}\"]); {gpus} = GPUs of the node; never a shell string"),
+        "gpus": (0, int, "GPUs the probe spans (-g); 0 = [node] gpu_count, else the /dev/nvidiaN files"),
+        "min_bytes": (67108864, int, "smallest message of the default probe (-b; our choice: 64 MiB, below it all-reduce is latency-bound and busbw is noise)"),
+        "max_bytes": (1073741824, int, "largest message of the default probe (-e; our choice: 1 GiB, where intra-node busbw has plateaued on A100/H100)"),
+        "iters": (20, int, "timed iterations per size (-n; nccl-tests default 20)"),
+        "warmup_iters": (5, int, "warm-up iterations per size (-w; nccl-tests default 5)"),
+        "timeout_s": (120.0, (int, float), "hard limit of one probe run, also capped by the caller's remaining budget; a hang is nccl.probe_failed"),
+        "judge_min_bytes": (67108864, int, "only sizes at least this large are judged against the baseline (our choice: as min_bytes)"),
+        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
+        "prolog": ("never", str, "when the Prolog probes: never | multi-node (jobs on more than one node) | always; never past the Prolog budget"),
+        "health": (True, bool, "gpuguard health probes idle nodes (at most every interval_s) when the probe is installed: a missing default binary switches it off, a configured command that is missing is nccl.probe_failed"),
+        "baseline_probes": (10, int, "a node's NCCL baseline: median/MAD of its last this-many healthy probes per message size (our choice)"),
+        "min_probes": (3, int, "healthy probes a node needs before its readings are judged against its own baseline (same as baseline.min_runs)"),
+        "low_frac": (0.20, (int, float), "nccl.busbw_low when busbw is this fraction below the node's median (and robust z <= -3.5) (our choice: Azure's per-SKU pass marks, e.g. 460 GB/s for H100 against ~480 GB/s typical, leave ~5 %; a node-local baseline is tighter but a probe between jobs sees clock noise)"),
+        "fleet_low_frac": (0.25, (int, float), "nccl.busbw_low against the fleet: busbw this fraction below the fleet median for the same GPU model and probe (our choice: wider than low_frac, nodes differ in topology and firmware)"),
+        "fleet_min_nodes": (3, int, "nodes with healthy probes a fleet median needs (our choice: a median of fewer says little)"),
+        "consecutive_low": (3, int, "drain after this many consecutive low probes, each already re-measured (azurehpc-health-checks #628/#690: users asked for retries because single low NCCL readings drained healthy nodes)"),
+        "remeasure": (True, bool, "re-run a low probe once before it counts (when the budget allows)"),
+    },
+    "fabric": {
+        "sysfs_root": ("/sys/class/infiniband", str, "InfiniBand/RoCE sysfs root (tests point it at recorded trees)"),
+        "ports": ([], list, "ports to check as \"mlx5_0/1\"; empty = every port found"),
+        "expected_rate_gbps": (0.0, (int, float), "rate every ACTIVE port must run at, Gb/s (e.g. 400 for NDR); 0 = learn: the port's own best and the node's other ports of the same HCA type"),
+        "ignore_link_layers": ([], list, "link layers to skip, e.g. [\"Ethernet\"] on nodes whose RoCE ports are not for jobs"),
+    },
     "slurm": {
         "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
         "drain": (True, bool, "actually drain nodes; false = log the drain decision only (dry run)"),
@@ -127,6 +163,42 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
         "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+    },
+    "health": {
+        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below the 60 s slurmd waits for its HealthCheckProgram, slurmd.c run_script_health_check max_wait)"),
+        "resume": (True, bool, "resume a node gpuguard drained once its fault has cleared (only faults whose recovery kind is 'auto'; never an admin's drain)"),
+        "resume_after_clean_runs": (3, int, "consecutive clean health runs before such a resume (our choice: an intermittent fault must stay away for 3 HealthCheckIntervals; NHC resumes at the first pass)"),
+        "disabled_steps": ([], list, "registered health steps to switch off (see `gpuguard health --list`)"),
+        "send_alerts": (True, bool, "each health run ends with `gpuguard alert send` within what is left of its budget"),
+        "write_metrics": (True, bool, "each health run rewrites the Prometheus textfile when [metrics] textfile_dir is set"),
+    },
+    "alerts": {
+        "spool_file": ("", str, "where hooks queue alerts (JSON lines); empty = {state_dir}/alerts.spool; {node} allowed"),
+        "spool_max_bytes": (1048576, int, "hooks stop queueing past this spool size, so a flood cannot fill the disk (our choice: 1 MiB, several thousand alerts)"),
+        "dedup_window_s": (3600.0, (int, float), "same code, node and GPU within this window = one alert with a count; more repeats are sent once when the window closes (our choice: 1 h, Alertmanager's repeat cadence order)"),
+        "group_wait_s": (0.0, (int, float), "an alert waits this long after its first occurrence before it is sent, gathering repeats (Alertmanager group_wait; 0: the sender runs at the end of the producing health run anyway)"),
+        "rate_limit_per_hour": (60, int, "at most this many messages per sink per hour; the rest wait (our choice: a human reads about one a minute)"),
+        "max_attempts": (8, int, "delivery attempts per message before it is given up (logged)"),
+        "retry_base_s": (30.0, (int, float), "first retry delay; doubles each attempt (exponential back-off)"),
+        "retry_max_s": (3600.0, (int, float), "longest retry delay"),
+        "syslog_min_severity": ("warning", str, "syslog/journald sink: lowest severity sent (info | warning | critical; empty = off)"),
+        "syslog_address": ("/dev/log", str, "syslog socket (journald listens on /dev/log) or host:port for UDP"),
+        "syslog_facility": ("daemon", str, "syslog facility name (logging.handlers.SysLogHandler.facility_names)"),
+        "webhook_url": ("", str, "JSON webhook (Slack, Mattermost, Teams incoming webhook: the body's \"text\" is the message); empty = off"),
+        "webhook_min_severity": ("warning", str, "webhook sink: lowest severity sent"),
+        "webhook_timeout_s": (5.0, (int, float), "timeout of one webhook request"),
+        "mail_to": ([], list, "mail recipients; empty = mail off"),
+        "mail_min_severity": ("critical", str, "mail sink: lowest severity sent"),
+        "mail_program": ("", str, "mail program: a sendmail binary (`sendmail -oi -- RCPT`, headers on stdin) or a mail(1)-style one (`PROG -s SUBJECT RCPT`, as Slurm's MailProg is called); empty = Slurm's MailProg from `scontrol show config`"),
+    },
+    "metrics": {
+        "textfile_dir": ("", str, "node_exporter textfile-collector directory (--collector.textfile.directory); empty = no Prometheus file"),
+        "dcgm_job_map_dir": ("", str, "dcgm-exporter HPC job-mapping directory (--hpc-job-mapping-dir): one file per GPU index with the job ids; empty = off"),
+        "gpustat_dir": ("", str, "Princeton jobstats GPU ownership directory (usually /run/gpustat): one file per GPU index with 'JOBID UID'; empty = off"),
+    },
+    "maintenance": {
+        "windows": ([], list, "maintenance windows: [{nodes = \"gpu[01-04]\", start = \"2026-12-01T08:00:00Z\", end = \"...\", reason = \"...\"}]; inside one a node records findings but sends no alert and is neither drained nor resumed"),
+        "slurm_reservations": (True, bool, "also treat nodes in a Slurm reservation with the MAINT flag (`scontrol show reservation`) as in maintenance"),
     },
     "job_page": {
         "advice_file": ("", str, "TOML file of per-cause advice for `gpuguard job show` and end-of-job mail (keys who, check, docs per cause); merged over the shipped gpuguard/data/advice.toml; empty = shipped advice only"),
@@ -376,13 +448,33 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         if bad:
             raise ConfigError(f"{where}: checks.disabled: unknown check(s) {', '.join(map(str, bad))}; "
                               f"known: {', '.join(sorted(known))}")
+    if values["nccl"]["prolog"] not in ("never", "multi-node", "always"):
+        raise ConfigError(f"{where}: nccl.prolog must be 'never', 'multi-node' or 'always'")
+    if not all(isinstance(a, str) for a in values["nccl"]["command"]):
+        raise ConfigError(f"{where}: nccl.command must be a list of strings (an argument list)")
     if values["xid"]["first_scan_lookback"] not in ("all", "none"):
         raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
     for key in ("time_budget_s",):
         for sec in ("prolog", "epilog"):
             if values[sec][key] <= 0:
                 raise ConfigError(f"{where}: {sec}.{key} must be > 0")
+    _check_ops(values, where)
     return Config(path=path, values=values, origin=origin, policy=policy, xid_policy=xid_policy)
+
+
+def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
+    """Values of the [health], [alerts] and [maintenance] sections that a type cannot check."""
+    from gpuguard.ops.maintenance import MaintenanceError, parse_windows
+
+    for key in ("syslog_min_severity", "webhook_min_severity", "mail_min_severity"):
+        if values["alerts"][key] not in ("", "info", "warning", "critical"):
+            raise ConfigError(f"{where}: alerts.{key} must be info, warning, critical or empty")
+    if values["health"]["resume_after_clean_runs"] < 1:
+        raise ConfigError(f"{where}: health.resume_after_clean_runs must be >= 1")
+    try:
+        parse_windows(values["maintenance"]["windows"])
+    except MaintenanceError as e:
+        raise ConfigError(f"{where}: maintenance.windows: {e}") from None
 
 
 def _policy_from(body: dict[str, Any], where: str) -> tuple[dict[str, str], dict[int, str]]:

@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import durable
 from gpuguard import policy as policy_mod
 from gpuguard.checks import CheckContext, counters_of, run_checks
 from gpuguard.config import Config
 from gpuguard.hookenv import parse_job_gpus  # noqa: F401  (re-exported for callers of health)
-from gpuguard.model import Finding, NodeSnapshot
+from gpuguard.checks.inventory import TRACKED
+from gpuguard.model import SEVERITY_RANK, Finding, NodeSnapshot
 from gpuguard.rows import event_row, finding_row
 
 CURSOR_NAME = "kernel_log"
@@ -41,8 +43,6 @@ class HealthResult:
 
     @property
     def worst_severity(self) -> str | None:
-        from gpuguard.model import SEVERITY_RANK
-
         if not self.findings:
             return None
         return max((f.severity for f in self.findings), key=SEVERITY_RANK.__getitem__)
@@ -138,8 +138,6 @@ def read_cursor_file(cfg: Config) -> str | None:
     ``state_dir`` and ``run_dir`` (:mod:`gpuguard.durable`), so a read-only or full
     state directory does not either. A plain ``kernel_log.cursor`` file of earlier
     versions is read when no copy exists."""
-    from gpuguard import durable
-
     value, _seq = durable.read(durable.state_dirs(cfg), CURSOR_FILE)
     if isinstance(value, str) and value:
         return value
@@ -154,8 +152,6 @@ def read_cursor_file(cfg: Config) -> str | None:
 def write_cursor_file(cfg: Config, cursor: str) -> None:
     """Write the cursor to every state directory that takes it. Raises ``OSError``
     only when none does."""
-    from gpuguard import durable
-
     durable.write(durable.state_dirs(cfg), CURSOR_FILE, cursor)
 
 
@@ -186,11 +182,13 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
 
 
 def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: str | None = None,
-          job_gpus: list[int] | None = None, record: bool = True) -> HealthResult:
+          job_gpus: list[int] | None = None, record: bool = True,
+          extra_findings: list[Finding] | None = None) -> HealthResult:
     """Run every enabled check on ``col`` and decide. With ``store`` the checks also see
     the history (counters and inventory of the last run, the idle baseline); without it
     they judge the live state alone, which is all a drain decision needs (every default
-    drain rests on live state: XIDs, volatile ECC, lost GPUs, links)."""
+    drain rests on live state: XIDs, volatile ECC, lost GPUs, links). ``extra_findings``
+    (the Prolog's NCCL probe) are decided and recorded with the checks' findings."""
     node = cfg.node_name
     tool_errors = list(col.tool_errors)
     previous: dict[str, Any] = {}
@@ -217,6 +215,7 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
         disabled += ["gpu_count", "driver"]
     findings, errs = run_checks(ctx, disabled)
     tool_errors += errs
+    findings += extra_findings or []  # found before this run (the Prolog's NCCL probe)
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
     return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records)
 
@@ -278,15 +277,13 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         store.insert_many(table, rows)
     if snap and snap.gpus:
         _record_inventory(store, node, snap, now)
-        store.set_counters(node, counters_of(snap))
+        store.set_counters(node, counters_of(snap, store.get_counters(node)))
     if new_cursor is not None:
         store.set_cursor(CURSOR_NAME, new_cursor)
     return run_id
 
 
 def _record_inventory(store: Any, node: str, snap: NodeSnapshot, now: float) -> None:
-    from gpuguard.checks.inventory import TRACKED
-
     old = {r["uuid"]: r for r in store.query("select * from inventory where node = ?", [node])}
     changes = []
     rows = []

@@ -53,6 +53,19 @@ def _budget_left(deadline: float | None, share: float = 1.0) -> float | None:
     return max(0.1, (deadline - time.monotonic()) * share)
 
 
+def bound_store_waits(store: Any, deadline: float | None, share: float = 0.5) -> None:
+    """Cap how long one store statement may wait for a lock (SQLite ``busy_timeout``) at
+    ``share`` of the time left before ``deadline``, so a locked store costs a bounded part
+    of the budget (the rest stays for the next steps) instead of the default 5 s each."""
+    if deadline is None:
+        return
+    ms = int(max(0.05, (deadline - time.monotonic()) * share) * 1000)
+    try:
+        store.db.conn.execute(f"PRAGMA busy_timeout = {ms}")
+    except Exception:
+        pass  # a broken connection fails on its first statement anyway
+
+
 def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
     """Move the kernel-log cursor (files in state_dir and run_dir); errors appended."""
     if cursor is None:
@@ -64,8 +77,13 @@ def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
 
 
 def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, job_gpus: list[int] | None,
-               deadline: float | None) -> LiveCheck:
-    """Steps 1-2 of the module docstring. Never touches the store."""
+               deadline: float | None, commit: bool = True) -> LiveCheck:
+    """Steps 1-2 of the module docstring. Never touches the store. ``commit=False``
+    (a broken config: the shipped defaults stand in) decides but writes nothing: no
+    pending drain, no cursor."""
+    if not commit:
+        col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
+        return LiveCheck(col, judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus))
     pend.retry()
     col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
     res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)
@@ -86,10 +104,13 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
 
 
 def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains, *, hook: str,
-                      job_id: str | None, job_gpus: list[int] | None) -> HealthResult:
+                      job_id: str | None, job_gpus: list[int] | None,
+                      extra_findings: list[Any] | None = None) -> HealthResult:
     """Step 3 of the module docstring. Returns the result with history (the live result
-    when the store fails)."""
-    res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus)
+    when the store fails). ``extra_findings`` (the Prolog's NCCL probe) are recorded and
+    decided with the run's."""
+    res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus,
+                extra_findings=extra_findings)
     try:
         res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor)
     except Exception as e:  # locked, corrupt, read-only, full: the verdict is already acted on

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.checks import load_all
 from gpuguard.model import FINDING_CODES, SEVERITY_RANK, Finding
 
 ACTION_RANK = {"record": 0, "alert": 1, "fail-job": 2, "drain": 3}
@@ -27,8 +28,6 @@ def default_actions() -> dict[str, tuple[str, str]]:
     """``code -> (default action, source)`` for every declared finding code: the hardware
     families' (``gpuguard.checks.*``, loaded here) and those of stages already imported
     (the verdict's ``verdict.*`` codes come with ``gpuguard.epilog``)."""
-    from gpuguard.checks import load_all
-
     load_all()
     return {c.code: (c.action, c.source) for c in FINDING_CODES.values()}
 
@@ -90,8 +89,6 @@ def _configured_action(f: Finding, policy: dict[str, str], xid_policy: dict[int,
         return f.evidence.get("catalog_action", "alert")
     declared = FINDING_CODES.get(f.code)
     if declared is None:
-        from gpuguard.checks import load_all
-
         load_all()  # a hardware family not imported yet
         declared = FINDING_CODES.get(f.code)
     if declared is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 
 REASON_PREFIX = "gpuguard:"
@@ -35,28 +36,40 @@ class NodeReason:
 class SlurmCli:
     """Slurm through its command-line tools.
 
-    ``bin_dir``: directory of the Slurm commands; ``timeout_s``: per command.
+    ``bin_dir``: directory of the Slurm commands; ``timeout_s``: per command;
+    ``deadline``: a :func:`time.monotonic` instant no command may run past (a hook's
+    budget), None for none.
     """
 
-    def __init__(self, bin_dir: str = "/usr/bin", timeout_s: float = 15.0):
+    def __init__(self, bin_dir: str = "/usr/bin", timeout_s: float = 15.0, deadline: float | None = None):
         self.bin_dir = bin_dir
         self.timeout_s = timeout_s
+        self.deadline = deadline
 
     def run(self, tool: str, *args: str, timeout_s: float | None = None) -> str:
-        """Run ``tool args...``; return stdout. Raises :class:`SlurmError`."""
+        """Run ``tool args...``; return stdout. The timeout is ``timeout_s`` (default: the
+        instance's), capped by what is left until ``deadline`` (a :func:`time.monotonic`
+        instant: the caller's time budget). Raises :class:`SlurmError`, also when less
+        than 0.2 s is left."""
+        limit = timeout_s or self.timeout_s
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left < 0.2:
+                raise SlurmError(f"{tool} {' '.join(args[:3])}: not run: no time left in the budget")
+            limit = min(limit, left)
         exe = os.path.join(self.bin_dir, tool)
         cmd = [exe, *args]
         env = dict(os.environ)
         env.setdefault("PATH", f"{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s or self.timeout_s,
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
                                env=env, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SlurmError(f"{exe}: not found (set [slurm] bin_dir)") from None
         except (OSError, ValueError) as e:  # e.g. an argument with a NUL byte
             raise SlurmError(f"{tool} {' '.join(args[:3])}: cannot run: {e}") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{tool} {' '.join(args[:3])}: timed out after {timeout_s or self.timeout_s:g} s") from None
+            raise SlurmError(f"{tool} {' '.join(args[:3])}: timed out after {limit:g} s") from None
         if p.returncode != 0:
             msg = (p.stderr or p.stdout).strip().splitlines()
             raise SlurmError(f"{tool} {' '.join(args[:3])}: exit {p.returncode}: {msg[-1] if msg else ''}")

@@ -5,7 +5,9 @@ What it does, in order, inside ``[prolog] time_budget_s``:
 1. load the config (errors: logged, exit 0 — our fault never blocks a job);
 2. retry drains earlier runs could not confirm, then run the health checks on live state
    and act on a drain, all before any store I/O (:mod:`gpuguard.nodecheck`; a drain is
-   kept in the pending-drain list until Slurm shows it: :mod:`gpuguard.drainq`);
+   kept in the pending-drain list until Slurm shows it: :mod:`gpuguard.drainq`); when
+   ``[nccl] prolog`` asks for it (multi-node jobs, or always) the NCCL probe runs next,
+   within half of the budget, and its findings are decided the same way;
 3. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
    drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> note the
@@ -33,6 +35,22 @@ from __future__ import annotations
 import os
 import time
 
+# -- Import budget: the one place that says where gpuguard imports lazily -------------------
+# The hook entry points (this module, gpuguard.hookrun, gpuguard.epilog.hook,
+# gpuguard.epilog.slurmctld, gpuguard.collector.taskprolog) import gpuguard modules inside
+# their functions, because:
+#  * a module-level import runs before the watchdog (gpuguard.hookrun) starts; inside run()
+#    it counts against [prolog] time_budget_s, so a slow or hung import (site-packages on
+#    NFS, a cold page cache) ends with the budget instead of holding the job;
+#  * the healthy path loads only what it uses: the store (sqlite-utils, about half of the
+#    Prolog's import time: bench/prolog_healthy.py) after the verdict was acted on;
+#    gpuguard.collector.launch only when the job proceeds; the NVML binding only for
+#    [gpu] source = "nvml" (gpuguard.gpu.open_source); the XID catalog only when the
+#    kernel log has XID lines (gpuguard.checks.xid, gpuguard.health.record_run).
+# Outside these, modules import at module level; the remaining function-level imports
+# break an import cycle (config <-> checks) or keep a heavy library (matplotlib, jinja2,
+# the epilog's verdict) off CLI commands that do not use it.
+
 EXIT_OK = 0
 EXIT_DRAIN = 1
 
@@ -43,37 +61,30 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`main` and the tests."""
     started = time.monotonic()
     env = dict(os.environ) if env is None else env
-    from gpuguard import log as log_mod
-    from gpuguard.hookenv import read_hook_env
-    from gpuguard.hookrun import announce, load_config
-
-    cfg, config_error = loaded or load_config()
-    budget = float(cfg.get("prolog", "time_budget_s"))
-    deadline = started + budget * DEADLINE_SHARE
-    if config_error:
-        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
-        # config must not silently switch off every check either: run them on the
-        # defaults, log what they find, and act on nothing.
-        cfg.values["slurm"]["drain"] = False
-    henv = read_hook_env(env)
-    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
-    if config_error:
-        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
-        if problem.startswith("SLURM_JOB_ID"):
-            log.error("tool error: %s; node checks only", problem)
-        else:
-            log.warning("hook environment: %s; treated as unset", problem)
+    cfg, config_error, henv, log = _start(env, loaded)
+    deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
     job_id = henv.job_id
+    from gpuguard.hookrun import announce
     from gpuguard.nodecheck import live_check, pending_drains
+    from gpuguard.ops.maintenance import cached as maintenance_now
 
-    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error)
+    maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
+    pend = pending_drains(cfg, deadline, log, allow_drain=not config_error and not maint.active)
     # the verdict and the drain come first, from live state only: no store I/O before them
-    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline)
+    live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
+                      commit=not config_error)
     res = live.result
     outcome = res.decision.outcome
+    if maint.active and outcome in ("drain", "fail-job"):
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, outcome, res.decision.reason, by="prolog", log=log)
+        outcome = "proceed"  # a node in maintenance is neither drained nor failing jobs
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
     _log_result(log, res)
+    from gpuguard.ops.alert_spool import enqueue_from_hook
+
+    enqueue_from_hook(cfg, cfg.node_name, res.decision.actions, source="prolog", job_id=job_id, log=log)
     if config_error and outcome != "proceed":
         log.warning("config broken: would %s: %s", outcome, res.decision.reason)
         return EXIT_OK
@@ -92,6 +103,65 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             log.warning("no job id: cannot fail the job: %s", res.decision.reason)
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
+    nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
+    rc = _act_on_nccl(cfg, live, pend, henv, nccl, log) if nccl else None
+    if rc is not None:
+        return rc
+    return _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log)
+
+
+def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
+    """Config, hook environment and log: ``(cfg, config_error, hook_env, log)``."""
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    cfg, config_error = loaded or load_config()
+    if config_error:
+        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
+        # config must not silently switch off every check either: run them on the
+        # defaults, log what they find, and act on nothing.
+        cfg.values["slurm"]["drain"] = False
+    henv = read_hook_env(env)
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
+    if config_error:
+        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; node checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    return cfg, config_error, henv, log
+
+
+def _act_on_nccl(cfg, live, pend, henv, nccl, log) -> int | None:
+    """Decide again with the NCCL probe's findings; the exit status when that drains or
+    fails the job, else None (the job proceeds)."""
+    from gpuguard.hookrun import announce
+    from gpuguard.policy import decide
+
+    job_id = henv.job_id
+    d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
+    if d.outcome == "drain":
+        announce(EXIT_DRAIN)
+        node = cfg.node_name
+        if pend.dry_run:
+            log.warning("dry run: would drain %s: %s", node, d.reason)
+        elif pend.add(node, d.reason):
+            pend.settle(node, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_DRAIN
+    if d.outcome == "fail-job" and job_id:
+        pend.actuator.fail_job(job_id, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_OK
+    return None
+
+
+def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
+    """The job proceeds: its directory and collector, then the run recorded with history
+    (a drain only the history shows still drains)."""
+    job_id = henv.job_id
     if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job
@@ -99,12 +169,18 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             prepare_job(cfg, env, log)
         except Exception as e:  # our fault: the job runs unmonitored, never fails
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
-    later = _record(cfg, live, pend, job_id, henv.job_gpus, log)
-    if later is not None and later.decision.outcome == "drain" and not config_error:
+        from gpuguard.ops.jobmap import job_started
+
+        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
+    if config_error:  # nothing is written on the shipped defaults' paths
+        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
+        return EXIT_OK
+    later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+    if later is not None and later.decision.outcome == "drain" and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
         return EXIT_DRAIN
-    log.info("proceed (%d finding(s))", len(res.findings))
+    log.info("proceed (%d finding(s))", len(live.result.findings))
     return EXIT_OK
 
 
@@ -120,10 +196,39 @@ def _log_result(log, res) -> None:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
 
 
-def _record(cfg, live, pend, job_id, job_gpus, log):
-    """Open the store and record the run with history (after the verdict was acted on).
-    Returns the result with history, or None when the store could not be opened."""
-    from gpuguard.nodecheck import record_with_store
+def _nccl_probe(cfg, env, job_id, started, log) -> list:
+    """The NCCL probe when ``[nccl] prolog`` asks for it (multi-node jobs, or always),
+    within half of the Prolog budget (:func:`gpuguard.net.nccl_check.prolog_probe`); its
+    findings, [] when not wanted. The store is opened for the node's NCCL baseline only
+    after the live verdict was acted on."""
+    from gpuguard.net.nccl_check import prolog_probe, prolog_wants_probe
+
+    if not prolog_wants_probe(cfg, env):
+        return []
+    from gpuguard.store import StoreError, open_store
+
+    try:
+        store = open_store(cfg.store_path)
+    except StoreError as e:
+        log.error("tool error: %s (NCCL probe judged without its baseline)", e)
+        store = None
+    try:
+        found, errors = prolog_probe(cfg, store, env, job_id, time.monotonic() - started)
+    finally:
+        _close(store)
+    for err in errors:
+        log.error("tool error: %s", err)
+    for f in found:
+        log.info("finding %s %s gpu=%s: %s", f.code, f.severity, f.gpu_index, f.message)
+    return found
+
+
+def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
+    """Open the store and record the run with history (after the verdict was acted on),
+    with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
+    when the store could not be opened."""
+    from gpuguard.nodecheck import bound_store_waits, record_with_store
+    from gpuguard.ops.nodes import record_hook_drain  # also registers the "ops" tables
     from gpuguard.store import StoreError, open_store
 
     try:
@@ -131,11 +236,14 @@ def _record(cfg, live, pend, job_id, job_gpus, log):
     except StoreError as e:
         log.error("tool error: %s", e)
         return None
+    bound_store_waits(store, pend.deadline)
     try:
         n_err = len(live.result.tool_errors)
-        res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus)
+        res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
+                                extra_findings=extra)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
+        record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log)
         return res
     finally:
         store.close()

@@ -62,6 +62,8 @@ def _barh(labels, series, title, xlabel, stacked=False):
     left = [0.0] * n
     k = len(series)
     for i, (name, vals, color) in enumerate(series):
+        if k == 1:  # one series: the "other (K groups)" bar in grey, apart from the named groups
+            color = [("#9e9e9e" if str(lab).startswith("other (") else color) for lab in labels]
         if stacked:
             ax.barh(ys, vals, left=left, label=name, color=color)
             left = [a + b for a, b in zip(left, vals, strict=True)]

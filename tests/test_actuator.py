@@ -143,3 +143,12 @@ def test_hook_env_checks(env, field, value, problem):
 def test_hook_env_gpus_spec():
     assert read_hook_env({"CUDA_VISIBLE_DEVICES": "GPU-1"}).gpus_spec == "GPU-1"
     assert read_hook_env({"SLURM_JOB_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0"}).gpus_spec == "1"
+
+
+def test_slurmcli_deadline_caps_and_refuses(fake_slurm_bin):
+    late = SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 0.05)
+    with pytest.raises(SlurmError, match="scontrol show job -o: not run: no time left in the budget"):
+        late.show_job("42")
+    assert fake_slurm_bin(include_reads=True) == []
+    SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 5).show_job("42")
+    assert fake_slurm_bin(include_reads=True) == [["scontrol", "show", "job", "-o", "42"]]

@@ -23,7 +23,7 @@ def test_healthy_node_has_no_findings():
 def test_registry_has_every_family():
     assert set(load_all()) == {"driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap",
                                "pcie_link", "pcie_replay", "nvlink", "temperature", "idle_throttle",
-                               "persistence", "inventory", "xid", "idle_baseline"}
+                               "persistence", "inventory", "xid", "idle_baseline", "ib"}
 
 
 def test_driver_unusable_only_where_gpus_expected():
@@ -100,11 +100,13 @@ def test_nvlink_down_and_rising():
     f = run(snap, previous=prev)
     assert codes(f) == [("nvlink.errors_rising", "warning", 0), ("nvlink.link_down", "critical", 0)]
     rising = next(x for x in f if x.code == "nvlink.errors_rising")
-    assert rising.evidence == {"increase": {"link2.crc_flit": 4, "link2.replay": 10}}
+    # same timestamp as the previous reading: no rate, any growth counts
+    assert rising.evidence == {"increase": {"link2.crc_flit": {"increase": 4, "per_s": None},
+                                            "link2.replay": {"increase": 10, "per_s": None}}}
     # all links down now, all were active last run
     alldown = [NvLinkState(i, False) for i in range(4)]
     f = run(node_snapshot(1, gpu0={"nvlinks": alldown}), previous=prev)
-    assert f[0].evidence == {"links_down": [0, 1, 2, 3]}
+    assert f[0].evidence == {"links_down": [0, 1, 2, 3], "never_up_by_design": []}
     # all down with no history (PCIe card reporting inactive links): nothing
     assert run(node_snapshot(1, gpu0={"nvlinks": alldown})) == []
 

@@ -143,6 +143,20 @@ def test_shipped_advice_covers_every_user_fixable_cause():
         load_advice("/nonexistent/nope.toml")
 
 
+@pytest.mark.parametrize("body, msg", [
+    ('[x]\ndocs = "javascript:alert(1)"\n', r"\[x\] docs must be an http\(s\) link"),
+    ('[x]\nwho = "everyone"\n', r'\[x\] who must be "you" or "admins"'),
+    ('[x]\nwhen = 1\n', r"\[x\] unknown key\(s\) when"),
+    ('x = 1\n', r"\[x\] must be a table"),
+    ('[x\n', "bad TOML"),
+])
+def test_bad_advice_files(tmp_path, body, msg):
+    f = tmp_path / "a.toml"
+    f.write_text(body)
+    with pytest.raises(AdviceError, match=msg):
+        load_advice(str(f))
+
+
 def test_bar():
     assert bar(0.5, 10) == "[█████·····]"
     assert bar(1.7, 4) == "[████]" and bar(None, 3) == "[   ]" and bar(-1, 2) == "[··]"
@@ -250,3 +264,53 @@ def test_mailprog_fails_open(tmp_path):
     assert cp.returncode == 3
     assert cp.stderr.startswith("gpuguard-mail: job 9: no job page added: ")
     assert (tmp_path / "mail.log.body").read_text() == "slurm body\n"
+
+
+def test_csv_to_stdout_and_to_a_file_agree(big, tmp_path):
+    r = show("4242", "--store", big, "--format", "csv")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "node,metric,value,unit"
+    out = tmp_path / "m.csv"
+    r2 = show("4242", "--store", big, "--format", "csv", "-o", str(out))
+    assert r2.exit_code == 0 and out.read_text() == r.output
+
+
+def _rep(nodes: int, gpus: int, also: list[str], flagged: int) -> dict:
+    sums = [{"node": f"n{n}", "exit_text": "exit 0", "started_at": T0, "ended_at": T0 + 600,
+             "gpus": [{"gpu_index": g, "gpu_util_mean_pct": 0.0 if (n, g) == (0, 1) else 70.0,
+                       "mem_used_peak_mib": 1024.0 * (g + 1), "power_mean_w": 200.0 + g, "sm_clock_mean_mhz": 1900.0,
+                       "temp_max_c": 60.0} for g in range(gpus)]} for n in range(nodes)]
+    comps = [{"metric": f"m{i}", "unit": "s", "value": 2.0, "median": 1.0, "rel_change": 1.0, "flagged": True}
+             for i in range(flagged)]
+    verdict = {"cause": "data-pipeline", "summary": "slow input", "template": "t", "state": "judged",
+               "baseline_runs": 5, "also": also, "evidence": {}, "comparisons": comps}
+    return {"job_id": "9", "nodes": [s["node"] for s in sums], "verdict": verdict, "summaries": sums,
+            "findings": [], "events": [], "job": {"job_id": "9", "nodes": [s["node"] for s in sums], "gpus": nodes * gpus}}
+
+
+def test_worst_case_16_gpus_still_fits_and_names_the_advice_left_out():
+    from zoneinfo import ZoneInfo
+
+    from gpuguard.epilog.jobpage import format_page
+
+    page = format_page(_rep(2, 8, ["memory-leak", "communication", "job-changed"], 9), tz=ZoneInfo("UTC"),
+                       advice=load_advice())
+    lines = page.splitlines()
+    assert len(lines) <= 40, page
+    assert "  ... 6 more (--full)" in lines
+    assert lines[-3].startswith("More advice (") and lines[-3].endswith("): --format html")
+    assert "What to check (data-pipeline: you can fix this):" in lines
+
+
+def test_big_jobs_get_one_line_per_node_plus_idle_gpus():
+    from zoneinfo import ZoneInfo
+
+    from gpuguard.epilog.jobpage import format_page
+
+    lines = format_page(_rep(4, 8, [], 1), tz=ZoneInfo("UTC"), advice=load_advice()).splitlines()
+    assert len(lines) <= 40
+    i = next(k for k, x in enumerate(lines) if x.startswith("node (mean of its GPUs)"))
+    assert [x.split("  ")[0] for x in lines[i + 1:i + 6]] == ["n0 (8 GPUs)", "n1 (8 GPUs)", "n2 (8 GPUs)",
+                                                            "n3 (8 GPUs)", "n0 gpu1"]
+    assert lines[i + 1].split("]")[1].strip().startswith("61%")  # (7 x 70 + 0) / 8
+    assert lines[i + 5].endswith("idle")

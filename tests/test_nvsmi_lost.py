@@ -122,3 +122,27 @@ def test_check_kernel_log_with_kernel_prefix_only_xid79_drains(tmp_path):
     doc = json.loads(r.output)
     assert (r.exit_code, doc["outcome"]) == (2, "drain")
     assert [(f["code"], f["action"]) for f in doc["findings"]] == [("xid.79", "drain")]
+
+
+def test_nvml_recovery_action_field_read_and_judged():
+    from fake_pynvml import FakeNvml, h100_gpu
+
+    from gpuguard.checks import CheckContext, run_checks
+    from gpuguard.gpu.nvml import NvmlSource
+
+    devs = [h100_gpu(i) for i in range(3)]
+    devs[1]["recovery_action"] = 2  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    devs[2]["recovery_action"] = 0
+    fake = FakeNvml(devs)
+    src = NvmlSource(pynvml_module=fake.module)
+    try:
+        snap = src.snapshot()
+    finally:
+        src.close()
+    assert [g.recovery_action for g in snap.gpus] == [None, 2, 0]
+    assert all("recovery_action" not in g.read_errors for g in snap.gpus)  # unsupported is no error
+    findings, errors = run_checks(CheckContext(snapshot=snap, previous={}, previous_inventory={},
+                                               expected_gpu_count=None, job_gpu_indices=None, xid_events=[],
+                                               settings={}, gpu_nodes_expected=True), [])
+    rec = [(f.code, f.gpu_index) for f in findings if f.code.startswith("gpu.recovery_action")]
+    assert (rec, errors) == ([("gpu.recovery_action.node_reboot", 1)], [])

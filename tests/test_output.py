@@ -105,3 +105,25 @@ def test_every_report_json_has_one_time_format(tmp_path, name):
     assert {k for k, _ in times} >= {"generated_at", "since", "until"}
     assert all(ISO.match(v) for _k, v in times), times
     assert doc["reports"][0]["since"] == "2025-03-01T00:00:00-05:00"  # --since read in the display zone
+
+
+#: Commands that print no data (they write a file, change state and say so in a line,
+#: or print a file in its own format: a config, Prometheus text).
+NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync", "node drain", "node resume",
+           "alert send", "metrics show", "metrics write"}
+
+
+def _leaf_commands(cmd, path=()):
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            yield from _leaf_commands(sub, (*path, name))
+    else:
+        yield " ".join(path), cmd
+
+
+def test_every_data_command_has_format_and_json():
+    """One output convention: a new command that prints data takes --format and --json
+    (gpuguard.output.output_options), or is listed in NO_DATA with its reason."""
+    missing = [name for name, cmd in _leaf_commands(main) if name not in NO_DATA
+               and not {"--format", "--json"} <= {o for p in cmd.params for o in getattr(p, "opts", [])}]
+    assert missing == []

@@ -102,7 +102,7 @@ def test_bad_config_is_our_fault_exit_0_but_checks_still_run(tmp_path, monkeypat
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
     import gpuguard.config as config_mod
     paths = config_mod.SCHEMA["paths"]
-    for key, val in (("log_file", "fallback.log"), ("store", "node.db"), ("state_dir", "state")):
+    for key, val in (("log_file", "fallback.log"), ("store", "node.db"), ("state_dir", "state"), ("run_dir", "run")):
         monkeypatch.setitem(paths, key, (str(tmp_path / val), *paths[key][1:]))
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # no NVML here
     assert hook.run(dict(ENV, SLURM_JOB_GPUS="0,1")) == 0

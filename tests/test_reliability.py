@@ -189,7 +189,7 @@ def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_
                                  extra_args=["--job-cgroup", str(cg), "--no-scontrol"])
     try:
         def children():
-            return [p for p in launch.find_collector_pids("77") if p != sup]
+            return [p for p in launch.find_collector_pids("77", config=cfg.path) if p != sup]
         assert _wait(lambda: len(children()) == 1)
         first = children()[0]
         os.kill(first, signal.SIGKILL)
@@ -200,10 +200,54 @@ def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_
         assert doc["restarts"] == 1 and doc["last_death"] == "killed by SIGKILL" and 0 < doc["down_s"] < 1.0
         res = launch.stop_collector(cfg, "77", timeout_s=10)
         assert res.was_running and res.exited
-        assert _wait(lambda: launch.find_collector_pids("77") == [], timeout=10)
+        assert _wait(lambda: launch.find_collector_pids("77", config=cfg.path) == [], timeout=10)
     finally:
-        for p in launch.find_collector_pids("77"):
+        for p in launch.find_collector_pids("77", config=cfg.path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(sup, 0)
+
+
+# -- collector spill ---------------------------------------------------------------------
+
+
+def test_rows_a_locked_store_refused_at_exit_reach_the_store_through_the_spill(tmp_path):
+    import threading as _t
+
+    from gpuguard.collector.run import Collector, RowBuffer
+    from gpuguard.collector.spill import load_spill
+    from gpuguard.store import open_store
+
+    db = str(tmp_path / "node.db")
+    open_store(db).close()
+
+    class Live:
+        def check(self):
+            return True, ""
+
+    class Host:
+        def sample(self, *a, **k):
+            return None
+
+    spill = str(tmp_path / "collector.9.spill.jsonl")
+    coll = Collector(job_id="9", node="n1", source=None, gpus="", host=Host(), liveness=Live(),
+                     open_store=lambda: open_store(db), interval_s=10, flush_s=10, spill_path=spill)
+    coll.buffer = RowBuffer()
+    coll.buffer.add("samples", [{"job_id": "9", "node": "n1", "at": 1000.0 + i, "gpu_index": 0} for i in range(5)])
+    coll._store = open_store(db)
+    import sqlite3
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    coll.stop_event.set()
+    t = time.monotonic()
+    coll.run()
+    assert time.monotonic() - t < 4.0
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert len(open(spill).read().splitlines()) == 5
+    s = open_store(db)
+    assert load_spill(s, spill) == 5
+    assert s.query("select count(*) as n from samples where job_id = '9'") == [{"n": 5}]
+    assert not os.path.exists(spill)
+    _ = _t

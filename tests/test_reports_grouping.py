@@ -256,3 +256,15 @@ def test_migration_keeps_stored_rows_and_unknowns_their_unproven_zero_gpus():
                                          "ORDER BY 1").fetchall()] == [
         (1, 2, "AllocTRES", 100.0), (2, 0, "none: AllocTRES", 200.0),
         (3, None, "unknown: no AllocTRES/ReqTRES/GRES field", 0.0)]
+
+
+def test_readme_sacct_command_asks_for_every_field_sync_reads():
+    import pathlib
+    import re
+
+    from gpuguard.reports.sacct import SACCT_FIELDS
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    (fmt,) = re.findall(r"--format=(\S+) \\\n  > jobs\.txt", readme)
+    assert fmt.split(",") == list(SACCT_FIELDS)
+    assert "sacct -a -X -D -P -S" in readme

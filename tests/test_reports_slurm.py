@@ -265,6 +265,15 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
     assert cache[c1]["state"] == "CANCELLED" and cache[c1]["state_raw"] == "CANCELLED by 0"
     assert cache[c2]["state"] == "TIMEOUT"
 
+    # --- the job page reads its header from the cache: the real job's user, state, exit ----
+    cp = gg_cli(tb, "job", "show", str(a2), "--store", str(root / "cluster.db"), "--timezone", "UTC")
+    assert cp.returncode == 0, cp.stderr
+    page = cp.stdout.splitlines()
+    assert page[0] == f'Job {a2} "wrap"   user gg_alice  account acct_a  partition gpu', page
+    assert page[1].startswith(f"State FAILED   exit 3:0   elapsed {rec[a2]['elapsed']}s"), page
+    assert page[3] == "Nodes 1 (n2)   GPUs 1", page
+    assert len(page) <= 40
+
     # --- the held job: Eligible is set at the release, not at submit ---------------------
     hr, br = rec[h], rec[b1]
     assert math.floor(t_hsub) <= hr["submit"] <= t_hsub + 1

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.config import SCHEMA
 from gpuguard.model import Finding, NodeSnapshot
 
 CheckFn = Callable[["CheckContext"], list[Finding]]
 
 REGISTRY: dict[str, CheckFn] = {}
-_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "idle")
+_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "idle", "ib")
 
 
 def check(name: str) -> Callable[[CheckFn], CheckFn]:
@@ -78,8 +79,6 @@ class CheckContext:
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def setting(self, key: str) -> Any:
-        from gpuguard.config import SCHEMA
-
         return self.settings.get(key, SCHEMA["checks"][key][0])
 
 
@@ -90,18 +89,28 @@ COUNTER_FIELDS = (
 )
 
 
-def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
-    """``uuid -> {counter: value, "nvlinks": {link: {...}}}`` for the store."""
+def counters_of(snapshot: NodeSnapshot, previous: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """``uuid -> {counter: value, "at": taken_at, "nvlinks": {link: {...}},
+    "nvlink_ever_up": [links]}`` for the store. ``nvlink_ever_up`` is the GPU's NVLink
+    inventory baseline: every link seen active on it, carried over from ``previous``
+    (the stored counters), so a link that was never up (inactive by design on the SKU)
+    is told apart from one that went down."""
     out: dict[str, dict[str, Any]] = {}
+    previous = previous or {}
     for g in snapshot.gpus:
         if not g.uuid:
             continue
         c: dict[str, Any] = {k: getattr(g, k) for k in COUNTER_FIELDS}
+        c["at"] = snapshot.taken_at
+        ever = {int(x) for x in previous.get(g.uuid, {}).get("nvlink_ever_up", [])}
         if g.nvlinks:
             c["nvlinks"] = {str(n.link): {"active": n.active, "replay": n.replay_errors,
                                           "recovery": n.recovery_errors,
                                           "crc_flit": n.crc_flit_errors, "crc_data": n.crc_data_errors}
                             for n in g.nvlinks}
+            ever |= {n.link for n in g.nvlinks if n.active}
+        if ever:
+            c["nvlink_ever_up"] = sorted(ever)
         out[g.uuid] = c
     return out
 

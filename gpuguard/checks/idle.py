@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuguard import robust
 from gpuguard.checks import CheckContext, check
+from gpuguard.config import from_dict
 from gpuguard.model import Finding, NodeSnapshot, declare_codes
 
 
@@ -107,8 +108,6 @@ def judge_idle(store: Any, node: str, snapshot: NodeSnapshot, *, cfg: Any = None
                record: bool = True, now: float | None = None) -> list[Finding]:
     """:func:`idle_findings`, storing the readings in ``node_idle`` when ``record``
     (for callers outside a health run). Raises :class:`gpuguard.store.StoreError`."""
-    from gpuguard.config import from_dict
-
     values = (cfg if cfg is not None else from_dict({})).values
     findings, rows = idle_findings(store, node, snapshot, values, job_id=job_id, now=now)
     if record and rows:

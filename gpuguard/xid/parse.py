@@ -71,7 +71,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gpuguard.model import norm_pci, pci_key
 from gpuguard.xid.prefix import check_prefix
@@ -414,10 +414,3 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
 def parse_text(text: str) -> ParseResult:
     """:func:`parse_lines` on a whole text (split on newlines)."""
     return parse_lines(text.splitlines())
-
-
-def utc_iso(timestamp: float | None) -> str | None:
-    """Epoch seconds -> ISO 8601 UTC (``2025-01-21T04:41:44.283302+00:00``) or None."""
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat()

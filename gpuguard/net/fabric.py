@@ -1,0 +1,36 @@
+"""Glue between the fabric readers, the store and a health run: read the ports, load
+the previous run's reading (the latest ``fabric_counters`` row per port), and the rows
+that store this run's."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuguard.net.ib_judge import port_memory
+from gpuguard.net.ib_model import IbPort
+from gpuguard.net.ib_sysfs import read_ports
+
+
+def read_fabric(cfg: Any) -> list[IbPort]:
+    """Ports under ``[fabric] sysfs_root`` (those in ``ports`` if set), without the link
+    layers in ``ignore_link_layers``."""
+    ports = read_ports(cfg.get("fabric", "sysfs_root"), list(cfg.get("fabric", "ports")) or None)
+    skip = {s.lower() for s in cfg.get("fabric", "ignore_link_layers")}
+    return [p for p in ports if (p.link_layer or "").lower() not in skip]
+
+
+def load_previous(store: Any, node: str) -> dict[str, dict[str, Any]]:
+    """``port name -> stored memory`` of the node's latest reading of each port. Raises
+    StoreError."""
+    rows = store.query(
+        "select f.port, f.counters from fabric_counters f join "
+        "(select port, max(at) as at from fabric_counters where node = ? group by port) l "
+        "on f.port = l.port and f.at = l.at where f.node = ?", [node, node])
+    return {r["port"]: json.loads(r["counters"]) for r in rows}
+
+
+def fabric_rows(node: str, ports: list[IbPort], previous: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """``fabric_counters`` rows for this run's reading of every port."""
+    return [{"node": node, "port": p.name, "at": now,
+             "counters": json.dumps(port_memory(p, previous.get(p.name), now))} for p in ports]

@@ -1,0 +1,206 @@
+"""nccl-tests output parser: every corpus layout to exact figures, and messy pastes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuguard.net.nccl_parse import parse
+
+DATA = Path(__file__).parent / "data"
+
+
+def _read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def test_modern_table_a3mega_16_ranks():
+    log = parse(_read("nccl-allreduce-h100-a3mega-16rank-2.2x.txt"))
+    assert log.readable and not log.has_errors and not log.incomplete
+    (t,) = log.tables
+    assert (t.ngpus, t.min_bytes, t.max_bytes) == (1, 8, 8589934592)
+    assert len(t.devices) == 16
+    assert t.devices[8] == (8, "a3mega-node-2", 0, "0000:04:00", "NVIDIA H100 80GB HBM3")
+    assert t.avg_busbw_gbs == 70.742 and t.out_of_bounds == 0
+    assert len(t.rows) == 31
+    first, last = t.rows[0], t.rows[-1]
+    assert (first.size_b, first.count, first.dtype, first.redop, first.root) == (8, 2, "float", "sum", -1)
+    assert (first.out_of_place.time_us, first.in_place.time_us) == (135.8, 123.5)
+    assert last.size_b == 8589934592
+    assert (last.out_of_place.time_us, last.out_of_place.algbw_gbs, last.out_of_place.busbw_gbs,
+            last.out_of_place.wrong) == (47535.0, 180.71, 338.82, 0)
+    assert (last.in_place.algbw_gbs, last.in_place.busbw_gbs) == (179.92, 337.35)
+    assert last.busbw_gbs == pytest.approx((338.82 + 337.35) / 2)
+    assert [r.size_b for r in t.rows] == [8 * 2**i for i in range(31)]
+    assert log.gpu_models() == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_wrong_nonzero_with_elision():
+    log = parse(_read("nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt"))
+    assert log.readable and log.has_errors
+    assert log.elided_lines == 1
+    assert [r.size_b for r in log.rows] == [8, 262144, 524288]
+    bad = log.rows[-1]
+    assert (bad.out_of_place.wrong, bad.in_place.wrong) == (237858, 238038)
+    assert (bad.out_of_place.busbw_gbs, bad.in_place.busbw_gbs) == (0.79, 0.92)
+    assert log.wrong_total == 237858 + 238038
+    assert log.tables[0].avg_busbw_gbs is None  # the paste ends before the footer
+
+
+def test_header_fragment_ring_ib():
+    log = parse(_read("nccl-allreduce-ring-ib-fragment-header.txt"))
+    assert log.readable and not log.has_errors
+    assert [r.size_b for r in log.rows] == [536870912, 1073741824, 2147483648, 4294967296, 8589934592]
+    assert [(r.out_of_place.busbw_gbs, r.in_place.busbw_gbs) for r in log.rows] == [
+        (93.46, 97.09), (93.58, 97.54), (94.26, 95.49), (97.37, 94.32), (95.10, 94.80)]
+    assert log.rows[0].in_place.time_us == 9676.9
+    assert log.tables[0].avg_busbw_gbs == 95.3009
+
+
+def test_legacy_error_column_no_redop():
+    log = parse(_read("nccl-legacy-error-column-2.6.4-partial.txt"))
+    assert log.readable and not log.has_errors
+    first_table, broadcast = log.tables
+    assert len(first_table.rows) == 12 and first_table.avg_busbw_gbs == 6.6972
+    r = first_table.rows[0]
+    assert (r.size_b, r.count, r.dtype, r.redop, r.root) == (65536, 8192, "float", None, None)
+    assert (r.out_of_place.time_us, r.out_of_place.busbw_gbs, r.out_of_place.wrong,
+            r.out_of_place.max_error) == (16.57, 1.98, None, 0.0)
+    assert first_table.rows[-1].in_place.busbw_gbs == 21.86
+    # the next test's header follows, then the paste ends: incomplete, not healthy
+    assert (broadcast.test, broadcast.ngpus, broadcast.rows) == ("broadcast_perf", 2, [])
+    assert log.incomplete == ["broadcast_perf: no results (output ends early)"]
+
+
+def test_legacy_error_column_with_root():
+    log = parse(_read("nccl-legacy-error-column-2.6.4-root-partial.txt"))
+    assert log.readable
+    assert len(log.rows) == 12
+    r = log.rows[-1]
+    assert (r.size_b, r.redop, r.root, r.out_of_place.busbw_gbs, r.in_place.max_error) == (524288, "sum", 0, 12.81, 0.0)
+
+
+def test_header_only_2_10_is_not_healthy():
+    log = parse(_read("nccl-header-2.10-era-no-group-error-col.txt"))
+    assert not log.readable
+    (t,) = log.tables
+    assert t.columns[:5] == ["size", "count", "type", "redop", "time"]
+    assert len(t.devices) == 4 and t.devices[0] == (0, "gpu9", 0, "0x3d", "NVIDIA GeForce RTX 2080 Ti")
+    assert log.incomplete == ["test: no results (output ends early)"]
+
+
+def test_collective_test_starting_with_info_lines():
+    log = parse(_read("nccl-header-collective-test-starting-2.19.3.txt"))
+    assert not log.readable and log.nccl_version == "2.19.3+cuda12.2"
+    (t,) = log.tables
+    assert (t.test, t.ngpus, t.min_bytes, t.max_bytes, len(t.devices)) == ("all_reduce_perf", 4, 1024, 2147483648, 4)
+    assert log.problems == [] and log.incomplete == ["all_reduce_perf: no results (output ends early)"]
+
+
+def test_ib_completion_error():
+    log = parse(_read("nccl-ib-completion-error-vendor-err-2024.txt"))
+    assert log.has_errors and not log.readable
+    assert log.ib_errors == [{"peer": "10.0.0.1<49189>", "wc_status": 4, "wc_status_name": "IBV_WC_LOC_PROT_ERR",
+                              "opcode": 5327, "vendor_err": 81, "direction": "Send"}]
+    assert len(log.warnings) == 1
+
+
+def test_unhandled_system_error_and_mpi_abort():
+    log = parse(_read("nccl-tests-failure-unhandled-system-error-2020.txt"))
+    assert log.failures == ["pkb-00000000-1: NCCL failure common.cu:345 'unhandled system error'",
+                            "pkb-00000000-0: NCCL failure common.cu:345 'unhandled system error'",
+                            "mpirun: a rank exited with a non-zero status or was killed"]
+    assert log.has_errors and not log.rows
+
+
+def test_warn_with_timestamp_prefix():
+    log = parse(_read("nccl-warn-nvls-bind-timestamped-2026.txt"))
+    assert log.warnings == ["Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 401 "
+                            "'the operation cannot be performed in the present state'."]
+
+
+# --- messy variants of real output ---------------------------------------------------
+
+def _a3() -> str:
+    return _read("nccl-allreduce-h100-a3mega-16rank-2.2x.txt")
+
+
+@pytest.mark.parametrize("prefix", ["[0] ", "[0]", "[1,0]<stdout>:", "0: ", "[2026-06-23 15:45:07] "])
+def test_rank_labels_and_stamps_are_removed(prefix):
+    text = "\n".join(prefix + ln for ln in _a3().splitlines())
+    log = parse(text)
+    assert log.readable and len(log.rows) == 31
+    assert log.rows[-1].out_of_place.busbw_gbs == 338.82 and log.tables[0].avg_busbw_gbs == 70.742
+
+
+def test_indentation_lost_and_mpi_banner_inside_device_list():
+    lines = [ln.strip() for ln in _a3().splitlines()]
+    lines.insert(5, "--------------------------------------------------------------------------")
+    lines.insert(6, "WARNING: There was an error initializing an OpenFabrics device.")
+    log = parse("\n".join(lines))
+    assert log.readable and len(log.rows) == 31 and len(log.tables[0].devices) == 16
+
+
+def test_cut_row_is_a_problem_not_a_healthy_row():
+    lines = _a3().splitlines()
+    cut = [*lines[:30], lines[30][:60]]
+    log = parse("\n".join(cut))
+    assert not log.readable
+    assert log.problems[0][0] == 31 and "result row not understood" in log.problems[0][1]
+
+
+def test_nan_busbw_is_a_problem():
+    text = _a3().replace("  338.82  ", "    -nan  ")
+    log = parse(text)
+    assert not log.readable and len(log.rows) == 30
+
+
+def test_size_zero_rows_and_na_wrong_and_exponent_time():
+    hdr = "\n".join(_a3().splitlines()[20:23])
+    rows = ("           0             0     float     sum      -1     0.10    0.00    0.00    N/A     0.09    0.00    0.00    N/A\n"
+            "  8589934592    2147483648     float     sum      -1  1.2e+05   71.58  134.21    N/A  1.3e+05   66.07  123.88    N/A\n")
+    log = parse(hdr + "\n" + rows)
+    assert log.readable
+    z, big = log.rows
+    assert (z.size_b, z.busbw_gbs, z.out_of_place.wrong) == (0, 0.0, None)
+    assert (big.out_of_place.time_us, big.in_place.busbw_gbs) == (120000.0, 123.88)
+
+
+def test_in_place_only_row_and_timestamp_column():
+    hdr = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  timestamp\n")
+    rows = ("     1048576        262144     float     sum      -1    203.2    5.16    9.68      0    207.2    5.06    9.49      0 2026-11-30 18:00:01\n"
+            "     2097152        524288     float     sum      -1                                    252.9    8.29   15.55      0\n")
+    log = parse(hdr + rows)
+    assert log.readable
+    a, b = log.rows
+    assert (a.out_of_place.busbw_gbs, a.in_place.busbw_gbs) == (9.68, 9.49)
+    assert b.out_of_place is None and b.in_place.busbw_gbs == 15.55 and b.busbw_gbs == 15.55
+
+
+def test_out_of_bounds_failed_counts_as_error():
+    text = _a3().replace("# Out of bounds values : 0 OK", "# Out of bounds values : 12 FAILED")
+    log = parse(text)
+    assert log.readable and log.has_errors and log.out_of_bounds_total == 12
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "garbage line\nanother one\n", "# nThread 1 nGpus 8 minBytes 8 maxBytes 8\n"])
+def test_nothing_useful_is_never_readable(text):
+    assert not parse(text).readable
+
+
+def test_per_iteration_and_cputime_headers():
+    hdr = ("#       size         count      type   redop    root  cputime   algbw   busbw  #wrong    i_min    i_max"
+           "    i_p99    i_cv%  cputime   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%\n")
+    row = ("   134217728      33554432     float     sum      -1   1652.2   81.24  152.32       0   1601.0   1710.3"
+           "   1705.9     1.42   1636.7   82.01  153.76       0   1600.2   1690.1   1688.0     1.21\n")
+    log = parse(hdr + row)
+    assert log.readable
+    (r,) = log.rows
+    assert (r.out_of_place.time_us, r.out_of_place.busbw_gbs, r.in_place.algbw_gbs, r.wrong) == (1652.2, 152.32, 82.01, 0)
+
+
+def test_wrong_printed_in_exponent_form_is_a_count():
+    text = _a3().replace("  338.82      0    47743", "  338.82  1.23457e+06    47743")
+    log = parse(text)
+    assert log.readable and log.rows[-1].out_of_place.wrong == 1234570 and log.has_errors

@@ -1,0 +1,156 @@
+"""Prometheus output (parsed back with prometheus_client's own parsers) and the
+dcgm-exporter / jobstats job-mapping files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuguard.ops import jobmap, metrics
+from gpuguard.store import open_store
+
+LOG = logging.getLogger("test")
+ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "1,3", "SLURM_JOB_USER": "gg_alice", "SLURM_JOB_UID": "1001",
+       "SLURM_JOB_ACCOUNT": "acct_a", "SLURM_JOB_PARTITION": "gpu"}
+
+
+@pytest.fixture
+def cfg(tmp_path, make_config):
+    _, c = make_config(f'[metrics]\ntextfile_dir = "{tmp_path}/textfile"\ndcgm_job_map_dir = "{tmp_path}/dcgm"\n'
+                       f'gpustat_dir = "{tmp_path}/gpustat"\n')
+    return c
+
+
+def test_job_mapping_files_follow_the_jobs(cfg, tmp_path):
+    jobmap.job_started(cfg, ENV, LOG)
+    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="43", SLURM_JOB_GPUS="3", SLURM_JOB_UID="1002"), LOG)
+    dcgm, gpustat = tmp_path / "dcgm", tmp_path / "gpustat"
+    assert sorted(os.listdir(dcgm)) == ["1", "3"]
+    assert ((dcgm / "1").read_text(), (dcgm / "3").read_text()) == ("42\n", "42\n43\n")
+    assert (gpustat / "1").read_text() == "42 1001\n"
+    assert (gpustat / "3").read_text() == "43 1002\n"  # jobstats keeps one owner per GPU: the newest
+    assert [j["job_id"] for j in jobmap.running_jobs(cfg)] == ["42", "43"]
+    jobmap.job_ended(cfg, ENV, LOG)
+    assert sorted(os.listdir(dcgm)) == ["3"]
+    assert (dcgm / "3").read_text() == "43\n"
+    assert sorted(os.listdir(gpustat)) == ["3"]  # 43's file is not 42's to remove
+    assert [j["job_id"] for j in jobmap.running_jobs(cfg)] == ["43"]
+
+
+def test_job_mapping_fails_open(cfg, tmp_path, caplog):
+    (tmp_path / "dcgm").write_text("not a directory")
+    with caplog.at_level(logging.ERROR):
+        jobmap.job_started(cfg, ENV, LOG)
+    assert "tool error: job mapping files: " in caplog.text
+    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="../../etc"), LOG)  # not a job id: ignored
+    assert [j["job_id"] for j in jobmap.running_jobs(cfg)] == ["42"]
+
+
+def _samples(st, t):
+    st.insert_many("samples", [
+        {"job_id": "42", "node": "n1", "at": t - 20, "gpu_index": 1, "gpu_uuid": "GPU-1", "gpu_util_pct": 10.0,
+         "mem_used_mib": 100.0, "power_w": 100.0, "temp_c": 40.0, "sm_clock_mhz": 1000.0},
+        {"job_id": "42", "node": "n1", "at": t - 10, "gpu_index": 1, "gpu_uuid": "GPU-1", "gpu_util_pct": 87.0,
+         "mem_used_mib": 2048.0, "power_w": 312.5, "temp_c": 61.0, "sm_clock_mhz": 1980.0},
+        {"job_id": "42", "node": "n1", "at": t - 10, "gpu_index": 3, "gpu_uuid": "GPU-3", "gpu_util_pct": 0.0,
+         "mem_used_mib": 0.0, "power_w": 70.0, "temp_c": 31.0, "sm_clock_mhz": 345.0},
+    ])
+
+
+def _samples_by(text, name):
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out[(s.labels.get("job_id"), s.labels.get("gpu"))] = (s.labels, s.value)
+    return out
+
+
+def test_job_metrics_carry_job_labels_and_parse(cfg):
+    now = time.time()
+    jobmap.job_started(cfg, ENV, LOG)
+    st = open_store(cfg.store_path)
+    _samples(st, now)
+    reg, errors = metrics.build_registry(cfg, st, now=now)
+    assert errors == []
+    text = generate_latest(reg).decode()
+    info = _samples_by(text, "gpuguard_job_gpu_info")
+    assert info[("42", "1")] == ({"node": "n1", "job_id": "42", "user": "gg_alice", "account": "acct_a", "gpu": "1",
+                                  "uuid": "GPU-1"}, 1.0)
+    assert set(info) == {("42", "1"), ("42", "3")}
+    util = _samples_by(text, "gpuguard_job_gpu_utilization_ratio")
+    assert util[("42", "1")][1] == pytest.approx(0.87)
+    assert _samples_by(text, "gpuguard_job_gpu_memory_used_bytes")[("42", "1")][1] == 2048 * 1024 * 1024
+    assert _samples_by(text, "gpuguard_job_gpu_sm_clock_hertz")[("42", "3")][1] == 345e6
+    assert _samples_by(text, "gpuguard_job_gpu_power_watts")[("42", "1")][1] == 312.5
+    fams = {f.name for f in parse_openmetrics(generate_openmetrics(reg).decode())}
+    assert {"gpuguard_job_gpu_info", "gpuguard_node_drained", "gpuguard_xid_events"} <= fams
+
+
+def test_stale_job_drops_out(cfg):
+    now = time.time()
+    jobmap.job_started(cfg, ENV, LOG)
+    st = open_store(cfg.store_path)
+    _samples(st, now - 3600)
+    reg, _ = metrics.build_registry(cfg, st, now=now)
+    assert _samples_by(generate_latest(reg).decode(), "gpuguard_job_gpu_info") == {}
+
+
+def test_node_metrics_after_a_drain(cfg):
+    from gpuguard.ops.nodes import record_action
+
+    st = open_store(cfg.store_path)
+    run = st.insert("health_runs", {"node": "n1", "hook": "health", "started_at": 1.0, "finished_at": 2.0,
+                                    "decision": "drain", "reason": "gpuguard: xid.79 x", "tool_errors": "[]"})
+    st.insert("findings", {"run_id": run, "node": "n1", "at": 2.0, "code": "xid.79", "severity": "critical",
+                           "action": "drain", "gpu_index": 0, "message": "x", "evidence": "{}"})
+    st.insert_many("events", [{"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0}] * 3)
+    record_action(st, node="n1", action="drain", by="health", outcome="done", reason="gpuguard: xid.79 x")
+    reg, errors = metrics.build_registry(cfg, st)
+    assert errors == []
+    text = generate_latest(reg).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert [(s.labels, s.value) for s in fams["gpuguard_node_drained"].samples] == [({"node": "n1"}, 1.0)]
+    assert [(s.labels, s.value) for s in fams["gpuguard_health_findings"].samples] == [
+        ({"node": "n1", "code": "xid.79", "severity": "critical", "action": "drain", "gpu": "0"}, 1.0)]
+    xid = [s for s in fams["gpuguard_xid_events"].samples if s.name == "gpuguard_xid_events_total"]
+    assert [(s.labels, s.value) for s in xid] == [({"node": "n1", "gpu": "0", "xid": "79"}, 3.0)]
+
+
+def test_textfile_is_written_atomically(cfg, tmp_path):
+    st = open_store(cfg.store_path)
+    assert metrics.write_textfile(cfg, st) == []
+    d = tmp_path / "textfile"
+    assert os.listdir(d) == ["gpuguard_n1.prom"]
+    names = {f.name for f in text_string_to_metric_families((d / "gpuguard_n1.prom").read_text())}
+    assert "gpuguard_node_maintenance" in names
+
+
+def test_grafana_dashboard_queries_only_metrics_gpuguard_writes(cfg):
+    import json
+    import pathlib
+    import re
+
+    now = time.time()
+    jobmap.job_started(cfg, ENV, LOG)
+    st = open_store(cfg.store_path)
+    _samples(st, now)
+    st.insert_many("events", [{"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0}])
+    run = st.insert("health_runs", {"node": "n1", "hook": "health", "started_at": 1.0, "finished_at": 2.0,
+                                    "decision": "proceed", "reason": "", "tool_errors": "[]"})
+    st.insert("findings", {"run_id": run, "node": "n1", "at": 2.0, "code": "pcie.width_degraded",
+                           "severity": "warning", "action": "alert", "gpu_index": 1, "message": "x8", "evidence": "{}"})
+    reg, _ = metrics.build_registry(cfg, st, now=now)
+    written = {s.name for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples}
+    dash = json.loads((pathlib.Path(__file__).parents[1] / "slurm-conf-examples" / "grafana-gpuguard.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"gpuguard_[a-z_]+", t["expr"])}
+    used |= {m for v in dash["templating"]["list"] for m in re.findall(r"gpuguard_[a-z_]+", str(v.get("query", "")))}
+    assert len(used) >= 12
+    assert used - written == set()

@@ -1,0 +1,176 @@
+"""Offline triage of saved interconnect outputs: parsers, merged findings, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuguard import config as config_mod
+from gpuguard.cli import main
+from gpuguard.net.ib_text import TextFormatError, parse_ibstat, parse_ibv_devinfo, parse_perfquery
+from gpuguard.net.nvlink_text import (parse_dcgmi_link_status, parse_nvlink_errors, parse_nvlink_status, parse_topo,
+                                      topo_nvlink_counts)
+from gpuguard.net.triage import TriageError, detect, triage
+
+DATA = Path(__file__).parent / "data"
+TRI = DATA / "triage"
+
+
+def _t(name: str) -> str:
+    return (TRI / name if (TRI / name).exists() else DATA / name).read_text()
+
+
+def _codes(names):
+    res = triage([(n, _t(n)) for n in names], config_mod.from_dict({}))
+    return [(f.code, f.message) for f in res.findings], res
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("ibstat-hdr-port-down-rate-degraded.txt", "ibstat"), ("ibstat-indent-lost.txt", "ibstat"),
+    ("ibv_devinfo-v-hdr-and-vf.txt", "ibv_devinfo"), ("perfquery-saturated.txt", "perfquery"),
+    ("perfquery-x-extended.txt", "perfquery"), ("nvsmi-nvlink-e-a100-link-errors.txt", "nvidia-smi nvlink -e"),
+    ("nvsmi-nvlink-s-h100-pcie-all-inactive.txt", "nvidia-smi nvlink -s"),
+    ("nvsmi-nvlink-s-a100-sxm4-80gb-12links.txt", "nvidia-smi nvlink -s"),
+    ("nvsmi-nvlink-s-gb200-18links-partial.txt", "nvidia-smi nvlink -s"),
+    ("dcgmi-nvlink-link-status-all-down-3.3.7.txt", "dcgmi nvlink --link-status"),
+    ("nvsmi-topo-m-dgxa100-gpu3-nv8.txt", "nvidia-smi topo -m"),
+    ("nccl-legacy-error-column-2.6.4-root-partial.txt", "nccl-tests"),
+    ("nccl-ib-completion-error-vendor-err-2024.txt", "nccl-tests"),
+    ("nccl-warn-nvls-bind-timestamped-2026.txt", "nccl-tests"),
+])
+def test_detect(name, kind):
+    assert detect(_t(name)) == kind
+
+
+def test_ibstat_fields_and_lost_indentation_read_alike():
+    ports = parse_ibstat(_t("ibstat-hdr-port-down-rate-degraded.txt"))
+    assert [(p.name, p.state, p.phys_state, p.rate_gbps, p.lid, p.hca_type, p.link_layer) for p in ports] == [
+        ("mlx5_0/1", "ACTIVE", "LinkUp", 200.0, 425, "MT4123", "InfiniBand"),
+        ("mlx5_1/1", "DOWN", "Disabled", 10.0, 0, "MT4123", "InfiniBand"),
+        ("mlx5_2/1", "ACTIVE", "LinkUp", 200.0, 427, "MT4123", "InfiniBand"),
+        ("mlx5_3/1", "ACTIVE", "LinkUp", 100.0, 428, "MT4123", "InfiniBand")]
+    assert parse_ibstat(_t("ibstat-indent-lost.txt")) == ports
+    with pytest.raises(TextFormatError):
+        parse_ibstat("hello\n")
+
+
+def test_ibv_devinfo_rate_from_width_and_speed_and_odd_vf():
+    ports = parse_ibv_devinfo(_t("ibv_devinfo-v-hdr-and-vf.txt"))
+    assert [(p.name, p.state, p.phys_state, p.rate_gbps, p.width, p.speed) for p in ports] == [
+        ("mlx5_0/1", "ACTIVE", "LinkUp", 200.0, "4X", "HDR"), ("mlx5_1/1", "ACTIVE", "LinkUp", 100.0, "2X", "HDR"),
+        ("mlx5_an0/1", "ACTIVE", None, None, None, None), ("mlx5_2/1", "INIT", "LinkUp", 200.0, "4X", "HDR")]
+    assert ports[2].problems == ["active_width 'invalid width' / active_speed '25.0 Gbps': rate unknown"]
+
+
+def test_perfquery_plain_saturates_extended_does_not():
+    (p,) = parse_perfquery(_t("perfquery-saturated.txt"))
+    assert (p.name, p.lid, p.wide_counters, p.has_state) == ("lid427/1", 427, False, False)
+    assert p.counters["symbol_error"] == 65535 and p.counters["link_downed"] == 2 and p.counters["port_xmit_wait"] == 1223
+    (x,) = parse_perfquery(_t("perfquery-x-extended.txt"))
+    assert x.wide_counters and x.counters["port_xmit_data"] == 16623415620421
+
+
+def test_ibstat_with_perfquery_merged_by_lid():
+    got, _res = _codes(["ibstat-hdr-port-down-rate-degraded.txt", "perfquery-saturated.txt"])
+    assert got == [
+        ("ib.port_down", "mlx5_1/1 port DOWN, physical state Disabled"),
+        ("ib.counter_saturated",
+         "mlx5_2/1 counter(s) stuck at maximum, growth unknown: local_link_integrity_errors=15, symbol_error=65535"),
+        ("ib.errors_present", "mlx5_2/1 error counters (first reading): link_downed=2, port_rcv_errors=12"),
+        ("ib.rate_degraded", "mlx5_3/1 at 100 Gb/s, expected 200 Gb/s")]
+
+
+def test_extended_perfquery_65535_is_a_count():
+    got, _ = _codes(["perfquery-x-extended.txt"])
+    assert got == [("ib.errors_present", "lid425/1 error counters (first reading): symbol_error=65535")]
+
+
+def test_ibv_devinfo_findings():
+    got, res = _codes(["ibv_devinfo-v-hdr-and-vf.txt"])
+    assert got == [("ib.rate_degraded", "mlx5_1/1 at 100 Gb/s (2X HDR), expected 200 Gb/s"),
+                   ("ib.port_down", "mlx5_2/1 port INIT, physical state LinkUp "
+                                    "(not ACTIVE: no subnet manager has brought it up)")]
+    assert res.problems == ["ibv_devinfo-v-hdr-and-vf.txt: mlx5_an0/1: active_width 'invalid width' / "
+                            "active_speed '25.0 Gbps': rate unknown"]
+
+
+def test_nvlink_status_corpus_and_all_inactive_message():
+    gpus, probs = parse_nvlink_status(_t("nvsmi-nvlink-s-a100-sxm4-80gb-12links.txt"))
+    assert len(gpus) == 8 and probs == []
+    assert [len(g.links) for g in gpus] == [12] * 8 and all(x.active for g in gpus for x in g.links.values())
+    assert gpus[0].uuid == "GPU-d7e59a70-3c77-8126-9c9c-a888796d231b" and gpus[0].name == "NVIDIA A100-SXM4-80GB"
+    gpus, probs = parse_nvlink_status(_t("nvsmi-nvlink-s-h100-pcie-all-inactive.txt"))
+    assert gpus[1].all_inactive and len(gpus[1].links) == 18 and not any(x.active for x in gpus[1].links.values())
+    got, res = _codes(["nvsmi-nvlink-s-h100-pcie-all-inactive.txt"])
+    assert got == [("nvlink.link_down", "gpu1 NVLink link(s) 0,1,2,3,6,7,8,9,12,13,14,15 down")]
+    assert res.summary == ["nvsmi-nvlink-s-h100-pcie-all-inactive.txt: nvidia-smi nvlink -s, 2 GPU(s); links up: "
+                           "gpu0 12/18, gpu1 none (NVML: all links inactive)"]
+
+
+def test_links_inactive_by_design_and_elided_lists_are_not_findings():
+    assert _codes(["nvsmi-nvlink-s-h100-pcie-by-design.txt"])[0] == []
+    assert _codes(["nvsmi-nvlink-s-gb200-18links-partial.txt"])[0] == []
+    got, res = _codes(["dcgmi-nvlink-link-status-all-down-3.3.7.txt"])
+    assert got == [] and "no link up on any GPU" in res.summary[0]
+    cfg = config_mod.from_dict({"checks": {"nvlink_expected_links": 18}})
+    res = triage([("d", _t("dcgmi-nvlink-link-status-all-down-3.3.7.txt"))], cfg)
+    assert [(f.code, f.gpu_index) for f in res.findings] == [("nvlink.link_down", 0), ("nvlink.link_down", 1)]
+
+
+def test_dcgmi_and_nvlink_errors_parsers():
+    gpus, _ = parse_dcgmi_link_status(_t("dcgmi-nvlink-link-status-all-down-3.3.7.txt"))
+    assert [(g.index, len(g.links)) for g in gpus] == [(0, 18), (1, 18)]
+    gpus, probs = parse_nvlink_errors(_t("nvsmi-nvlink-e-a100-link-errors.txt"))
+    link = gpus[1].links[3]
+    assert (link.replay_errors, link.recovery_errors, link.crc_flit_errors, probs) == (7, 0, 131, [])
+
+
+def test_status_and_errors_merge_per_gpu():
+    got, _ = _codes(["nvsmi-nvlink-s-a100-sxm4-80gb-12links.txt", "nvsmi-nvlink-e-a100-link-errors.txt"])
+    assert got == [("nvlink.errors_present", "gpu1 NVLink error counters (first reading): link3.crc_flit=131, link3.replay=7")]
+
+
+def test_topo_matrix():
+    m, probs = parse_topo(_t("nvsmi-topo-m-dgxa100-gpu3-nv8.txt"))
+    assert probs == [] and sorted(m) == list(range(8)) and m[0][1] == "NV12" and m[3][0] == "NV8"
+    assert topo_nvlink_counts(m) == {0: 80, 1: 80, 2: 80, 3: 56, 4: 80, 5: 80, 6: 80, 7: 80}
+    got, _ = _codes(["nvsmi-topo-m-dgxa100-gpu3-nv8.txt"])
+    assert got == [("nvlink.link_down", "gpu3 has 56 NVLink(s) to its peers in topo -m, the best-linked GPU 80")]
+    # azhpc-images #443: no NVLink between the two GPUs at all -> equal counts, nothing to say
+    sys_only = "\tGPU0\tGPU1\tNIC0\tCPU Affinity\nGPU0\t X \tSYS\tNODE\t0-39\nGPU1\tSYS\t X \tSYS\t40-79\n"
+    assert triage([("t", sys_only)], config_mod.from_dict({})).findings == []
+
+
+def test_nccl_logs_in_triage():
+    got, res = _codes(["nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt"])
+    assert got == [("nccl.errors", "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt: #wrong 475896")]
+    got, res = _codes(["nccl-header-2.10-era-no-group-error-col.txt"])
+    assert got == [("nccl.output_unreadable", "nccl-header-2.10-era-no-group-error-col.txt: nccl-tests output "
+                                              "unreadable: test: no results (output ends early)")]
+    got, res = _codes(["nccl-allreduce-h100-a3mega-16rank-2.2x.txt"])
+    assert got == [] and res.summary == ["nccl-allreduce-h100-a3mega-16rank-2.2x.txt: nccl-tests, 31 result row(s), "
+                                         "busbw 338.09 GB/s at 8589934592 B, Avg bus bandwidth 70.742 GB/s"]
+
+
+def test_empty_and_unknown_inputs_are_errors():
+    with pytest.raises(TriageError, match="nvsmi-nvlink-s-a10-empty-output.txt: empty"):
+        triage([("nvsmi-nvlink-s-a10-empty-output.txt", _t("nvsmi-nvlink-s-a10-empty-output.txt"))],
+               config_mod.from_dict({}))
+    with pytest.raises(TriageError, match="x.txt: not a format gpuguard reads"):
+        triage([("x.txt", "hello world\n")], config_mod.from_dict({}))
+
+
+def test_cli_from_file_exit_codes():
+    r = CliRunner().invoke(main, ["check", "--from-file", str(TRI / "ibstat-hdr-port-down-rate-degraded.txt")])
+    assert r.exit_code == 2
+    assert "decision: drain (gpuguard: ib.port_down mlx5_1/1 port DOWN, physical state Disabled (+1 more))" in r.output
+    r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "nccl-allreduce-h100-a3mega-16rank-2.2x.txt")])
+    assert r.exit_code == 0 and "no findings" in r.output
+    r = CliRunner().invoke(main, ["check", "--from-file", str(TRI / "perfquery-saturated.txt"), "--json"])
+    assert r.exit_code == 1 and '"code": "ib.counter_saturated"' in r.output
+    r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "nvsmi-nvlink-s-a10-empty-output.txt")])
+    assert r.exit_code == 2 and r.output.startswith("Error: ") and "empty" in r.output
+    r = CliRunner().invoke(main, ["check", "--from-file", "/nonexistent/ibstat.txt"])
+    assert r.exit_code == 2 and "cannot open" in r.output
