@@ -215,7 +215,7 @@ def compared() -> dict[str, Compared]:
 def compared_gpu() -> dict[str, str]:
     """Windowed per-GPU compared values: comparison name -> sampled metric name
     (``gpu_util_pct`` -> ``gpu_util_pct``); the verdict computes their p50 per window."""
-    return {c.name: c.metric for c in COMPARED if c.windowed and c.metric in BY_NAME
+    return {c.name: c.metric for c in COMPARED if c.windowed and c.stat == "p50" and c.metric in BY_NAME
             and BY_NAME[c.metric].scope == "gpu"}
 
 
