@@ -110,7 +110,7 @@ def test_every_report_json_has_one_time_format(tmp_path, name):
 #: Commands that print no data (they write a file, change state and say so in a line,
 #: or print a file in its own format: a config, Prometheus text).
 NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync", "node drain", "node resume",
-           "alert send", "metrics show", "metrics write"}
+           "alert send", "metrics show", "metrics write", "cluster ingest"}
 
 
 def _leaf_commands(cmd, path=()):
