@@ -108,7 +108,9 @@ def test_every_report_json_has_one_time_format(tmp_path, name):
 
 
 #: Commands that print no data (they write a file, change state or print a config file).
-NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync"}
+NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync",
+           "metrics show",  # prints the Prometheus/OpenMetrics exposition format itself
+           "metrics write"}
 
 
 def _leaf_commands(cmd, path=()):
