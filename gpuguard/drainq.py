@@ -46,6 +46,12 @@ MIN_CALL_S = 0.2
 MAX_AGE_S = 7 * 86400.0
 #: At most this many nodes pending (one per slurmd on this host; more is not ours).
 MAX_ENTRIES = 64
+#: Share of the time left that retrying earlier drains may take, so a slurmctld that
+#: hangs cannot eat the budget the run's own checks need (our choice).
+RETRY_SHARE = 0.3
+#: Reasons Slurm itself sets when a hook exits non-zero (SLURM-FACTS.md §5): the node is
+#: drained because of our own Prolog/Epilog exit, so a pending drain counts as done.
+SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
 
 
 @dataclass
@@ -124,6 +130,9 @@ class PendingDrains:
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")  # an earlier attempt went through
+        if current and current.startswith(SLURM_HOOK_REASONS):
+            # our Prolog exited 1 before its drain went through: Slurm drained the node
+            return Outcome(node, reason, "confirmed", f"drained by Slurm as {current!r}")
         res = self.actuator.drain(node, reason)
         if res.status == "refused" and "someone else's reason" in res.why:
             return Outcome(node, reason, "refused", res.why)
@@ -150,9 +159,25 @@ class PendingDrains:
         return self._settle(node, self.entries().get(node) or {"reason": reason})
 
     def retry(self) -> list[Outcome]:
-        """Retry every pending drain (oldest first); returns their outcomes."""
-        out = []
+        """Retry every pending drain (oldest first) within :data:`RETRY_SHARE` of the time
+        left; returns their outcomes."""
         entries = self.entries()
+        if not entries:
+            return []
+        saved = self.deadline
+        if saved is not None:
+            self.deadline = time.monotonic() + max(0.0, saved - time.monotonic()) * RETRY_SHARE
+            if self.actuator is not None:
+                self.actuator.deadline = self.deadline
+        try:
+            return self._retry(entries)
+        finally:
+            self.deadline = saved
+            if self.actuator is not None:
+                self.actuator.deadline = saved
+
+    def _retry(self, entries: dict[str, dict[str, Any]]) -> list[Outcome]:
+        out = []
         for node in sorted(entries, key=lambda n: entries[n].get("since", 0)):
             e = entries[node]
             if time.time() - float(e.get("since", 0)) > MAX_AGE_S:

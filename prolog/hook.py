@@ -61,30 +61,12 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`main` and the tests."""
     started = time.monotonic()
     env = dict(os.environ) if env is None else env
-    from gpuguard import log as log_mod
-    from gpuguard.hookenv import read_hook_env
-    from gpuguard.hookrun import announce, load_config
+    from gpuguard.hookrun import announce
 
-    cfg, config_error = loaded or load_config()
-    budget = float(cfg.get("prolog", "time_budget_s"))
-    deadline = started + budget * DEADLINE_SHARE
-    if config_error:
-        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
-        # config must not silently switch off every check either: run them on the
-        # defaults, log what they find, and act on nothing.
-        cfg.values["slurm"]["drain"] = False
-    henv = read_hook_env(env)
-    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
-    if config_error:
-        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
-        if problem.startswith("SLURM_JOB_ID"):
-            log.error("tool error: %s; node checks only", problem)
-        else:
-            log.warning("hook environment: %s; treated as unset", problem)
+    cfg, config_error, henv, log = _start(env, loaded)
+    deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
     job_id = henv.job_id
     from gpuguard.nodecheck import live_check, pending_drains
-
     from gpuguard.ops.maintenance import cached as maintenance_now
 
     maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
@@ -123,23 +105,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
-    if nccl:
-        from gpuguard.policy import decide
-
-        d = decide(res.findings + nccl, cfg.policy, cfg.xid_policy)
-        if d.outcome == "drain":
-            announce(EXIT_DRAIN)
-            node = cfg.node_name
-            if pend.dry_run:
-                log.warning("dry run: would drain %s: %s", node, d.reason)
-            elif pend.add(node, d.reason):
-                pend.settle(node, d.reason)
-            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-            return EXIT_DRAIN
-        if d.outcome == "fail-job" and job_id:
-            pend.actuator.fail_job(job_id, d.reason)
-            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-            return EXIT_OK
+    rc = _act_on_nccl(cfg, live, pend, job_id, henv.job_gpus, nccl, log) if nccl else None
+    if rc is not None:
+        return rc
     if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job
@@ -165,6 +133,53 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
 #: Share of ``[prolog] time_budget_s`` the work plans with; the rest is the margin for
 #: the exit (our choice: 10 %).
 DEADLINE_SHARE = 0.9
+
+
+def _act_on_nccl(cfg, live, pend, job_id, job_gpus, nccl, log) -> int | None:
+    """Decide again with the NCCL probe's findings; act on a drain or fail-job and return
+    the exit status, or None when the job may proceed."""
+    from gpuguard.hookrun import announce
+    from gpuguard.policy import decide
+
+    d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
+    if d.outcome == "drain":
+        announce(EXIT_DRAIN)
+        node = cfg.node_name
+        if pend.dry_run:
+            log.warning("dry run: would drain %s: %s", node, d.reason)
+        elif pend.add(node, d.reason):
+            pend.settle(node, d.reason)
+        _record(cfg, live, pend, job_id, job_gpus, log, nccl)
+        return EXIT_DRAIN
+    if d.outcome == "fail-job" and job_id:
+        pend.actuator.fail_job(job_id, d.reason)
+        _record(cfg, live, pend, job_id, job_gpus, log, nccl)
+        return EXIT_OK
+    return None
+
+
+def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
+    """Config, hook environment and log: ``(cfg, config error or None, HookEnv, logger)``."""
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    cfg, config_error = loaded or load_config()
+    if config_error:
+        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
+        # config must not silently switch off every check either: run them on the
+        # defaults, log what they find, and act on nothing.
+        cfg.values["slurm"]["drain"] = False
+    henv = read_hook_env(env)
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
+    if config_error:
+        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; node checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    return cfg, config_error, henv, log
 
 
 def _log_result(log, res) -> None:

@@ -18,6 +18,7 @@ from conftest import node_snapshot
 from gpuguard import durable
 from gpuguard.collector import launch
 from gpuguard.collector.jobdir_cap import enforce_cap
+from gpuguard.collector.scan import find_collector_pids
 from gpuguard.actuator import Actuator
 from gpuguard.drainq import PendingDrains
 from gpuguard.hookrun import announce, run_watched
@@ -106,6 +107,26 @@ def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
     assert "drain" not in [c[0] for c in slurm.calls]
 
 
+def test_node_drained_by_slurm_for_our_prolog_exit_counts_as_drained(cfg):
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "Prolog error"
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert (out.status, out.why) == ("confirmed", "drained by Slurm as 'Prolog error'")
+    assert PendingDrains(cfg, Actuator(slurm)).entries() == {}
+
+
+def test_retry_takes_only_its_share_of_the_budget(cfg):
+    from gpuguard import drainq
+
+    slurm = FakeSlurm()
+    PendingDrains(cfg, Actuator(slurm)).add("n1", "gpuguard: x")
+    deadline = time.monotonic() + 10.0
+    act = Actuator(slurm, deadline=deadline)
+    PendingDrains(cfg, act).retry()
+    assert max(c[2] for c in slurm.calls) <= 10.0 * drainq.RETRY_SHARE + 0.01
+    assert act.deadline == deadline  # restored for the run's own drain
+
+
 def test_every_call_timeout_is_capped_by_the_deadline(cfg):
     slurm = FakeSlurm()
     PendingDrains(cfg, Actuator(slurm, deadline=time.monotonic() + 2.0)).drain("n1", "gpuguard: x")
@@ -189,7 +210,7 @@ def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_
                                  extra_args=["--job-cgroup", str(cg), "--no-scontrol"])
     try:
         def children():
-            return [p for p in launch.find_collector_pids("77", config=cfg.path) if p != sup]
+            return [p for p in find_collector_pids("77", config=cfg.path) if p != sup]
         assert _wait(lambda: len(children()) == 1)
         first = children()[0]
         os.kill(first, signal.SIGKILL)
@@ -200,9 +221,9 @@ def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_
         assert doc["restarts"] == 1 and doc["last_death"] == "killed by SIGKILL" and 0 < doc["down_s"] < 1.0
         res = launch.stop_collector(cfg, "77", timeout_s=10)
         assert res.was_running and res.exited
-        assert _wait(lambda: launch.find_collector_pids("77", config=cfg.path) == [], timeout=10)
+        assert _wait(lambda: find_collector_pids("77", config=cfg.path) == [], timeout=10)
     finally:
-        for p in launch.find_collector_pids("77", config=cfg.path):
+        for p in find_collector_pids("77", config=cfg.path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
