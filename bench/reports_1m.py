@@ -119,7 +119,7 @@ def generate(path: str, n: int, seed: int = 5) -> list[tuple[int, str]]:
             tmpl = f"gpuguard:template=t{rnd.randrange(40)}" if rnd.random() < 0.4 else ""
             fh.write("|".join((str(raw), str(raw), "bench", f"job{i % 997}", user, acct, part, "normal",
                                _fmt(submit), _fmt(eligible), start_s, end_s, str(elapsed), state, ec, tres,
-                               str(cpus), "1", "n001", tmpl, "")) + "\n")
+                               str(cpus), "1", "n001", tmpl, "", tres, "1440")) + "\n")
     return summaries
 
 

@@ -1,3 +1,6 @@
 """Per-job sampler, training-record ingest and the training API."""
 
-from gpuguard.collector import schema  # noqa: F401  (registers the "collector" store migration set)
+# The "collector" store migration set (gpuguard.collector.schema) is registered by the
+# collector process and by the epilog's set, not here: the training API
+# (gpuguard.collector.train) and the TaskProlog import this package and must stay
+# standard-library only.

@@ -525,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = log_mod.setup(cfg.get("paths", "log_file"), "collector", args.job_id)
     node = args.node or cfg.node_name
+    from gpuguard.collector import schema  # noqa: F401  (registers the "collector" store migration set)
     from gpuguard.gpu import open_source
     from gpuguard.store import open_store
 

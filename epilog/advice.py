@@ -27,6 +27,10 @@ def _check(doc: dict[str, Any], src: str) -> dict[str, dict[str, Any]]:
         for k in ("who", "docs"):
             if k in entry and not isinstance(entry[k], str):
                 raise AdviceError(f"{src}: [{cause}] {k} must be a string")
+        if "docs" in entry and not entry["docs"].startswith(("https://", "http://")):
+            raise AdviceError(f"{src}: [{cause}] docs must be an http(s) link")  # it becomes an <a href>
+        if entry.get("who", "you") not in ("you", "admins"):
+            raise AdviceError(f"{src}: [{cause}] who must be \"you\" or \"admins\"")
         unknown = set(entry) - {"who", "check", "docs"}
         if unknown:
             raise AdviceError(f"{src}: [{cause}] unknown key(s) {', '.join(sorted(unknown))} (expected who, check, docs)")

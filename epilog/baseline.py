@@ -52,6 +52,7 @@ class BaselineSettings:
 
     runs: int
     min_runs: int
+    relearn_runs: int
     idle_readings: int
     idle_min_readings: int
     idle_temp_rise_c: float
@@ -66,6 +67,8 @@ class BaselineSettings:
         s = cls(**{k: v[k] for k in cls.__dataclass_fields__ if k in v})
         if s.min_runs < 1 or s.runs < s.min_runs:
             raise ConfigError(f"{cfg.path or '<config>'}: baseline.runs must be >= baseline.min_runs >= 1")
+        if s.relearn_runs != 0 and s.relearn_runs < s.min_runs:
+            raise ConfigError(f"{cfg.path or '<config>'}: baseline.relearn_runs must be 0 or >= baseline.min_runs")
         if s.idle_min_readings < 1 or s.idle_readings < s.idle_min_readings:
             raise ConfigError(f"{cfg.path or '<config>'}: baseline.idle_readings must be >= idle_min_readings >= 1")
         return s
@@ -172,7 +175,9 @@ def reset_baseline(store: Any, template: str, *, now: float | None = None) -> in
 def list_templates(store: Any, *, cfg: Config | None = None) -> list[dict[str, Any]]:
     """Every template: ``name, source, jobs`` (judged runs), ``baseline_runs``,
     ``anomalous`` (runs with a cause other than healthy/learning), ``state``,
-    ``last_seen``. Raises :class:`gpuguard.store.StoreError`."""
+    ``last_seen``, ``relearned_at`` (when the baseline last re-learned by itself,
+    :mod:`gpuguard.epilog.relearn`; ``None`` if never) and ``relearned_from`` (those
+    runs' job ids). Raises :class:`gpuguard.store.StoreError`."""
     s = BaselineSettings.from_config(cfg)
     out = []
     for t in store.query("select * from templates order by name"):
@@ -184,7 +189,8 @@ def list_templates(store: Any, *, cfg: Config | None = None) -> list[dict[str, A
         runs = min(ok, s.runs)
         out.append({"name": t["name"], "source": t["source"], "jobs": t["jobs"], "baseline_runs": runs,
                     "anomalous": bad, "state": READY if runs >= s.min_runs else LEARNING,
-                    "last_seen": t["last_seen"]})
+                    "last_seen": t["last_seen"], "relearned_at": t.get("relearned_at"),
+                    "relearned_from": json.loads(t["relearned_jobs"]) if t.get("relearned_jobs") else []})
     return out
 
 

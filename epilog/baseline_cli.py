@@ -36,7 +36,8 @@ def template() -> None:
 @click.pass_obj
 def template_list(obj: Any, fmt: str) -> None:
     """List templates with their run counts and state (learning until [baseline] min_runs
-    healthy runs)."""
+    healthy runs) and when the baseline last re-learned by itself (after [baseline]
+    relearn_runs consistent job-changed runs; JSON and CSV also name those runs)."""
     store = _open(obj)
     try:
         rows = baseline_mod.list_templates(store, cfg=obj.cfg)
@@ -45,10 +46,16 @@ def template_list(obj: Any, fmt: str) -> None:
     tz = display_tz(obj.cfg)
     for r in rows:
         r["last_seen"] = iso_time(r["last_seen"] or None, tz)
+        r["relearned_at"] = iso_time(r["relearned_at"] or None, tz)
     if not rows and fmt == "text":
         click.echo("no templates yet")
         return
-    emit(fmt, rows, headers=["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen"])
+    headers = ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen", "relearned_at"]
+    if fmt == "csv":
+        for r in rows:
+            r["relearned_from"] = " ".join(r["relearned_from"])
+        headers.append("relearned_from")
+    emit(fmt, rows, headers=headers)
 
 
 @click.group("baseline")

@@ -22,12 +22,17 @@ from gpuguard.epilog import leak as leak_mod
 from gpuguard.epilog import peers
 from gpuguard.epilog.compare import Comparison, Settings, Windows
 from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
-from gpuguard.epilog.metrics import METRICS, sustained
+from gpuguard.epilog.metrics import METRICS, REASON_SHARES, sustained
 
 #: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
 HARD_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-#: Step-time metrics whose rise means the run got slower.
+#: Step-time metrics shown as the performance evidence.
 PERF_UP = ("step_time_p50_s", "step_time_p95_s")
+#: A clock-event reason group counts as evidence of throttling when its share of GPU
+#: samples rose at least this much over the template's median (our choice: a quarter of
+#: the samples is far above the sampling noise of a share over hundreds of readings and
+#: the run-to-run variation of power-capped templates).
+REASON_SHARE_MIN_RISE = 0.25
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,52 @@ class Context:
         return [c for c in self.comps.values() if c.flagged]
 
     def perf_worse(self) -> bool:
-        """The run is slower than its baseline: step time up or throughput down."""
-        return any(self.up(m) for m in PERF_UP) or self.down("throughput_per_s")
+        """The run is slower than its baseline: median step time up or throughput down.
+        The p95 alone is not: heavy-tailed step times (a few slow batches, GC pauses) move
+        it from run to run while the job makes the same progress."""
+        return self.up("step_time_p50_s") or self.down("throughput_per_s")
+
+    def slower(self) -> bool:
+        """:meth:`perf_worse`, or — where a cause's own signal (a reason share, the data
+        wait or communication share) is flagged and so corroborates it — a median step
+        time at least ``min_rel_change / 2`` above the baseline or a throughput that far
+        below (our choice: the second signal stands in for the z test, which a 5 %
+        change misses on templates whose run-to-run spread is a few %)."""
+        if self.perf_worse():
+            return True
+        half = self.s.min_rel_change / 2
+        p50, thr = self.comps.get("step_time_p50_s"), self.comps.get("throughput_per_s")
+        return bool((p50 and p50.z is not None and p50.rel_change is not None and p50.rel_change >= half)
+                    or (thr and thr.z is not None and thr.rel_change is not None and thr.rel_change <= -half))
+
+    def perf_changed(self) -> list[Comparison]:
+        """Flagged performance metrics (either way): the p50 and throughput, the p95 only
+        beside one of them."""
+        core = [self.comps[m] for m in ("step_time_p50_s", "throughput_per_s") if self.flagged_metric(m)]
+        if core and self.flagged_metric("step_time_p95_s"):
+            core.insert(1 if self.flagged_metric("step_time_p50_s") else 0, self.comps["step_time_p95_s"])
+        return core
+
+    def flagged_metric(self, m: str) -> bool:
+        c = self.comps.get(m)
+        return bool(c and c.flagged)
 
     def perf_lines(self) -> list[str]:
-        return [fmt(self.comps[m]) for m in (*PERF_UP, "throughput_per_s") if m in self.comps
-                and self.comps[m].flagged]
+        """The flagged performance metrics as text; else the median step time and
+        throughput against their baseline (a corroborated, smaller slowdown)."""
+        names = (*PERF_UP, "throughput_per_s")
+        out = [fmt(self.comps[m]) for m in names if m in self.comps and self.comps[m].flagged]
+        return out or [fmt(self.comps[m]) for m in ("step_time_p50_s", "throughput_per_s") if m in self.comps
+                       and self.comps[m].value is not None and self.comps[m].median is not None]
+
+    def records_count(self) -> bool:
+        """Per-rank records may name a straggler: the baseline is ready and the run is
+        slower than it (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
+        return self.once("records_count", lambda: self.judged and self.slower())
 
     def gpu_hits(self) -> list[dict[str, Any]]:
         return self.once("gpu_hits", lambda: peers.stragglers_gpu(
-            self.data, self.wins, self.s, self.base.stats if self.judged else None))
+            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count()))
 
 
 def fmt(c: Comparison) -> str:
@@ -115,7 +156,7 @@ def hardware_fault(ctx: Context) -> Found | None:
 
 def straggler_node(ctx: Context) -> Found | None:
     """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
-    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s)
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count())
     if not hit:
         return None
     return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
@@ -156,17 +197,40 @@ def _hard_throttle(ctx: Context) -> dict[str, Any] | None:
     return {"reasons": named_reasons(ctx), "sustained_s": round(secs, 1)}
 
 
+def reason_shares_up(ctx: Context) -> dict[str, dict[str, Any]]:
+    """Clock-event reasons whose share of GPU samples is flagged up against the template's
+    history by at least :data:`REASON_SHARE_MIN_RISE`, keyed by the reason's name
+    (``sw_power_cap``, ``thermal``, ``hw_slowdown``): ``{"value", "median", "metric"}``."""
+    out = {}
+    for m, rs in REASON_SHARES.items():
+        c = ctx.comps.get(m)
+        if c and c.flagged and c.direction > 0 and c.value - c.median >= REASON_SHARE_MIN_RISE:  # type: ignore[operator]
+            out[rs[0] if len(rs) == 1 else m.removesuffix("_share")] = {
+                "metric": m, "value": round(c.value, 3), "median": round(c.median, 3)}  # type: ignore[arg-type]
+    return out
+
+
 def gpu_throttling(ctx: Context) -> Found | None:
-    """SM clock flagged down against the baseline with slowdown reasons active in at
-    least ``throttle_active_share`` of GPU samples (or with a slower run when no reason
-    is reported); or, baseline-free, hard reasons (thermal, HW slowdown, power brake)
-    active in that share over a long window."""
+    """A clock-event reason's share flagged up against the template's own history
+    (:func:`reason_shares_up`) with the run slower or its SM clock down; or the SM clock
+    flagged down with slowdown reasons active in at least ``throttle_active_share`` of
+    GPU samples (or with a slower run when no reason is reported); or, baseline-free,
+    hard reasons (thermal, HW slowdown, power brake) active in that share over a long
+    window."""
     reasons = named_reasons(ctx)
+    rose = reason_shares_up(ctx)
     slow_share = max((v for r, v in reasons.items() if r in SLOWDOWN_REASONS), default=0.0)
     if ctx.down("sm_clock_mhz") and (slow_share >= ctx.s.throttle_active_share or ctx.perf_worse()):
         c = ctx.comps["sm_clock_mhz"]
         rs = ", ".join(f"{r} {v:.0%}" for r, v in reasons.items()) or "no reason reported (application clocks?)"
-        return Found(f"SM clock down: {fmt(c)}; active: {rs}", {"reasons": reasons, "sm_clock": c.to_dict()})
+        return Found(f"SM clock down: {fmt(c)}; active: {rs}",
+                     {"reasons": reasons, "sm_clock": c.to_dict(), "reason_shares": rose})
+    if rose and (ctx.down("sm_clock_mhz") or ctx.slower()):
+        rs = ", ".join(f"{m} {d['value']:.0%} vs {d['median']:.0%}" for m, d in rose.items())
+        perf = ctx.perf_lines() or [fmt(ctx.comps["sm_clock_mhz"])]
+        return Found(f"clock-event reasons above the template's history: {rs}; {perf[0]}",
+                     {"reasons": reasons, "reason_shares": rose, "performance": perf,
+                      "sm_clock": ctx.comps["sm_clock_mhz"].to_dict() if "sm_clock_mhz" in ctx.comps else None})
     hard = _hard_throttle(ctx)
     if hard:
         rs = ", ".join(f"{r} {v:.0%}" for r, v in hard["reasons"].items())
@@ -186,10 +250,16 @@ def memory_leak(ctx: Context) -> Found | None:
 
 
 # -- causes judged against the baseline ----------------------------------------------------------
-def _share_rise(ctx: Context, metric: str) -> float | None:
-    """How far the share rose over its baseline median when it is flagged up, else None."""
-    if not (ctx.perf_worse() and ctx.up(metric)):
+def _share_rise(ctx: Context, metric: str, median_step: bool = False) -> float | None:
+    """How far the share rose over its baseline median when it is flagged up and the run
+    is slower (``median_step``: by its median step time, not by throughput alone), else
+    None."""
+    if not (ctx.up(metric) and ctx.slower()):
         return None
+    if median_step:
+        p50 = ctx.comps.get("step_time_p50_s")
+        if not (p50 and p50.rel_change is not None and p50.rel_change >= ctx.s.min_rel_change / 2):
+            return None
     c = ctx.comps[metric]
     return c.value - c.median  # type: ignore[operator]
 
@@ -210,10 +280,13 @@ def data_pipeline(ctx: Context) -> Found | None:
 
 
 def communication(ctx: Context) -> Found | None:
-    """Slower run with the communication share flagged up. Strength: the share's rise.
+    """Slower run — by its median step time: a slow all-reduce costs every step, while a
+    few slow steps on one rank (GC pauses, a slow batch) also show as the others' comm
+    wait and lower the throughput — with the communication share flagged up. Strength:
+    the share's rise.
     The evidence cites each node's NCCL baseline and the fabric findings of the job's
     nodes during the job (:func:`gpuguard.net.evidence.communication_evidence`)."""
-    rise = _share_rise(ctx, "comm_share")
+    rise = _share_rise(ctx, "comm_share", median_step=True)
     if rise is None:
         return None
     perf = ctx.perf_lines()
@@ -223,14 +296,31 @@ def communication(ctx: Context) -> Found | None:
                   "fabric_findings": ctx.data.net.get("fabric_findings", [])}, rise)
 
 
-def job_changed(ctx: Context) -> Found | None:
-    """Step time or throughput flagged (either way), or the memory peak flagged (GPU
-    utilisation too when the job has no training records): the job itself differs.
-    Tried only when no other cause showed (the table's ``fallback``)."""
-    flagged = ctx.flagged()
-    changed = [c for c in flagged if c.metric in (*PERF_UP, "throughput_per_s", "mem_peak_mib")]
+def _changed(ctx: Context) -> list[Comparison]:
+    changed = ctx.perf_changed() + [c for c in ctx.flagged() if c.metric in ("samples_per_step", "mem_peak_mib")]
     if not ctx.data.has_steps:
-        changed += [c for c in flagged if c.metric == "gpu_util_pct"]
+        changed += [c for c in ctx.flagged() if c.metric == "gpu_util_pct"]
+    return changed
+
+
+def batch_changed(ctx: Context) -> Found | None:
+    """Samples (else tokens) per step flagged against the baseline, either way: the job
+    runs another batch size, so step time, throughput and the phase shares all move
+    for the job's own reason. Compared per sample: the evidence lists the per-sample
+    figures beside it (throughput)."""
+    if not ctx.flagged_metric("samples_per_step"):
+        return None
+    changed = [ctx.comps["samples_per_step"]] + [c for c in _changed(ctx) if c.metric != "samples_per_step"]
+    return Found("the job itself changed: " + "; ".join(fmt(c) for c in changed[:3]),
+                 {"changed": [c.to_dict() for c in changed]}, 1.0)
+
+
+def job_changed(ctx: Context) -> Found | None:
+    """Median step time or throughput flagged (either way; the p95 only beside one of
+    them), samples per step, or the memory peak flagged (GPU utilisation too when the
+    job has no training records): the job itself differs. Tried only when no other
+    cause showed (the table's ``fallback``)."""
+    changed = _changed(ctx)
     if not changed:
         return None
     return Found("the job itself changed: " + "; ".join(fmt(c) for c in changed[:3])

@@ -28,11 +28,26 @@ from gpuguard.config import Config, ConfigError
 from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog import robust
 from gpuguard.epilog.jobdata import JobData
-from gpuguard.epilog.metrics import METRICS, analysis_span, long_windows, sustained, window_metrics
+from gpuguard.epilog.metrics import (
+    METRICS,
+    REASON_SHARES,
+    analysis_span,
+    long_windows,
+    sustained,
+    window_metrics,
+)
 
 
-#: Metrics that are shares of step time: they must also move by ``share_min_abs_change``.
-SHARES = ("data_wait_share", "comm_share")
+#: Metrics that are shares (of step time, of GPU samples): they must also move by
+#: ``share_min_abs_change``.
+SHARES = ("data_wait_share", "comm_share", *REASON_SHARES)
+#: A run whose step times are still this much above the second half's median is still
+#: warming up (our choice: 5 %, half the smallest change the verdict reports).
+SETTLE_TOL = 0.05
+#: The warm-up is never stretched past this share of the run: a run slow for longer is
+#: judged as a whole (our choice: compile / autotune / sequence-length warm-up lasts
+#: minutes, a slow first 40 % is something else).
+MAX_SETTLE_FRAC = 0.4
 
 
 @dataclass(frozen=True)
@@ -124,12 +139,39 @@ def deviates(metric: str, x: float, med: float, mad_raw: float, s: Settings,
     return ok, z, rel
 
 
+def settled_warmup_s(data: JobData, s: Settings) -> float:
+    """Seconds at the start of the job left out of the comparison: ``warmup_s``, or longer
+    while the step times are still settling — compilation, autotuning and sequence-length
+    warm-up can outlast any fixed ``warmup_s``. From ``warmup_s`` on, in steps of half a
+    probe window (``long_window_s / 2``, at most 1/20 of the run, at least
+    ``short_window_s``), the first window whose median step time is within
+    :data:`SETTLE_TOL` of the median over the second half of the run ends the warm-up. A
+    run still that slow at :data:`MAX_SETTLE_FRAC` of its length keeps ``warmup_s`` (it is
+    judged as a whole). Without step records: ``warmup_s``."""
+    if data.start is None or data.end is None or not data.steps:
+        return s.warmup_s
+    dur = data.end - data.start
+    ref = robust.median(r.step_time_s for r in data.steps_between(data.start + dur / 2, data.end + 1.0))
+    if not ref:
+        return s.warmup_s
+    probe = max(s.short_window_s, min(s.long_window_s / 2, dur / 20))
+    t = data.start + s.warmup_s
+    while t + probe <= data.start + MAX_SETTLE_FRAC * dur:
+        m = robust.median(r.step_time_s for r in data.steps_between(t, t + probe))
+        if m is None or m <= ref * (1.0 + SETTLE_TOL):
+            return t - data.start
+        t += probe / 2
+    return s.warmup_s
+
+
 class Windows:
-    """Long windows after the warm-up and their metrics, computed once on demand."""
+    """The analysis span (after the warm-up, :func:`settled_warmup_s`), its long windows
+    and their metrics, computed once on demand."""
 
     def __init__(self, data: JobData, s: Settings):
         self.data = data
-        t0, t1 = analysis_span(data, s.warmup_s)
+        self.warmup_s = settled_warmup_s(data, s)
+        t0, t1 = analysis_span(data, self.warmup_s)
         self.span = (t0, t1)
         self.windows = long_windows(t0, t1, s.long_window_s, s.short_window_s) if t0 is not None else []
         self._metrics: dict[tuple[float, float], dict[str, float | None]] = {}

@@ -14,6 +14,10 @@ primary), with its detector (:mod:`gpuguard.epilog.causes`) and, as data:
     causes of one group share the precedence of the group's first row and are ordered
     among themselves by the detectors' ``strength`` (data-pipeline vs communication:
     the share that rose more wins).
+A cause may have several rows (detectors) at different precedences: ``job-changed``
+when samples per step changed comes before the phase shares (a smaller batch raises the
+communication share for the job's own reason); otherwise it is the fallback.
+
 ``fallback``
     tried only when no other cause showed (``job-changed``: the job differs and nothing
     on the machine's side explains it).
@@ -58,24 +62,24 @@ CAUSE_TABLE: tuple[Cause, ...] = (
     Cause("straggler-gpu", C.straggler_gpu, "warning", explains=("communication",)),
     Cause("gpu-throttling", C.gpu_throttling, "warning", explains=("communication",)),
     Cause("memory-leak", C.memory_leak, "warning"),
+    Cause("job-changed", C.batch_changed, "info", needs_baseline=True),
     Cause("data-pipeline", C.data_pipeline, "info", needs_baseline=True, group="phase"),
     Cause("communication", C.communication, "warning", needs_baseline=True, group="phase"),
     Cause("job-changed", C.job_changed, "info", needs_baseline=True, fallback=True),
 )
 
 #: Every cause a judged run can get ("learning" is the state of a template, not a cause).
-CAUSES = ("healthy", *(c.name for c in CAUSE_TABLE))
+CAUSES = ("healthy", *dict.fromkeys(c.name for c in CAUSE_TABLE))
 #: Finding severity per cause (from the table).
 FINDING_SEVERITY = {c.name: c.severity for c in CAUSE_TABLE}
 
 
-def _rank(table: tuple[Cause, ...]) -> dict[str, int]:
+def _rank(table: tuple[Cause, ...]) -> dict[int, int]:
+    """Row (by id) -> its precedence: its index, or its group's first index."""
     first: dict[str, int] = {}
     out = {}
     for i, c in enumerate(table):
-        key = c.group or c.name
-        first.setdefault(key, i)
-        out[c.name] = first[key]
+        out[id(c)] = first.setdefault(c.group, i) if c.group else i
     return out
 
 
@@ -106,7 +110,7 @@ def decide(ctx: C.Context, table: tuple[Cause, ...] = CAUSE_TABLE) -> tuple[str,
                     break
     flagged = [c.metric for c in ctx.flagged()]
     if found:
-        found.sort(key=lambda rh: (rank[rh[0].name], -rh[1].strength))
+        found.sort(key=lambda rh: (rank[id(rh[0])], -rh[1].strength))
         primary, hit = found[0]
         also = [r.name for r, _ in found[1:] if r.name != primary.name and r.name not in primary.explains]
         ev = dict(hit.evidence)

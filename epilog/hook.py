@@ -315,6 +315,7 @@ def _already_done(store: Any, job_id: str, node: str, job_dir: str, stop: Any) -
 def _bookkeeping(cfg: Any, env: dict[str, str], job_id: str | None, node: str, stop: Any, status: str,
                  live: Any, pend: Any, job_gpus: Any, exit_raw: int | None, log: Any,
                  restarts: dict | None = None, uid: int | None = None) -> None:
+    from gpuguard.ops import schema as _ops_schema  # noqa: F401  (the "ops" tables: record_hook_drain)
     from gpuguard.store import StoreError, open_store
 
     store = None
@@ -348,9 +349,12 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: %s", e)
         return
     n_err = len(live.result.tool_errors)
-    record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
+    rec = record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
     for err in live.result.tool_errors[n_err:]:
         log.error("tool error: %s", err)
+    from gpuguard.ops.nodes import record_hook_drain
+
+    record_hook_drain(store, node, live, by="epilog", run_id=getattr(rec, "run_id", None), log=log)
     if not job_id:
         log.info("epilog done without a summary (no job id)")
         return

@@ -149,6 +149,71 @@ def capacity_from_name(name: str | None) -> float | None:
     return float(int(m.group(1)) * 1024) if m else None
 
 
+def _load_gpus(store: Any, job_id: str, nf: str, nparams: list[Any]) -> dict[tuple[str, int], GpuSeries]:
+    gpus: dict[tuple[str, int], GpuSeries] = {}
+    rows = store.query(
+        "select node, at, gpu_index, gpu_uuid, gpu_util_pct, mem_used_mib, power_w, temp_c, "
+        f"sm_clock_mhz, clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ?{nf} "
+        "order by at", [job_id, *nparams])
+    for r in rows:
+        key = (r["node"] or "", int(r["gpu_index"] if r["gpu_index"] is not None else -1))
+        g = gpus.get(key)
+        if g is None:
+            g = gpus[key] = GpuSeries(key[0], key[1], r["gpu_uuid"])
+        g.t.append(float(r["at"]))
+        g.util.append(_f(r["gpu_util_pct"]))
+        g.mem.append(_f(r["mem_used_mib"]))
+        g.power.append(_f(r["power_w"]))
+        g.temp.append(_f(r["temp_c"]))
+        g.clock.append(_f(r["sm_clock_mhz"]))
+        g.mask.append(int(r["clock_event_mask"] or 0))
+        g.ecc_unc.append(r["ecc_volatile_uncorrected"])
+    return gpus
+
+
+def _load_steps(store: Any, job_id: str, nf: str, nparams: list[Any]) -> list[StepRec]:
+    steps: list[StepRec] = []
+    for r in store.query(f"select * from steps where job_id = ?{nf}", [job_id, *nparams]):
+        t = _f(r.get("t", r.get("at")))
+        if t is None:
+            continue
+        phases: dict[str, Any] = {}
+        if r.get("phases"):
+            try:
+                phases = json.loads(r["phases"]) if isinstance(r["phases"], str) else dict(r["phases"])
+            except (ValueError, TypeError):
+                phases = {}
+        steps.append(StepRec(
+            node=r.get("node"), rank=r.get("rank"), t=t, step_time_s=_f(r.get("step_time_s")),
+            samples=_f(r.get("samples")), tokens=_f(r.get("tokens")),
+            **{p: _f(r[p]) if r.get(p) is not None else _f(phases.get(p)) for p in _PHASES},
+        ))
+    steps.sort(key=lambda s: s.t)
+    return steps
+
+
+def _load_hw(store: Any, tables: set[str], job_id: str, job_nodes: list[str], start: float,
+             end: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    hw_events: list[dict[str, Any]] = []
+    hw_findings: list[dict[str, Any]] = []
+    # The epilog's own post-job health run is recorded a little after the last sample.
+    lo, hi = start, end + 300.0
+    jf, jparams = _node_filter(job_nodes)
+    if "events" in tables:
+        hw_events = store.query(
+            "select * from events where coalesce(action, 'alert') != 'record' and "
+            f"((at >= ? and at <= ?{jf}) or (job_id = ? and at >= ?)) order by at",
+            [lo, hi, *jparams, job_id, lo])
+    if "findings" in tables:
+        rows = store.query(
+            f"select * from findings where ((at >= ? and at <= ?{jf}) or (job_id = ? and at >= ?)) "
+            "and code not like 'verdict.%' and code not like 'baseline.%' order by at",
+            [lo, hi, *jparams, job_id, lo])
+        hw_findings = [r for r in rows if r["severity"] == "critical"
+                       or (r["code"].startswith(_HW_FINDING_PREFIXES) and r.get("action") != "record")]
+    return hw_events, hw_findings
+
+
 def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData:
     """Read job ``job_id`` (on ``nodes``, default all) from ``store``.
 
@@ -156,43 +221,8 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     """
     tables = _tables(store)
     nf, nparams = _node_filter(nodes)
-    gpus: dict[tuple[str, int], GpuSeries] = {}
-    if "samples" in tables:
-        rows = store.query(
-            "select node, at, gpu_index, gpu_uuid, gpu_util_pct, mem_used_mib, power_w, temp_c, "
-            f"sm_clock_mhz, clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ?{nf} "
-            "order by at", [job_id, *nparams])
-        for r in rows:
-            key = (r["node"] or "", int(r["gpu_index"] if r["gpu_index"] is not None else -1))
-            g = gpus.get(key)
-            if g is None:
-                g = gpus[key] = GpuSeries(key[0], key[1], r["gpu_uuid"])
-            g.t.append(float(r["at"]))
-            g.util.append(_f(r["gpu_util_pct"]))
-            g.mem.append(_f(r["mem_used_mib"]))
-            g.power.append(_f(r["power_w"]))
-            g.temp.append(_f(r["temp_c"]))
-            g.clock.append(_f(r["sm_clock_mhz"]))
-            g.mask.append(int(r["clock_event_mask"] or 0))
-            g.ecc_unc.append(r["ecc_volatile_uncorrected"])
-    steps: list[StepRec] = []
-    if "steps" in tables:
-        for r in store.query(f"select * from steps where job_id = ?{nf}", [job_id, *nparams]):
-            t = _f(r.get("t", r.get("at")))
-            if t is None:
-                continue
-            phases: dict[str, Any] = {}
-            if r.get("phases"):
-                try:
-                    phases = json.loads(r["phases"]) if isinstance(r["phases"], str) else dict(r["phases"])
-                except (ValueError, TypeError):
-                    phases = {}
-            steps.append(StepRec(
-                node=r.get("node"), rank=r.get("rank"), t=t, step_time_s=_f(r.get("step_time_s")),
-                samples=_f(r.get("samples")), tokens=_f(r.get("tokens")),
-                **{p: _f(r[p]) if r.get(p) is not None else _f(phases.get(p)) for p in _PHASES},
-            ))
-        steps.sort(key=lambda s: s.t)
+    gpus = _load_gpus(store, job_id, nf, nparams) if "samples" in tables else {}
+    steps = _load_steps(store, job_id, nf, nparams) if "steps" in tables else []
     host: dict[str, tuple[list[float], list[float | None]]] = {}
     if "host_samples" in tables:
         for r in store.query(f"select node, at, rss_mib from host_samples where job_id = ?{nf} order by at",
@@ -213,24 +243,8 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     end = max(times) if times else None
     seen_nodes = sorted({g.node for g in gpus.values()} | {s.node for s in steps if s.node} | set(host))
     job_nodes = list(nodes) if nodes else seen_nodes
-    hw_events: list[dict[str, Any]] = []
-    hw_findings: list[dict[str, Any]] = []
-    if start is not None:
-        # The epilog's own post-job health run is recorded a little after the last sample.
-        lo, hi = start, end + 300.0
-        jf, jparams = _node_filter(job_nodes)
-        if "events" in tables:
-            hw_events = store.query(
-                "select * from events where coalesce(action, 'alert') != 'record' and "
-                f"((at >= ? and at <= ?{jf}) or (job_id = ? and at >= ?)) order by at",
-                [lo, hi, *jparams, job_id, lo])
-        if "findings" in tables:
-            rows = store.query(
-                f"select * from findings where ((at >= ? and at <= ?{jf}) or (job_id = ? and at >= ?)) "
-                "and code not like 'verdict.%' and code not like 'baseline.%' order by at",
-                [lo, hi, *jparams, job_id, lo])
-            hw_findings = [r for r in rows if r["severity"] == "critical"
-                           or (r["code"].startswith(_HW_FINDING_PREFIXES) and r.get("action") != "record")]
+    hw_events, hw_findings = _load_hw(store, tables, job_id, job_nodes, start, end) if start is not None \
+        else ([], [])
     caps: dict[str, float] = {}
     if "inventory" in tables and gpus:
         inv = {(r["node"], r["uuid"]): r for r in store.query("select node, uuid, name from inventory")}

@@ -2,7 +2,8 @@
 after the warm-up.
 
 Theil–Sen slope > 0, rise over the span >= ``[verdict] leak_min_rise_frac`` of capacity
-(GPU; from the product name) or of the starting level (host), each quarter of the span
+(GPU; from the product name) or of the starting level (host), over at least a long
+window (a job shorter than that: most of its span after the warm-up), each quarter of the span
 higher than the last by >= 15 % of the rise (our choice: a caching allocator grows in
 steps, then plateaus; a leak keeps climbing), and the second half still rising at >= half
 the slope. The projection says when it reaches capacity.
@@ -20,7 +21,8 @@ from gpuguard.epilog.jobdata import JobData
 def _leak_of(ts: list[float], ys: list[float | None], t0: float, t1: float, capacity: float | None,
              s: Settings) -> dict[str, Any] | None:
     pts = [(t, y) for t, y in zip(ts, ys, strict=True) if t0 <= t < t1 and y is not None]
-    if len(pts) < 8 or pts[-1][0] - pts[0][0] < s.long_window_s:
+    # a long window, or most of a shorter job's span after warm-up
+    if len(pts) < 8 or pts[-1][0] - pts[0][0] < min(s.long_window_s, 0.8 * (t1 - t0)):
         return None
     tt = [p[0] for p in pts]
     yy = [p[1] for p in pts]

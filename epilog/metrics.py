@@ -16,6 +16,10 @@ mem_peak_mib          MiB    largest ``mem_used_mib`` of any GPU (whole job, not
 power_w               W      median board power over all GPU samples
 sm_clock_mhz          MHz    median SM clock over all GPU samples
 temp_c                °C     median GPU temperature over all GPU samples
+samples_per_step      1      median samples (else tokens) per step record of one rank
+power_cap_share       0-1    share of GPU samples with ``sw_power_cap`` active
+thermal_share         0-1    share with ``sw_thermal_slowdown`` or ``hw_thermal_slowdown``
+hw_slowdown_share     0-1    share with ``hw_slowdown`` or ``hw_power_brake_slowdown``
 ====================  =====  ==========================================================
 
 Windows: the warm-up at the start of the job is left out (``[verdict] warmup_s``); the
@@ -32,6 +36,7 @@ from typing import Any
 
 from gpuguard.epilog import robust
 from gpuguard.epilog.jobdata import JobData
+from gpuguard.model import CLOCK_EVENT_REASONS
 
 #: metric -> (unit, windowed, description)
 METRICS: dict[str, tuple[str, bool, str]] = {
@@ -46,6 +51,18 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "power_w": ("W", True, "GPU power, median"),
     "sm_clock_mhz": ("MHz", True, "SM clock, median"),
     "temp_c": ("°C", True, "GPU temperature, median"),
+    "samples_per_step": ("1", True, "samples (else tokens) per step of one rank, median"),
+    "power_cap_share": ("0-1", True, "share of GPU samples with sw_power_cap active"),
+    "thermal_share": ("0-1", True, "share of GPU samples with a thermal slowdown active"),
+    "hw_slowdown_share": ("0-1", True, "share of GPU samples with HW slowdown or power brake active"),
+}
+
+#: Clock-event reason groups compared with the template's history (nvml.h
+#: ``nvmlClocksEventReason*``): metric -> reasons whose share of samples it counts.
+REASON_SHARES: dict[str, tuple[str, ...]] = {
+    "power_cap_share": ("sw_power_cap",),
+    "thermal_share": ("sw_thermal_slowdown", "hw_thermal_slowdown"),
+    "hw_slowdown_share": ("hw_slowdown", "hw_power_brake_slowdown"),
 }
 
 
@@ -56,6 +73,7 @@ def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None
         "step_time_p50_s": robust.median(times),
         "step_time_p95_s": robust.quantile(times, 0.95),
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
+        "samples_per_step": robust.median(r.samples if r.samples is not None else r.tokens for r in recs),
     }
     if not times:
         return out
@@ -94,7 +112,22 @@ def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     out["power_w"] = robust.median(_gpu_values(data, "power", t0, t1))
     out["sm_clock_mhz"] = robust.median(_gpu_values(data, "clock", t0, t1))
     out["temp_c"] = robust.median(_gpu_values(data, "temp", t0, t1))
+    out.update(_reason_shares(data, t0, t1))
     return out
+
+
+def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
+    bits = {m: sum(CLOCK_EVENT_REASONS[r][0] for r in rs) for m, rs in REASON_SHARES.items()}
+    counts = dict.fromkeys(REASON_SHARES, 0)
+    total = 0
+    for g in data.gpus:
+        i, j = g.span(t0, t1)
+        for mask in g.mask[i:j]:
+            total += 1
+            for m, b in bits.items():
+                if mask & b:
+                    counts[m] += 1
+    return {m: (counts[m] / total if total else None) for m in REASON_SHARES}
 
 
 def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:

@@ -1,15 +1,46 @@
 """Straggler analyses: one GPU or one node of a job slower than its peers in the same job.
 
 Baseline-free: a GPU (node) is compared with the other GPUs (nodes) of the same run, so a
-straggler is found on a template's first run. Thresholds: ``[verdict]
-peer_min_rel_change`` and ``z_threshold`` (robust z over the peers with the MAD floor),
-sustained over at least one long window (:mod:`gpuguard.epilog.compare`).
+straggler is found on a template's first run. Two kinds of evidence, tried in this order:
+
+``fwd_bwd_s`` (per rank, from the training records)
+    In a synchronous data-parallel job every rank waits in the all-reduce for the
+    slowest, so a slow GPU shows as the *others'* communication wait; the slow rank
+    itself has the longest compute time (``fwd_bwd_s``) and the shortest ``comm_s``.
+    A rank is a straggler when its median compute time is at least
+    ``peer_min_rel_change`` above the median of the other ranks (robust z over them with
+    the MAD floor >= ``z_threshold``) and its median comm wait is the shortest of all.
+    Ranks map to GPUs per node in order (the lowest rank on a node on its lowest GPU
+    index: the launchers' default binding, one rank per GPU); with another count of
+    ranks than GPUs on a node, the rank alone is named.
+``sm_clock_mhz`` (per GPU, from the samples)
+    median SM clock over *busy* samples (utilisation >= :data:`BUSY_UTIL_PCT`) at least
+    ``peer_min_rel_change`` below the median of its peers. Busy samples only: a job-wide
+    data stall or a checkpoint idles every GPU at once, and idle readings (low clocks)
+    would make per-GPU medians differ by chance. Power and utilisation alone are never a
+    straggler: a GPU drawing less power at normal clocks does the same work.
+
+Both must hold over at least one long window too (:func:`gpuguard.epilog.metrics.sustained`).
+Rank records count only when the template's baseline is ready and the run is slower than
+it (:meth:`gpuguard.epilog.causes.Context.slower`): ranks can differ by role (pipeline
+stages, the rank that computes the loss), and such a structural imbalance is in every
+run — naming it would alert, then escalate to a drain, on a healthy GPU. The clock
+evidence needs no baseline.
+Two GPUs have no majority: by records, the rank whose compute is that much longer;
+by clock, the GPU that far below the other *and* flagged low against the template
+baseline while the other is within it.
+
+A node straggles when even its *best* GPU (rank) is that much worse than the median of the
+other nodes' GPUs (ranks): one slow GPU does not make its node slow; or when the straggling
+GPUs are at least half of one node's GPUs (at least two).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.epilog import baseline as baseline_mod
@@ -18,13 +49,27 @@ from gpuguard.epilog.compare import Settings, Windows, deviates
 from gpuguard.epilog.jobdata import GpuSeries, JobData, reasons_share
 from gpuguard.epilog.metrics import sustained
 
+#: A GPU whose median utilisation over the job stays under this (percent) is *unused* by
+#: the job, not a straggler: a job that allocates 4 GPUs and computes on 3 must not look
+#: like a slow GPU, let alone escalate to a drain (three such jobs would drain a healthy
+#: node). Same threshold as an idle GPU in the prolog's checks.
+UNUSED_UTIL_PCT = 5.0
+#: A sample counts as busy (its SM clock is compared) at or above this utilisation
+#: (our choice: half; NVML utilisation is the share of the last sample period with a
+#: kernel running, so a reading that caught a data wait or a pause is well below it).
+BUSY_UTIL_PCT = 50.0
 
-_PEER_FIELDS = (("clock", "sm_clock_mhz"), ("power", "power_w"), ("util", "gpu_util_pct"))
 
+@dataclass
+class Unit:
+    """One GPU (or rank) of the job and how to read its value over a window."""
 
-def _gpu_value(g: GpuSeries, attr: str, a: float, b: float) -> float | None:
-    i, j = g.span(a, b)
-    return robust.median(getattr(g, attr)[i:j])
+    node: str
+    gpu_index: int | None
+    gpu_uuid: str | None
+    rank: int | None
+    value: Callable[[float, float], float | None]
+    comm: Callable[[float, float], float | None] | None = None
 
 
 def peer_outlier(x: float, peers: list[float], s: Settings, worse: int) -> tuple[bool, float, float, float]:
@@ -40,125 +85,178 @@ def peer_outlier(x: float, peers: list[float], s: Settings, worse: int) -> tuple
     return ok, z, rel, pm
 
 
-def _stragglers_pair(gpus: list[GpuSeries], wins: Windows, s: Settings,
-                     stats: Mapping[str, baseline_mod.Stat]) -> list[dict[str, Any]]:
-    """Two GPUs have no majority: one straggles when it is ``peer_min_rel_change`` below
-    the other *and* flagged low against the template baseline while the other is not."""
-    t0, t1 = wins.span
-    for attr, metric in _PEER_FIELDS:
-        st = stats.get(metric)
-        if st is None:
-            continue
-        vals = [_gpu_value(g, attr, t0, t1) for g in gpus]  # type: ignore[arg-type]
-        if None in vals:
-            continue
-        for k in (0, 1):
-            x, other = vals[k], vals[1 - k]
-            ok, z, rel, _ = peer_outlier(x, [other], s, -1)  # type: ignore[arg-type]
-            low = deviates(metric, x, st.median, st.mad, s, -1)[0]  # type: ignore[arg-type]
-            other_ok = abs(robust.rel_change(other, st.median)) < s.min_rel_change  # type: ignore[arg-type]
-            if ok and low and other_ok:
-                g = gpus[k]
-                reasons = reasons_share([g], t0, t1)  # type: ignore[arg-type]
-                return [{"node": g.node, "gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, "metric": metric,
-                         "value": round(x, 2), "peer_median": round(other, 2), "rel_change": round(rel, 3),  # type: ignore[arg-type]
-                         "z": round(z, 2), "baseline_median": st.median, "sustained_s": None,
-                         "reasons": {r: round(v, 3) for r, v in reasons.items()}}]
-    return []
-
-
-#: A GPU whose median utilisation over the job stays under this (percent) is *unused* by
-#: the job, not a straggler: a job that allocates 4 GPUs and computes on 3 must not look
-#: like a slow GPU, let alone escalate to a drain (three such jobs would drain a healthy
-#: node). Same threshold as an idle GPU in the prolog's checks.
-UNUSED_UTIL_PCT = 5.0
+def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
+    def value(a: float, b: float) -> float | None:
+        i, j = g.span(a, b)
+        return robust.median(c for c, u in zip(g.clock[i:j], g.util[i:j], strict=True)
+                             if u is None or u >= BUSY_UTIL_PCT)
+    return value
 
 
 def _used(g: GpuSeries, t0: float, t1: float) -> bool:
-    u = _gpu_value(g, "util", t0, t1)
+    i, j = g.span(t0, t1)
+    u = robust.median(g.util[i:j])
     return u is None or u >= UNUSED_UTIL_PCT
 
 
-def stragglers_gpu(data: JobData, wins: Windows, s: Settings,
-                    stats: Mapping[str, baseline_mod.Stat] | None = None) -> list[dict[str, Any]]:
-    if wins.span[0] is None:
-        return []
-    gpus = [g for g in data.gpus if g.t and _used(g, *wins.span)]
-    if len(gpus) == 2 and stats:
-        return _stragglers_pair(gpus, wins, s, stats)
-    if len(gpus) < 3:
-        return []
-    t0, t1 = wins.span
+def gpu_units(data: JobData, t0: float, t1: float) -> list[Unit]:
+    """The job's used GPUs, valued by their busy-sample SM clock."""
+    return [Unit(g.node, g.gpu_index, g.gpu_uuid, None, _busy_clock(g)) for g in data.gpus
+            if g.t and _used(g, t0, t1)]
+
+
+def rank_units(data: JobData) -> list[Unit]:
+    """The job's ranks, valued by their median ``fwd_bwd_s`` (comm: median ``comm_s``),
+    each mapped to its node's GPU in rank order (module docstring)."""
+    series: dict[tuple[str, int], tuple[list[float], list[float | None], list[float | None]]] = {}
+    for r in data.steps:  # sorted by t
+        if r.rank is not None and r.fwd_bwd_s is not None:
+            ts, fb, cm = series.setdefault((r.node or "", int(r.rank)), ([], [], []))
+            ts.append(r.t)
+            fb.append(r.fwd_bwd_s)
+            cm.append(r.comm_s)
+    gpus_on: dict[str, list[GpuSeries]] = {}
+    for g in data.gpus:
+        gpus_on.setdefault(g.node, []).append(g)
     out = []
-    for g in gpus:
-        for attr, metric in _PEER_FIELDS:
-            x = _gpu_value(g, attr, t0, t1)
-            peers = robust.clean(_gpu_value(p, attr, t0, t1) for p in gpus if p is not g)
-            if x is None or len(peers) < 2:
-                continue
-            ok, z, rel, pm = peer_outlier(x, peers, s, -1)
-            if not ok:
-                continue
+    for node in sorted({n for n, _ in series}):
+        mine = sorted(r for n, r in series if n == node)
+        gs = sorted(gpus_on.get(node, []), key=lambda g: g.gpu_index)
+        for k, rank in enumerate(mine):
+            g = gs[k] if len(gs) == len(mine) else None
+            ts, fb, cm = series[(node, rank)]
 
-            def win_value(a: float, b: float, g: GpuSeries = g, attr: str = attr) -> float | None:
-                v = _gpu_value(g, attr, a, b)
-                ps = robust.clean(_gpu_value(p, attr, a, b) for p in gpus if p is not g)
-                if v is None or len(ps) < 2:
-                    return None
-                return v if peer_outlier(v, ps, s, -1)[0] else math.nan
-
-            held, secs = sustained(wins.windows, win_value, lambda v: not math.isnan(v))
-            if not held:
-                continue
-            reasons = reasons_share([g], t0, t1)
-            out.append({"node": g.node, "gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, "metric": metric,
-                        "value": round(x, 2), "peer_median": round(pm, 2), "rel_change": round(rel, 3),
-                        "z": round(z, 2), "sustained_s": round(secs, 1),
-                        "reasons": {r: round(v, 3) for r, v in reasons.items()}})
-            break  # one line per GPU: the first metric that shows it (clock, power, util)
+            def phase(vals: list[float | None], ts: list[float] = ts) -> Callable[[float, float], float | None]:
+                return lambda a, b: robust.median(vals[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)])
+            out.append(Unit(node, g.gpu_index if g else None, g.gpu_uuid if g else None, rank,
+                            phase(fb), phase(cm)))
     return out
 
 
-def stragglers_node(data: JobData, wins: Windows, gpu_hits: list[dict[str, Any]],
-                     s: Settings) -> dict[str, Any] | None:
-    nodes = sorted({g.node for g in data.gpus} | {r.node for r in data.steps if r.node})
-    if len(nodes) < 2 or wins.span[0] is None:
-        return None
+def _hit(u: Unit, data: JobData, metric: str, x: float, pm: float, rel: float, z: float, secs: float | None,
+         t0: float, t1: float) -> dict[str, Any]:
+    gs = [g for g in data.gpus if g.node == u.node and g.gpu_index == u.gpu_index]
+    reasons = reasons_share(gs, t0, t1) if gs else {}
+    return {"node": u.node, "gpu_index": u.gpu_index, "gpu_uuid": u.gpu_uuid, "rank": u.rank, "metric": metric,
+            "value": round(x, 4), "peer_median": round(pm, 4), "rel_change": round(rel, 3), "z": round(z, 2),
+            "sustained_s": None if secs is None else round(secs, 1),
+            "reasons": {r: round(v, 3) for r, v in reasons.items()}}
+
+
+def _outliers(units: list[Unit], data: JobData, wins: Windows, s: Settings, metric: str,
+              worse: int) -> list[dict[str, Any]]:
+    """Units worse than the others (>= 2 units), sustained over a long window."""
     t0, t1 = wins.span
+    vals = {id(u): u.value(t0, t1) for u in units}  # type: ignore[arg-type]
+    comms = {id(u): u.comm(t0, t1) for u in units if u.comm} if metric == "fwd_bwd_s" else {}  # type: ignore[arg-type]
+    out = []
+    for u in units:
+        x = vals[id(u)]
+        peers = robust.clean(vals[id(p)] for p in units if p is not u)
+        if x is None or not peers:
+            continue
+        ok, z, rel, pm = peer_outlier(x, peers, s, worse)
+        if not ok:
+            continue
+        if comms and comms.get(id(u)) is not None and comms[id(u)] > min(robust.clean(comms.values())):
+            continue  # the slow rank is the one the others wait for: its comm wait is the shortest
 
-    def node_value(node: str, what: str, a: float, b: float) -> float | None:
-        if what == "fwd_bwd_s":
-            return robust.median(r.fwd_bwd_s for r in data.steps_between(a, b) if r.node == node)
-        vals: list[float | None] = []
-        for g in data.gpus:
-            if g.node == node:
-                i, j = g.span(a, b)
-                vals.extend(g.clock[i:j])
-        return robust.median(vals)
+        def win_value(a: float, b: float, u: Unit = u) -> float | None:
+            v = u.value(a, b)
+            ps = robust.clean(p.value(a, b) for p in units if p is not u)
+            if v is None or not ps:
+                return None
+            return v if peer_outlier(v, ps, s, worse)[0] else math.nan
 
-    for what, worse in (("fwd_bwd_s", 1), ("sm_clock_mhz", -1)):
+        held, secs = sustained(wins.windows, win_value, lambda v: not math.isnan(v))
+        if held:
+            out.append(_hit(u, data, metric, x, pm, rel, z, secs, t0, t1))  # type: ignore[arg-type]
+    return out
+
+
+def _clock_pair(units: list[Unit], data: JobData, wins: Windows, s: Settings,
+                stats: Mapping[str, baseline_mod.Stat]) -> list[dict[str, Any]]:
+    st = stats.get("sm_clock_mhz")
+    t0, t1 = wins.span
+    vals = [u.value(t0, t1) for u in units]  # type: ignore[arg-type]
+    if st is None or None in vals:
+        return []
+    for k in (0, 1):
+        x, other = vals[k], vals[1 - k]
+        ok, z, rel, _ = peer_outlier(x, [other], s, -1)  # type: ignore[arg-type]
+        low = deviates("sm_clock_mhz", x, st.median, st.mad, s, -1)[0]  # type: ignore[arg-type]
+        other_ok = abs(robust.rel_change(other, st.median)) < s.min_rel_change  # type: ignore[arg-type]
+        if ok and low and other_ok:
+            h = _hit(units[k], data, "sm_clock_mhz", x, other, rel, z, None, t0, t1)  # type: ignore[arg-type]
+            h["baseline_median"] = st.median
+            return [h]
+    return []
+
+
+def stragglers_gpu(data: JobData, wins: Windows, s: Settings,
+                   stats: Mapping[str, baseline_mod.Stat] | None = None,
+                   records: bool = True) -> list[dict[str, Any]]:
+    """Straggling GPUs (module docstring), at most one line per GPU: records first (when
+    ``records``), then clock. Each: ``node, gpu_index, gpu_uuid, rank, metric, value,
+    peer_median, rel_change, z, sustained_s, reasons``."""
+    t0, t1 = wins.span
+    if t0 is None:
+        return []
+    ranks = rank_units(data) if records else []
+    hits = _outliers(ranks, data, wins, s, "fwd_bwd_s", +1) if len(ranks) >= 2 else []
+    gpus = gpu_units(data, t0, t1)  # type: ignore[arg-type]
+    if len(gpus) >= 3:
+        seen = {(h["node"], h["gpu_index"]) for h in hits}
+        hits += [h for h in _outliers(gpus, data, wins, s, "sm_clock_mhz", -1)
+                 if (h["node"], h["gpu_index"]) not in seen]
+    elif len(gpus) == 2 and stats and not hits:
+        hits = _clock_pair(gpus, data, wins, s, stats)
+    return hits
+
+
+def _node_best(units: list[Unit], node: str, worse: int, a: float, b: float) -> float | None:
+    vals = robust.clean(u.value(a, b) for u in units if u.node == node)
+    if not vals:
+        return None
+    return min(vals) if worse > 0 else max(vals)
+
+
+def stragglers_node(data: JobData, wins: Windows, gpu_hits: list[dict[str, Any]],
+                    s: Settings, records: bool = True) -> dict[str, Any] | None:
+    """A straggling node of a multi-node job (module docstring): ``node, metric, value``
+    (its best GPU/rank), ``others_median``, ``rel_change``, ``z``, ``sustained_s``,
+    ``reasons``; or ``gpus_straggling`` with the GPU lines. ``None`` when none. Rank
+    records count only with ``records``."""
+    t0, t1 = wins.span
+    nodes = sorted({g.node for g in data.gpus} | {r.node for r in data.steps if r.node})
+    if len(nodes) < 2 or t0 is None:
+        return None
+    sources = [("fwd_bwd_s", rank_units(data), 1)] if records else []
+    sources.append(("sm_clock_mhz", gpu_units(data, t0, t1), -1))  # type: ignore[arg-type]
+    for metric, units, worse in sources:
         for node in nodes:
-            x = node_value(node, what, t0, t1)
-            others = robust.clean(node_value(n, what, t0, t1) for n in nodes if n != node)
+            x = _node_best(units, node, worse, t0, t1)  # type: ignore[arg-type]
+            others = robust.clean(u.value(t0, t1) for u in units if u.node != node)  # type: ignore[arg-type]
             if x is None or not others:
                 continue
             ok, z, rel, pm = peer_outlier(x, others, s, worse)
             if not ok:
                 continue
 
-            def win_value(a: float, b: float, node: str = node, what: str = what, worse: int = worse) -> float | None:
-                v = node_value(node, what, a, b)
-                os_ = robust.clean(node_value(n, what, a, b) for n in nodes if n != node)
+            def win_value(a: float, b: float, node: str = node, units: list[Unit] = units,
+                          worse: int = worse) -> float | None:
+                v = _node_best(units, node, worse, a, b)
+                os_ = robust.clean(u.value(a, b) for u in units if u.node != node)
                 if v is None or not os_:
                     return None
                 return v if peer_outlier(v, os_, s, worse)[0] else math.nan
 
             held, secs = sustained(wins.windows, win_value, lambda v: not math.isnan(v))
             if held:
-                return {"node": node, "metric": what, "value": round(x, 4), "others_median": round(pm, 4),
+                return {"node": node, "metric": metric, "value": round(x, 4), "others_median": round(pm, 4),
                         "rel_change": round(rel, 3), "z": round(z, 2), "sustained_s": round(secs, 1),
                         "reasons": {r: round(v, 3) for r, v in
-                                    reasons_share([g for g in data.gpus if g.node == node], t0, t1).items()}}
+                                    reasons_share([g for g in data.gpus if g.node == node], t0, t1).items()}}  # type: ignore[arg-type]
     by_node: dict[str, int] = {}
     for h in gpu_hits:
         by_node[h["node"]] = by_node.get(h["node"], 0) + 1

@@ -38,8 +38,9 @@ def node_context(store: Any, nodes: list[str], since: float | None, until: float
 
 def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int | None, critical: bool,
                  now: float) -> None:
-    """Store ``v`` and its comparisons, then refresh the template's baseline. The run is
-    fit for the baseline (``baseline_ok``) when it completed (``exit_code`` 0 or
+    """Store ``v`` and its comparisons, re-learn the template's baseline when its last
+    runs call for it (:mod:`gpuguard.epilog.relearn`), then refresh the baseline. The run
+    is fit for the baseline (``baseline_ok``) when it completed (``exit_code`` 0 or
     unknown), had no critical finding, was not anomalous and had data. Raises
     :class:`gpuguard.store.StoreError`."""
     ok = (exit_code in (None, 0)) and not critical and not v.anomalous and v.start is not None
@@ -51,6 +52,12 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
               "median": c.median, "mad": c.mad, "n": c.n, "z": _finite(c.z), "rel_change": _finite(c.rel_change),
               "flagged": int(c.flagged), "sustained_s": c.sustained_s, "at": now} for c in v.comparisons]
     baseline_mod.record_verdict(store, row, crows, template_source=v.template_source, now=now)
+    if v.cause == "job-changed":
+        from gpuguard.epilog.relearn import relearn_if_due
+
+        info = relearn_if_due(store, v.template, cfg=cfg, now=now)
+        if info:
+            v.evidence["relearned"] = info
     baseline_mod.update_baseline(store, v.template, cfg=cfg, now=now)
 
 

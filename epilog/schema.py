@@ -63,3 +63,11 @@ def _baselines(db: sqlite_utils.Database) -> None:
         pk=("job_id", "metric"),
     )
     db["comparisons"].create_index(["template", "metric"])
+
+
+@MIGRATIONS(name="baseline_relearn")
+def _baseline_relearn(db: sqlite_utils.Database) -> None:
+    """When a template's baseline last re-learned by itself (:mod:`gpuguard.epilog.relearn`)
+    and from which runs (JSON list of job ids)."""
+    db["templates"].add_column("relearned_at", float)
+    db["templates"].add_column("relearned_jobs", str)

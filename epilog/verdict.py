@@ -103,8 +103,8 @@ def judge(data: JobData, base: baseline_mod.Baseline, s: Settings, *, min_runs: 
     min_runs``: a metric with fewer baseline values is not judged). Pure: reads and writes
     no store; ``context`` is left empty (:func:`judge_job` fills it)."""
     tmpl = template if isinstance(template, Template) else Template(str(template), "derived")
-    metrics = job_metrics(data, s.warmup_s)
     wins = Windows(data, s)
+    metrics = job_metrics(data, wins.warmup_s)
     comps = compare(metrics, base, wins, s, min_runs)
     judged = base.state == baseline_mod.READY
     ctx = Context(data, {c.metric: c for c in comps}, base, wins, s)
@@ -112,6 +112,8 @@ def judge(data: JobData, base: baseline_mod.Baseline, s: Settings, *, min_runs: 
     if data.start is None:
         evidence["no_data"] = "no samples or step records for this job"
     evidence["baseline_runs"] = base.runs
+    if wins.warmup_s > s.warmup_s:
+        evidence["warmup_s"] = round(wins.warmup_s, 1)  # still settling after [verdict] warmup_s
     return Verdict(job_id=str(job_id if job_id is not None else data.job_id), template=tmpl.name, cause=cause,
                    state="judged" if judged else LEARNING, summary=summary, evidence=evidence, comparisons=comps,
                    also=also, baseline_runs=base.runs, template_source=tmpl.source, nodes=data.nodes,

@@ -53,6 +53,8 @@ FINDING_RECOVERY: dict[str, tuple[str, str]] = {
     "throttle.hw_slowdown_idle": ("auto", "HW slowdown/power brake is a live clock-event reason, re-read every run"),
     "pcie.width_degraded": ("auto", "link width is re-read every run"),
     "gpu.count_unexpected": ("auto", "GPU count is re-read every run"),
+    "ib.port_down": ("auto", "the port state is re-read from sysfs every run (NHC check_hw_ib passes again once ACTIVE)"),
+    "ib.rate_degraded": ("auto", "the port rate is re-read from sysfs every run"),
     "manual": ("manual", "drained by hand: a human resumes it"),
 }
 

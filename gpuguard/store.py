@@ -323,6 +323,18 @@ def _refuse_newer(applied: set[tuple[str, str]], sets: list[MigrationSet]) -> No
                              "unknown to this gpuguard (written by a newer version)")
 
 
+def ensure_sets(store: Store, sets: list[MigrationSet]) -> None:
+    """Apply the pending steps of ``sets`` to an already open store: for a stage whose
+    package was imported after the store was opened (a ``gpuguard health`` step loaded
+    after the run opened its store). One read when nothing is pending. Raises
+    :class:`StoreError`."""
+    version = store.db.conn.execute("PRAGMA user_version").fetchone()[0]
+    try:
+        _migrate(store.db, version, sets)
+    except (sqlite3.Error, ValueError) as e:
+        raise StoreError(f"store {store.path}: {e}") from None
+
+
 def open_store(path: str, *, create: bool = True, mode: int = 0o640,
                sets: list[MigrationSet] | None = None) -> Store:
     """Open (and on first use create, mode ``mode``) the store at ``path``, switch on WAL

@@ -221,6 +221,7 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
     when the store could not be opened."""
     from gpuguard.nodecheck import bound_store_waits, record_with_store
+    from gpuguard.ops.nodes import record_hook_drain  # also registers the "ops" tables
     from gpuguard.store import StoreError, open_store
 
     try:
@@ -235,6 +236,7 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
                                 extra_findings=extra)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
+        record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log)
         return res
     finally:
         store.close()

@@ -53,7 +53,7 @@ from gpuguard.xid.catalog import lookup
 CAUSES = ("healthy", "hardware-fault", "straggler-node", "straggler-gpu", "gpu-throttling", "memory-leak",
           "data-pipeline", "communication", "job-changed")
 #: Healthy runs that look like something else.
-CONFUSERS = ("slow-start", "long-final-checkpoint", "long-eval", "heavy-tail", "allocator-chunk",
+CONFUSERS = ("slow-start", "long-final-checkpoint", "long-eval", "heavy-tail", "wider-tail", "allocator-chunk",
              "low-power-gpu", "job-wide-jitter")
 T_BASE = 1_767_000_000.0  # 2025-12-29: a past time the ingest's range rules accept
 
@@ -144,6 +144,7 @@ MAGNITUDE_UNITS = {
     "data-pipeline": "extra data wait per step, fraction of the healthy step time",
     "communication": "extra all-reduce time per step, fraction of the healthy step time",
     "job-changed": "|relative change| of the per-sample compute time, or of samples per step",
+    "healthy": "0 (confuser 'rank-role': one rank 25 % slower in every run of the template, by role)",
     "hardware-fault": "1 (an XID / ECC / lost GPU)",
 }
 
@@ -232,7 +233,7 @@ class _Sim:
                     self.clock_f[g] = 1.0 / (1.0 + m)
         elif c.cause == "gpu-throttling":
             for g in range(w.n_gpus):
-                self.clock_f[g] = 1.0 - m
+                self.clock_f[g] = c.detail.get("clock_f", 1.0 - m)
                 self.speed[g] = 1.0 / (1.0 - m * 0.85)  # memory-bound kernels feel less of it
                 self.reasons[g] = (c.detail["reason"],)
         elif c.cause == "data-pipeline":
@@ -242,6 +243,9 @@ class _Sim:
                 self.extra_dw = m
         elif c.cause == "communication":
             self.extra_comm = m
+        elif c.confuser == "rank-role":  # a role that costs more in every run: part of normal
+            self.speed[c.detail["gpu"]] = 1.25
+            self.onset = self.start
         elif c.cause == "job-changed":
             if "batch_f" in c.detail:
                 self.batch_f = c.detail["batch_f"]
@@ -276,7 +280,8 @@ class _Sim:
             warm = 1.0 + 2.0 * math.exp(-rel / (w.warmup_s / 3.0))
             if rel < slow_start_s:
                 warm *= slow_start_f
-            f = math.exp(rng.gauss(0.0, w.step_sigma)) * warm * (1.0 + jitter * math.sin(rel / 97.0))
+            sigma = min(0.3, 3.0 * w.step_sigma) if c.confuser == "wider-tail" else w.step_sigma
+            f = math.exp(rng.gauss(0.0, sigma)) * warm * (1.0 + jitter * math.sin(rel / 97.0))
             bf = self.batch_f if on else 1.0
             comp = []
             for r in range(n):

@@ -94,6 +94,8 @@ def train_script(steps: int = 40, extra: str = "") -> str:
 
 
 def samples_by_gpu(gg, node: str, jid: int) -> dict[int, int]:
+    if not (gg.node_dir(node) / "node.db").exists():
+        return {}  # the prolog records (and creates the store) after it started the collector
     rows = gg.store(node).query("select gpu_index, count(*) n from samples where job_id = ? group by gpu_index",
                                 [str(jid)])
     return {r["gpu_index"]: r["n"] for r in rows}

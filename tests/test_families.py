@@ -81,3 +81,13 @@ def test_rows():
     assert (r["gpu_index"], r["gpu_uuid"], r["pci_bus_id"], len(r["raw"])) == (2, "GPU-2", "0000:3a:00.0", 2000)
     r = event_row(node="n1", at=1.0, kind="collector_died", source="epilog", message="m", pid=9)
     assert (r["gpu_index"], r["pid"], r["raw"], r["code"]) == (None, 9, None, None)
+
+
+def test_verdict_codes_agree_with_the_cause_table():
+    """The verdict's finding codes are declared in gpuguard.epilog.finding_codes (action,
+    source) and its cause table carries their severity: the two must not drift."""
+    from gpuguard.epilog.decide import CAUSE_TABLE
+
+    for c in CAUSE_TABLE:
+        declared = FINDING_CODES[f"verdict.{c.name.replace('-', '_')}"]
+        assert (declared.family, declared.severity) == ("verdict", c.severity), c.name

@@ -143,6 +143,20 @@ def test_shipped_advice_covers_every_user_fixable_cause():
         load_advice("/nonexistent/nope.toml")
 
 
+@pytest.mark.parametrize("body, msg", [
+    ('[x]\ndocs = "javascript:alert(1)"\n', r"\[x\] docs must be an http\(s\) link"),
+    ('[x]\nwho = "everyone"\n', r'\[x\] who must be "you" or "admins"'),
+    ('[x]\nwhen = 1\n', r"\[x\] unknown key\(s\) when"),
+    ('x = 1\n', r"\[x\] must be a table"),
+    ('[x\n', "bad TOML"),
+])
+def test_bad_advice_files(tmp_path, body, msg):
+    f = tmp_path / "a.toml"
+    f.write_text(body)
+    with pytest.raises(AdviceError, match=msg):
+        load_advice(str(f))
+
+
 def test_bar():
     assert bar(0.5, 10) == "[█████·····]"
     assert bar(1.7, 4) == "[████]" and bar(None, 3) == "[   ]" and bar(-1, 2) == "[··]"

@@ -187,3 +187,20 @@ def test_out_of_bounds_failed_counts_as_error():
 @pytest.mark.parametrize("text", ["", "\n\n", "garbage line\nanother one\n", "# nThread 1 nGpus 8 minBytes 8 maxBytes 8\n"])
 def test_nothing_useful_is_never_readable(text):
     assert not parse(text).readable
+
+
+def test_per_iteration_and_cputime_headers():
+    hdr = ("#       size         count      type   redop    root  cputime   algbw   busbw  #wrong    i_min    i_max"
+           "    i_p99    i_cv%  cputime   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%\n")
+    row = ("   134217728      33554432     float     sum      -1   1652.2   81.24  152.32       0   1601.0   1710.3"
+           "   1705.9     1.42   1636.7   82.01  153.76       0   1600.2   1690.1   1688.0     1.21\n")
+    log = parse(hdr + row)
+    assert log.readable
+    (r,) = log.rows
+    assert (r.out_of_place.time_us, r.out_of_place.busbw_gbs, r.in_place.algbw_gbs, r.wrong) == (1652.2, 152.32, 82.01, 0)
+
+
+def test_wrong_printed_in_exponent_form_is_a_count():
+    text = _a3().replace("  338.82      0    47743", "  338.82  1.23457e+06    47743")
+    log = parse(text)
+    assert log.readable and log.rows[-1].out_of_place.wrong == 1234570 and log.has_errors

@@ -259,3 +259,64 @@ def test_cli_probe_and_baseline(tmp_path, make_config):
     fake.push_hang()
     r = CliRunner().invoke(main, ["--config", path, "nccl", "probe", "--timeout", "5", "--no-record"])
     assert r.exit_code == 1 and "nccl.probe_failed  NCCL probe failed: timed out after 5 s" in r.output
+
+
+# --- as a gpuguard health step -------------------------------------------------------
+
+def _step_ctx(cfg, store, snap):
+    from gpuguard.ops.steps import StepContext
+
+    return StepContext(cfg, store, cfg.node_name, snap, time.monotonic() + 40.0)
+
+
+def test_health_step_registered_with_the_nccl_interval():
+    from gpuguard.ops.steps import load_steps
+
+    st = load_steps()["nccl_probe"]
+    assert st.interval_s(config_mod.from_dict({})) == 21600.0
+    assert st.interval_s(config_mod.from_dict({"nccl": {"interval_s": 60.0}})) == 60.0
+
+
+def test_health_step_probes_idle_gpus_only(env):
+    from conftest import node_snapshot
+
+    from gpuguard.net.health_step import gpus_busy, nccl_probe
+
+    cfg, store, fake = env
+    busy = node_snapshot(4, gpu2={"gpu_util_pct": 97.0}, gpu3={"mem_used_mib": 40000.0})
+    assert gpus_busy(busy, cfg) == [2, 3]
+    fake.push(healthy_text())
+    assert nccl_probe(_step_ctx(cfg, store, busy)) == []
+    assert fake.pending() == 1  # a job's GPUs are never taken
+    assert nccl_probe(_step_ctx(cfg, store, node_snapshot(4))) == []
+    assert fake.pending() == 0
+    assert store.query("select hook, state from nccl_probes") == [{"hook": "health", "state": "ok"}]
+
+
+def test_health_step_off_when_nccl_tests_is_not_installed(tmp_path):
+    from conftest import node_snapshot
+
+    from gpuguard.net.health_step import nccl_probe
+
+    cfg = config_mod.from_dict({"nccl": {"binary": str(tmp_path / "none" / "all_reduce_perf")}})
+    assert nccl_probe(_step_ctx(cfg, None, node_snapshot(2))) == []
+    cfg = config_mod.from_dict({"nccl": {"command": [str(tmp_path / "none" / "all_reduce_perf"), "-g", "{gpus}"]}})
+    (f,) = nccl_probe(_step_ctx(cfg, None, node_snapshot(2)))
+    assert f.code == "nccl.probe_failed"
+
+
+def test_store_opened_before_the_net_set_gets_its_tables(tmp_path):
+    """gpuguard health opens its store before loading its steps: the probe creates the
+    ``net`` tables itself instead of letting an insert invent a table without its key."""
+    from gpuguard.store import CORE
+
+    fake = FakeProbe(tmp_path / "fake")
+    cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8}, "nccl": {"binary": str(fake.binary)}})
+    store = open_store(str(tmp_path / "early.db"), sets=[CORE])
+    assert store.query("select name from sqlite_master where name = 'nccl_probes'") == []
+    fake.push(healthy_text())
+    out = probe_node(cfg, store, hook="health")
+    assert (out.state, out.probe_id, out.tool_errors) == ("ok", 1, [])
+    cols = [r["name"] for r in store.query("select name from pragma_table_info('nccl_probes')")]
+    assert cols[:3] == ["id", "node", "at"]
+    store.close()

@@ -5,6 +5,7 @@ single low probe is not. A fake ``all_reduce_perf`` replays corpus output per no
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import pytest
@@ -15,7 +16,10 @@ from gpuguard.gpu.replay import dump_snapshot
 from gpuguard.store import open_store
 
 pytestmark = pytest.mark.slurm
-pytest.importorskip("gpuguard.ops.steps", reason="gpuguard health (HealthCheckProgram) is not on this branch")
+
+
+needs_health = pytest.mark.skipif(importlib.util.find_spec("gpuguard.ops") is None,
+                                  reason="gpuguard health (HealthCheckProgram) is not on this branch")
 
 REASON = "gpuguard: nccl.busbw_low NCCL all-reduce busbw at 60% of node baseline, 3 probes in a row"
 
@@ -75,6 +79,7 @@ timeout_s = 20.0
     time.sleep(1)
 
 
+@needs_health
 def test_three_low_probes_in_a_row_drain_one_does_not(nccl_hc):
     tb, root, flag = nccl_hc
     ok, low = healthy_text(), scaled(healthy_text(), 0.6)
@@ -89,3 +94,54 @@ def test_three_low_probes_in_a_row_drain_one_does_not(nccl_hc):
     wait_for(lambda: len(_states(root, "n2")) >= 6, "n2's sixth probe", root=root)
     assert _states(root, "n2")[:6] == ["ok", "ok", "ok", "low", "ok", "ok"]
     assert tb.drain_reason("n2") is None
+
+
+# --- the Prolog's probe on a multi-node job (no ops dependency) -----------------------
+
+PROLOG_REASON = "gpuguard: nccl.errors NCCL probe: #wrong 475896"
+
+
+@pytest.fixture
+def nccl_prolog(slurm):
+    tb = slurm
+    root = tb.root / "ggnetp"
+    tb.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()), extra=f"""
+[nccl]
+binary = "{root}/all_reduce_perf"
+prolog = "multi-node"
+timeout_s = 20.0
+""")
+    fake = root / "all_reduce_perf"
+    fake.write_text(FAKE.format(root=root))
+    fake.chmod(0o755)
+    return tb, root
+
+
+def test_prolog_probe_of_a_two_node_job_drains_the_corrupting_node(nccl_prolog):
+    from nccl_fake import DATA
+
+    tb, root = nccl_prolog
+    _queue(root, "n1", [], default=(DATA / "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt").read_text())
+    _queue(root, "n2", [], default=healthy_text())
+    jid = tb.submit(wrap="true", gres="gpu:2", nodes=2)
+    reason = wait_for(lambda: tb.drain_reason("n1"), "n1 drained by the Prolog", timeout=90, root=root)
+    assert reason == PROLOG_REASON
+    assert tb.drain_reason("n2") is None
+    st = open_store(str(root / "n2" / "node.db"), create=False)
+    try:
+        assert [r["state"] for r in st.query("select state from nccl_probes")] == ["ok"]
+    finally:
+        st.close()
+    tb.run(["scancel", str(jid)], check=False)
+
+
+def test_prolog_single_node_job_is_not_probed(nccl_prolog):
+    tb, root = nccl_prolog
+    _queue(root, "n1", [], default="not nccl output\n")
+    jid = tb.submit(wrap="true", gres="gpu:1", nodelist="n1")
+    assert tb.wait_job(jid, timeout=60)["State"] == "COMPLETED"
+    st = open_store(str(root / "n1" / "node.db"), create=False)
+    try:
+        assert st.query("select count(*) n from nccl_probes")[0]["n"] == 0
+    finally:
+        st.close()

@@ -223,3 +223,45 @@ def test_a_failed_drain_is_retried_by_the_next_run(hc):
     hc.run()  # the kernel log has nothing new, but the failed drain is retried
     assert hc.slurm.node("n1")["reason"] == REASON79
     assert [a[:3] for a in hc.actions()] == [("drain", "health", "failed"), ("drain", "health", "done")]
+
+
+def test_a_skipped_step_keeps_its_last_findings(hc, monkeypatch):
+    from gpuguard.model import Finding
+    from gpuguard.ops import steps
+
+    monkeypatch.setattr(steps, "STEPS", {})
+    answers = [[Finding("nvlink.link_down", "critical", "probe: link 3 down", 2)], steps.Skip("GPUs busy"), []]
+
+    @steps.step("probe")  # no every_s: runs every time
+    def probe(ctx):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    hc.config()
+    assert hc.run().result.decision.outcome == "drain"
+    out = hc.run()  # skipped: the last findings stand (here: nothing stored without every_s)
+    assert out.result.decision.outcome == "proceed"
+
+
+def test_a_skipped_rate_limited_step_reports_its_last_findings(hc, monkeypatch):
+    from gpuguard.model import Finding
+    from gpuguard.ops import steps
+
+    monkeypatch.setattr(steps, "STEPS", {})
+    answers = [[Finding("nvlink.link_down", "critical", "probe: link 3 down", 2)], steps.Skip("GPUs busy")]
+
+    @steps.step("probe", every_s=1e-9)  # always due
+    def probe(ctx):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    hc.config()
+    hc.run()
+    out = hc.run()
+    f = next(f for f, _ in out.result.decision.actions if f.code == "nvlink.link_down")
+    assert "cached_at" in f.evidence
+    assert out.result.decision.outcome == "drain"

@@ -101,3 +101,7 @@ def test_prolog_outside_maintenance_queues_the_alert(tmp_path, make_config, writ
     lines = [json.loads(x) for x in (tmp_path / "state" / "alerts.spool").read_text().splitlines()]
     assert [(a["code"], a["node"], a["gpu_index"], a["count"], a["action"], a["source"], a["job_id"]) for a in lines] == [
         ("xid.79", "n1", 0, 3, "drain", "prolog", "7")]
+    # the drain is a node action by the Prolog
+    st = open_store(str(tmp_path / "node.db"))
+    assert [(r["action"], r["by"], r["outcome"], r["recovery"]) for r in st.query("select * from node_actions")] == [
+        ("drain", "prolog", "done", "reboot")]

@@ -24,7 +24,14 @@ V5 = pathlib.Path(__file__).parent / "data" / "store-user-version-5.db"
 ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_idle"),
              ("collector", "samples"), ("collector", "samples_by_gpu"),
              ("epilog", "job_records"), ("epilog", "baselines"),
-             ("reports", "sacct_jobs"), ("reports", "job_gpu_util")}
+             ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}
+
+
+def every_registered_step() -> set[tuple[str, str]]:
+    """The core sets above plus whatever other stages register (ops, net, ...)."""
+    got = {(m.name, n) for m in registered_sets() for n in m.names}
+    assert ALL_STEPS <= got
+    return got
 
 
 def steps(s) -> set[tuple[str, str]]:
@@ -38,7 +45,7 @@ def test_order_follows_requires():
 
 def test_fresh_store_records_every_step(tmp_path):
     s = open_store(str(tmp_path / "n.db"))
-    assert steps(s) == ALL_STEPS
+    assert steps(s) == every_registered_step()
     assert s.query("PRAGMA user_version")[0]["user_version"] == NAMED_SETS_VERSION == 6
 
 
@@ -47,7 +54,7 @@ def test_user_version_5_store_is_adopted_not_rebuilt(tmp_path):
     shutil.copy(V5, p)
     s = open_store(str(p))
     assert s.query("PRAGMA user_version")[0]["user_version"] == 6
-    assert steps(s) == ALL_STEPS
+    assert steps(s) == every_registered_step()
     # the data of the old store is there, and the reports' triggers still fire
     assert s.get_cursor("kernel_log") == "abc"
     assert s.query("select util from job_gpu_util where job_id = '7' order by util") == [{"util": 40.0},

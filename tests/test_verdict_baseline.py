@@ -195,3 +195,9 @@ def test_long_windows_are_capped_for_huge_spans():
     assert len(w) <= MAX_WINDOWS + 1
     assert w[0] == (0.0, 600.0) and w[-1][1] == pytest.approx(1e12)
     assert len(long_windows(0.0, 3600.0, 600.0, 60.0)) == 51  # normal jobs keep the 60 s slide
+
+
+def test_relearn_runs_config_range():
+    with pytest.raises(config_mod.ConfigError, match="relearn_runs must be 0 or >= baseline.min_runs"):
+        B.BaselineSettings.from_config(config_mod.from_dict({"baseline": {"relearn_runs": 2, "min_runs": 3}}))
+    assert B.BaselineSettings.from_config(config_mod.from_dict({"baseline": {"relearn_runs": 0}})).relearn_runs == 0

@@ -45,9 +45,18 @@ def ib(ctx: CheckContext) -> list[Finding]:
     if not ports:
         return []
     node = ctx.node or cfg.node_name
-    previous = load_previous(ctx.store, node) if ctx.store is not None else {}
+    previous: dict = {}
+    history = ctx.store is not None
+    if history:
+        try:
+            from gpuguard.net.schema import ensure
+
+            ensure(ctx.store)
+            previous = load_previous(ctx.store, node)
+        except Exception:  # store trouble: judge the live state, keep nothing
+            history = False
     now = ctx.snapshot.taken_at
     found = judge_ports(ports, previous, now, float(cfg.get("fabric", "expected_rate_gbps")))
-    if ctx.store is not None:
+    if history:
         ctx.records.setdefault("fabric_counters", []).extend(fabric_rows(node, ports, previous, now))
     return found

@@ -117,10 +117,18 @@ def probe_node(cfg: Any, store: Any, *, hook: str, job_id: str | None = None, bu
     only errors and failures are found). Never raises for a probe or store fault; those
     land in :attr:`ProbeOutcome.tool_errors` or a ``nccl.probe_failed`` finding."""
     deadline = None if budget_left_s is None else time.monotonic() + budget_left_s
+    out = ProbeOutcome("failed")
+    if store is not None:
+        try:
+            from gpuguard.net.schema import ensure
+
+            ensure(store)
+        except Exception as e:  # store trouble: probe without a baseline, record nothing
+            out.tool_errors.append(f"nccl store: {type(e).__name__}: {e}")
+            store = None
     argv = build_argv(cfg)
     key = nb.config_key(argv)
     node = cfg.node_name
-    out = ProbeOutcome("failed")
     run = run_probe(argv, probe_timeout(cfg, budget_left_s), env)
     out.runs.append(run)
     out.gpu_model = _gpu_model(run)

@@ -166,8 +166,6 @@ _IB = re.compile(r"Got completion from peer (\S+) with error (\d+), opcode (\d+)
 _MPI_ABORT = re.compile(r"mpirun detected that one or more processes exited with non-zero status|"
                         r"MPI_ABORT was invoked|mpirun noticed that process .* exited on signal")
 _VERSION = re.compile(r"NCCL version (\S+)")
-_HEADER_WORDS = {"size", "count", "type", "redop", "root", "time", "cputime", "algbw", "busbw",
-                 "#wrong", "error", "i_min", "i_max", "i_p99", "i_cv%", "timestamp"}
 _TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
           "bfloat16", "f8e4m3", "f8e5m2", "char", "int", "fp8_e4m3", "fp8_e5m2"}
 
@@ -270,53 +268,51 @@ def _clean(line: str) -> str:
     return _RANK_LABEL.sub("", line).strip()
 
 
-def parse(text: str) -> NcclLog:
-    """Parse nccl-tests stdout/stderr (or a paste of it). Never raises for bad input:
-    what cannot be read lands in :attr:`NcclLog.problems`."""
-    log = NcclLog()
-    cur = NcclTable()
+class _Reader:
+    """Line-by-line state of :func:`parse`: the log so far and the table being read."""
 
-    def new_table(test: str | None = None) -> NcclTable:
-        nonlocal cur
-        if cur.rows or cur.header_seen or cur.devices or cur.ngpus is not None or cur.test:
-            log.tables.append(cur)
-        cur = NcclTable(test=test)
-        return cur
+    def __init__(self) -> None:
+        self.log = NcclLog()
+        self.cur = NcclTable()
 
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = _clean(raw)
-        if not line:
-            continue
-        if line.lower() in _ELISION or re.fullmatch(r"[.\u2026\s]{3,}", line):
-            log.elided_lines += 1
-            continue
+    def new_table(self, test: str | None = None) -> NcclTable:
+        c = self.cur
+        if c.rows or c.header_seen or c.devices or c.ngpus is not None or c.test:
+            self.log.tables.append(c)
+        self.cur = NcclTable(test=test)
+        return self.cur
+
+    def comment(self, line: str, no: int) -> bool:
+        """``#`` lines of nccl-tests (run header, devices, column header, footer)."""
+        cur = self.cur
         if m := _STARTING.match(line):
-            new_table(m.group(1))
-            continue
-        if m := _NTHREAD.match(line):
+            self.new_table(m.group(1))
+        elif m := _NTHREAD.match(line):
             if cur.ngpus is not None or cur.rows or cur.header_seen:
-                new_table(None)
+                cur = self.new_table(None)
             cur.ngpus, cur.min_bytes, cur.max_bytes = int(m.group(2)), int(m.group(3)), int(m.group(4))
-            continue
-        if m := _DEVICE.match(line):
+        elif m := _DEVICE.match(line):
             cur.devices.append((int(m.group(1)), m.group(2), int(m.group(3)), m.group(4), m.group(5)))
-            continue
-        if m := _OOB.match(line):
+        elif m := _OOB.match(line):
             cur.out_of_bounds = int(m.group(1))
-            continue
-        if m := _AVG.match(line):
+        elif m := _AVG.match(line):
             try:
                 cur.avg_busbw_gbs = _num(m.group(1))
             except ValueError:
-                log.problems.append((no, f"Avg bus bandwidth not a number: {m.group(1)!r}"))
-            continue
-        if line.startswith("#"):
+                self.log.problems.append((no, f"Avg bus bandwidth not a number: {m.group(1)!r}"))
+        elif line.startswith("#"):
             words = line.lstrip("#").split()
             if {"size", "busbw"} <= set(words):
                 if cur.rows:  # a second table without its own nThread line
-                    new_table(None)
+                    cur = self.new_table(None)
                 cur.header_seen, cur.columns = True, words
-            continue
+        else:
+            return False
+        return True
+
+    def message(self, line: str) -> bool:
+        """NCCL WARN/INFO lines, test failures, MPI aborts, the NCCL version."""
+        log = self.log
         if m := _WARN.search(line):
             log.warnings.append(m.group(1))
             if ib := _IB.search(line):
@@ -325,36 +321,48 @@ def parse(text: str) -> NcclLog:
                                       "wc_status_name": IBV_WC_STATUS.get(status, "unknown"),
                                       "opcode": int(ib.group(3)), "vendor_err": int(ib.group(5)),
                                       "direction": ib.group(6)})
-            continue
-        if m := _FAILURE.search(line):
+        elif m := _FAILURE.search(line):
             if not line.startswith(".."):  # " .. host: Test failure" lines are the call chain
                 log.failures.append(f"{m.group(1)}: {m.group(2)}" if m.group(1) else m.group(2))
-            continue
-        if _MPI_ABORT.search(line):
+        elif _MPI_ABORT.search(line):
             log.failures.append("mpirun: a rank exited with a non-zero status or was killed")
-            continue
-        if m := _VERSION.match(line):
+        elif m := _VERSION.match(line):
             log.nccl_version = m.group(1)
-            continue
-        if " NCCL INFO " in line or "Test failure" in line:
-            continue
+        elif not (" NCCL INFO " in line or "Test failure" in line):
+            return False
+        return True
+
+    def other(self, line: str, no: int) -> None:
+        """A result row, a command line starting the next test, or noise."""
         toks = line.split()
         if toks[0].isdigit() and len(toks) >= 3:
             try:
-                row = _parse_row(toks, cur, no)
+                row = _parse_row(toks, self.cur, no)
             except (ValueError, KeyError) as e:
-                log.problems.append((no, f"result row not understood ({e}): {line[:120]}"))
-                continue
-            if cur.avg_busbw_gbs is not None:  # rows after a footer: a second table
-                new_table(None).columns = None
-            cur.rows.append(row)
+                self.log.problems.append((no, f"result row not understood ({e}): {line[:120]}"))
+                return
+            if self.cur.avg_busbw_gbs is not None:  # rows after a footer: a second table
+                self.new_table(None).columns = None
+            self.cur.rows.append(row)
+        elif m := _COMMAND.search(toks[0]):
+            self.new_table(m.group(1))
+        # else: MPI banners, a header line that lost its '#', blank-ish noise
+
+
+def parse(text: str) -> NcclLog:
+    """Parse nccl-tests stdout/stderr (or a paste of it). Never raises for bad input:
+    what cannot be read lands in :attr:`NcclLog.problems`."""
+    r = _Reader()
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = _clean(raw)
+        if not line:
             continue
-        if (m := _COMMAND.search(toks[0])) and not line.startswith("#"):
-            new_table(m.group(1))
-            continue
-        if set(w.lower() for w in toks) <= {"out-of-place", "in-place"} | _HEADER_WORDS:
-            continue  # a header line that lost its '#' in the paste
-    new_table(None)
+        if line.lower() in _ELISION or re.fullmatch(r"[.\u2026\s]{3,}", line):
+            r.log.elided_lines += 1
+        elif not (r.comment(line, no) or r.message(line)):
+            r.other(line, no)
+    r.new_table(None)
+    log = r.log
     for t in log.tables:
         if not t.rows and not (log.failures or log.warnings):
             log.incomplete.append(f"{t.test or 'test'}: no results (output ends early)")

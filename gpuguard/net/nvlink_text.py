@@ -68,9 +68,10 @@ def parse_nvlink_status(text: str) -> tuple[list[GpuLinks], list[str]]:
             gpus[-1].all_inactive = True
         elif m := _LINK_STATUS.match(line):
             val = m.group(2)
-            if "inactive" in val.lower():
+            speed = re.match(r"^(\d+(?:\.\d+)?)\s*GB/s$", val)
+            if val.strip("<>").lower() in ("inactive", "down", "disabled") or (speed and float(speed.group(1)) == 0):
                 _link(gpus[-1], int(m.group(1))).active = False
-            elif re.match(r"^\d+(\.\d+)?\s*GB/s$", val):
+            elif speed:
                 _link(gpus[-1], int(m.group(1))).active = True
             else:
                 problems.append(f"line {no}: link status {val!r} not understood")

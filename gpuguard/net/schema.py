@@ -36,3 +36,11 @@ def _interconnect(db: sqlite_utils.Database) -> None:
     db["nccl_busbw"].create_index(["probe_id"])
     db["fabric_counters"].create({"node": str, "port": str, "at": float, "counters": str})
     db["fabric_counters"].create_index(["node", "port", "at"])
+
+
+def ensure(store: object) -> None:
+    """Create the ``net`` tables in an open store if the set was registered after it was
+    opened (:func:`gpuguard.store.ensure_sets`). Raises StoreError."""
+    from gpuguard.store import ensure_sets
+
+    ensure_sets(store, [MIGRATIONS])  # type: ignore[arg-type]

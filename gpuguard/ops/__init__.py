@@ -1,4 +1,7 @@
 """Operations around the hooks: ``gpuguard health`` (Slurm's HealthCheckProgram) and
-resume, ``gpuguard node``, alert sinks, Prometheus output, maintenance windows."""
+resume, ``gpuguard node``, alert sinks, Prometheus output, maintenance windows.
 
-from gpuguard.ops import schema  # noqa: F401  (registers the "ops" store migration set)
+The "ops" store migration set (:mod:`gpuguard.ops.schema`) is registered by the modules
+that read or write its tables, not here: the config imports
+:mod:`gpuguard.ops.maintenance`, and the TaskProlog and training API must stay free of
+sqlite imports."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.ops.alert_sinks import SEVERITY_RANK, SinkError, deliver, enabled_sinks, wants
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 
 @dataclass

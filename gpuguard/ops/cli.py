@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from gpuguard.output import emit, output_options
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 
 def _cfg(ctx: click.Context) -> Any:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.recovery import recovery_of, recovery_of_findings
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 BUSY_FLAGS = {"ALLOCATED", "MIXED", "COMPLETING"}
 
@@ -254,6 +255,9 @@ def _drain_record(store: Any, node: str, info: Any) -> dict[str, Any]:
 
     rec = last_drain(store, node)
     if rec is not None and rec["reason"] == info.reason:
+        if not rec.get("slurm_reason"):  # recorded by a hook: keep the stamp as first seen
+            store._guard("node action update", lambda: _set_stamp(store, rec["id"], info.full_reason))
+            rec = dict(rec, slurm_reason=info.full_reason)
         return rec
     run = drain_run(store, node, info.reason or "")
     if run is not None:
@@ -270,6 +274,11 @@ def _drain_record(store: Any, node: str, info: Any) -> dict[str, Any]:
             row["recovery"] = "manual"  # no evidence of what drained it: a human decides
     row_id = record_action(store, node=node, user="root", **row)
     return dict(row, id=row_id, node=node)
+
+
+def _set_stamp(store: Any, row_id: int, stamped: str | None) -> None:
+    with store.tx():
+        store.db["node_actions"].update(row_id, {"slurm_reason": stamped})
 
 
 def _alerts_and_metrics(cfg: Any, store: Any, node: str, res: Any, maint: Any, out: HealthOutcome,

@@ -25,6 +25,7 @@ import json
 import os
 import time
 from typing import Any
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 #: A running-job record without a sample for this long (and older than that) is not
 #: exported (our choice: 10 collector intervals at the slowest sane 60 s).

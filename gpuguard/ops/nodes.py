@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.slurm import REASON_PREFIX
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 #: ``Reason=text [user@2026-11-30T18:20:01]`` as ``scontrol show node`` prints it.
 _STAMP_RE = re.compile(r"^(?P<text>.*?)\s*\[(?P<user>[^\]@]+)@(?P<time>[^\]]+)\]$")
@@ -176,3 +177,22 @@ def history(store: Any, node: str, since: float = 0.0, limit: int = 200) -> list
                     "detail": f"{f['message']} (by {f['hook'] or '?'})", "recovery": ""})
     out.sort(key=lambda r: -r["at"])
     return out[:limit]
+
+
+def record_hook_drain(store: Any, node: str, live: Any, *, by: str, run_id: int | None, log: Any) -> None:
+    """After a Prolog/Epilog recorded its run: the drain it made (``live.drain``, a
+    :class:`gpuguard.drainq.Outcome`) as a ``node_actions`` row, with the drain findings
+    as evidence and their recovery kind. The stamped Slurm reason is filled in by the
+    next ``gpuguard health`` run (no extra Slurm call inside the hook). Never raises."""
+    try:
+        o = getattr(live, "drain", None)
+        if o is None or o.status == "dry-run":
+            return
+        from gpuguard.recovery import recovery_of_findings
+
+        drains = [dict(f.to_dict(), action=a) for f, a in live.result.decision.actions if a == "drain"]
+        outcome = {"confirmed": "done", "refused": "refused"}.get(o.status, "failed")
+        record_action(store, node=node, action="drain", by=by, outcome=outcome, why=o.why, reason=o.reason,
+                      recovery=recovery_of_findings(drains), evidence=drains, run_id=run_id, user="root")
+    except Exception as e:
+        log.error("tool error: recording the drain: %s: %s", type(e).__name__, e)

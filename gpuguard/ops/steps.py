@@ -6,7 +6,9 @@ optionally rate-limited with ``every_s`` (seconds, or a callable taking the conf
 expensive probe (an NCCL all-reduce, an InfiniBand sweep) runs at most that often, and in
 the runs between, its last findings are reported again (evidence ``cached_at``), so a
 fault found by the probe keeps the node from counting as clean until the probe itself
-passes. A step that raises is a tool error, never a finding. Steps are switched off by
+passes. A step that could not look this time (busy GPUs) raises :class:`Skip`: its last
+findings are reported again and it runs again next time. A step that raises anything
+else is a tool error, never a finding. Steps are switched off by
 name in ``[health] disabled_steps``.
 
 Another module adds its steps by decorating them and appending its module name to
@@ -23,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.model import Finding
+from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 #: Modules whose import registers health steps (each adds its own name here).
-STEP_MODULES: list[str] = []
+STEP_MODULES: list[str] = ["gpuguard.net.health_step"]
 
 
 @dataclass
@@ -47,6 +50,12 @@ class StepContext:
 
 
 StepFn = Callable[[StepContext], list[Finding]]
+
+
+class Skip(Exception):
+    """Raised by a step that could not look this time (its GPUs are busy, a tool is
+    missing): the last result stands and is reported again; nothing is saved, so the
+    step runs again at the next run."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,14 @@ def _save(store: Any, node: str, name: str, at: float, findings: list[Finding], 
     store._guard("health step update", go)
 
 
+def _replay(last: dict[str, Any]) -> list[Finding]:
+    out = []
+    for d in json.loads(last["findings"] or "[]"):
+        d["evidence"] = dict(d.get("evidence") or {}, cached_at=last["at"])
+        out.append(Finding(**d))
+    return out
+
+
 def run_steps(ctx: StepContext, disabled: list[str] | None = None, now: float | None = None) -> tuple[list[Finding], list[str]]:
     """Run every enabled, due step. Returns ``(findings, tool_errors)``."""
     now = time.time() if now is None else now
@@ -112,16 +129,22 @@ def run_steps(ctx: StepContext, disabled: list[str] | None = None, now: float | 
                 errors.append(f"health step {name}: store: {e}")
                 last = None
             if last is not None and now - last["at"] < every:
-                for d in json.loads(last["findings"] or "[]"):
-                    d["evidence"] = dict(d.get("evidence") or {}, cached_at=last["at"])
-                    findings.append(Finding(**d))
+                findings += _replay(last)
                 continue
+        else:
+            last = None
         if ctx.time_left_s() <= 0:
             errors.append(f"health step {name}: skipped, no time left in the budget")
+            if last is not None:
+                findings += _replay(last)
             continue
         error = None
         try:
             got = list(st.fn(ctx))
+        except Skip:
+            if last is not None:
+                findings += _replay(last)
+            continue
         except Exception as e:  # a bug or a broken tool in a step is our fault
             got, error = [], f"{type(e).__name__}: {e}"
             errors.append(f"health step {name} crashed: {error}")

@@ -1,0 +1,91 @@
+"""When a template's baseline re-learns by itself.
+
+Runs judged anomalous never enter the baseline, so without this a user who permanently
+doubles the batch gets ``job-changed`` forever, and a template whose first runs were slow
+keeps slow as normal. The baseline re-learns when the template's last ``[baseline]
+relearn_runs`` (K, default 5) judged runs, after its last reset,
+
+* were all judged ``job-changed`` — the cause the table gives only when no machine-side
+  cause (hardware fault, straggler, throttling, leak) showed — and none of them had a
+  critical finding or a non-zero exit;
+* agree with each other: for each of ``step_time_p50_s``, ``throughput_per_s``,
+  ``samples_per_step`` and ``mem_peak_mib`` that all K runs have, the K values lie within
+  ``[verdict] min_rel_change`` of their median (max - min <= min_rel_change x median);
+  at least one of the first three must be there. Ten unrelated odd runs do not agree;
+  a new normal does.
+
+Then those K runs become the baseline: the template's ``reset_at`` moves to just before
+the first of them, they are marked fit for the baseline, ``templates.relearned_at`` /
+``relearned_jobs`` record it (shown by ``gpuguard template list``), and the baseline is
+recomputed from them (K >= ``min_runs``, so it is ready at once). The K-th run's verdict
+stays ``job-changed`` (it was, against the old baseline) and its evidence says
+``relearned``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuguard.config import Config
+from gpuguard.epilog import robust
+from gpuguard.epilog.baseline import BaselineSettings
+
+#: Metrics whose agreement makes K runs one new normal.
+AGREE_METRICS = ("step_time_p50_s", "throughput_per_s", "samples_per_step", "mem_peak_mib")
+_PERF = AGREE_METRICS[:3]
+
+
+def _agree(values: dict[str, list[float]], k: int, tol: float) -> bool:
+    seen = [m for m in AGREE_METRICS if len(values.get(m, [])) == k]
+    if not any(m in seen for m in _PERF):
+        return False
+    for m in seen:
+        vs = values[m]
+        med = robust.median(vs)
+        if med is None or (max(vs) - min(vs)) > tol * abs(med):
+            return False
+    return True
+
+
+def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float) -> dict[str, Any] | None:
+    """Re-learn ``template``'s baseline when its last K runs call for it (module
+    docstring). Returns ``{"jobs": [...], "at": now}`` when it did, else ``None``. Call
+    after the newest verdict is stored. Raises :class:`gpuguard.store.StoreError`."""
+    from gpuguard.config import from_dict
+
+    cfg = cfg if cfg is not None else from_dict({})
+    k = BaselineSettings.from_config(cfg).relearn_runs
+    if k <= 0:
+        return None
+    tol = float(cfg.values["verdict"]["min_rel_change"])
+    rows = store.query(
+        "select v.job_id, v.at, v.cause, v.critical, v.exit_code from verdicts v join templates t on t.name = "
+        "v.template where v.template = ? and v.at > coalesce(t.reset_at, 0) order by v.at desc, v.job_id desc "
+        "limit ?", [template, k])
+    if len(rows) < k or any(r["cause"] != "job-changed" or r["critical"] or r["exit_code"] not in (None, 0)
+                            for r in rows):
+        return None
+    jobs = [r["job_id"] for r in rows]
+    q = ",".join("?" * k)
+    values: dict[str, list[float]] = {}
+    for c in store.query(f"select metric, value from comparisons where job_id in ({q}) and value is not null "
+                         f"and metric in ({','.join('?' * len(AGREE_METRICS))})", [*jobs, *AGREE_METRICS]):
+        values.setdefault(c["metric"], []).append(float(c["value"]))
+    if not _agree(values, k, tol):
+        return None
+    first = min(r["at"] for r in rows)
+    info = {"jobs": list(reversed(jobs)), "at": now}
+
+    def go() -> None:
+        with store.tx():
+            store.db.execute(f"update verdicts set baseline_ok = 1 where job_id in ({q})", jobs)
+            store.db.execute("update templates set reset_at = ?, relearned_at = ?, relearned_jobs = ? where name = ?",
+                             [first - 1e-3, now, json.dumps(info["jobs"]), template])
+            ev = store.query("select evidence from verdicts where job_id = ?", [jobs[0]])
+            d = json.loads(ev[0]["evidence"] or "{}") if ev else {}
+            d["relearned"] = info
+            store.db.execute("update verdicts set evidence = ? where job_id = ?",
+                             [json.dumps(d, default=str, sort_keys=True), jobs[0]])
+    store._guard("baseline relearn", go)
+    return info

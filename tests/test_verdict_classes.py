@@ -1,0 +1,174 @@
+"""The verdict on the failure classes a held-back realistic set found, each reproduced with
+the independent generator (tests/scenarios_real.py) through ingest, store, summary and
+the job-level verdict."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import scenarios_real as R
+from gpuguard.epilog.verdict import judge_job
+from gpuguard.store import open_store
+
+
+def workload(name: str, nodes: int = 1, gpn: int = 8, **kw) -> R.Workload:
+    """A fixed template: H100s, 40-minute jobs, 1 s steps, 12 % communication."""
+    rng = random.Random(len(name))
+    w = R.Workload(
+        name=name, nodes=[f"{name}-n{k}" for k in range(nodes)], gpus_per_node=gpn, gpu=R.GPU_MODELS[0],
+        duration_s=2400.0, step_s=1.0, samples_per_rank=16, seq_len=2048, data_frac=0.04,
+        comm_frac=0.12 if nodes * gpn > 1 else 0.0, optim_frac=0.04, step_sigma=0.05, spike_p=0.003,
+        eval_every=1000, eval_s=40.0, ckpt_every_s=1200.0, ckpt_s=30.0, warmup_s=120.0, mem_mib=50000.0,
+        chunk_mib=2048.0, rss_mib=20000.0, cap_share=0.0,
+        gpu_clock_f=[rng.gauss(1.0, 0.012) for _ in range(nodes * gpn)],
+        gpu_power_f=[rng.gauss(1.0, 0.035) for _ in range(nodes * gpn)])
+    for k, v in kw.items():
+        setattr(w, k, v)
+    return w
+
+
+class World:
+    """One store; a template gets ``history`` healthy runs before its first judged case."""
+
+    def __init__(self, path: str):
+        self.store = open_store(path)
+        self.t = R.T_BASE
+        self.n = 0
+        self.tmp = path + ".d"
+
+    def run(self, w: R.Workload, case: R.Case, seed: int, record: bool = True):
+        self.n += 1
+        run = R.run_job(self.store, w, case, f"{w.name}-{self.n}", self.t, seed, self.tmp)
+        self.t = run.end + 120
+        return judge_job(self.store, run.job_id, cfg=None, template=w.name, exit_code=0, now=run.end + 30,
+                         record=record)
+
+    def history(self, w: R.Workload, runs: int = 6) -> None:
+        R.write_inventory(self.store, w, self.t)
+        for k in range(runs):
+            v = self.run(w, R.Case(), 1000 + k)
+            assert v.cause in ("learning", "healthy"), v.summary
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    wd = World(str(tmp_path_factory.mktemp("classes") / "c.db"))
+    for w in (workload("one8"), workload("two8", nodes=2), workload("pair", gpn=2)):
+        wd.history(w)
+        setattr(wd, w.name.replace("8", "_8"), w)
+    yield wd
+    wd.store.close()
+
+
+def test_slow_start_beyond_warmup_is_healthy(world):
+    """Compilation/autotune slowing the first ~20 % of the run is not a changed job."""
+    for seed in (1, 2, 3):
+        v = world.run(world.one_8, R.Case(confuser="slow-start"), seed, record=False)
+        assert v.cause == "healthy", v.summary
+
+
+def test_tail_only_shift_is_healthy(world):
+    """A wider step-time tail (p95 up, p50 and throughput as usual) is not a changed job."""
+    for seed in (4, 5, 6):
+        v = world.run(world.one_8, R.Case(confuser="wider-tail"), seed, record=False)
+        assert v.cause == "healthy", v.summary
+
+
+def test_straggler_seen_through_rank_records(world):
+    """+35 % compute on one rank among 15 peers at normal clocks: the others wait in comm.
+    The slowest compute and the shortest comm wait name the GPU and the node."""
+    for seed, g in ((7, 11), (8, 3)):
+        v = world.run(world.two_8, R.Case("straggler-gpu", 0.35, None, {"gpu": g, "clock_too": False}), seed,
+                      record=False)
+        assert v.cause == "straggler-gpu", v.summary
+        hit = v.evidence["gpus"][0]
+        assert (hit["node"], hit["gpu_index"], hit["rank"]) == (f"two8-n{g // 8}", g % 8, g)
+        assert hit["metric"] == "fwd_bwd_s" and hit["rel_change"] >= 0.25
+        assert "communication" not in v.also
+
+
+def test_straggler_pair_of_gpus(world):
+    v = world.run(world.pair, R.Case("straggler-gpu", 0.3, None, {"gpu": 1, "clock_too": False}), 9, record=False)
+    assert v.cause == "straggler-gpu" and v.evidence["gpus"][0]["gpu_index"] == 1, v.summary
+
+
+def test_power_alone_is_not_a_straggler(world):
+    """One GPU drawing 11 % less power at normal clock and unchanged step time."""
+    for seed, g in ((10, 2), (11, 5)):
+        v = world.run(world.one_8, R.Case(confuser="low-power-gpu", detail={"gpu": g}), seed, record=False)
+        assert v.cause == "healthy", v.summary
+
+
+def test_job_wide_data_stalls_blame_no_gpu(world):
+    """Stalls on every rank at once: bimodal utilisation must not single out a GPU or node."""
+    for seed, w in ((12, world.one_8), (13, world.two_8), (14, world.two_8)):
+        v = world.run(w, R.Case("data-pipeline", 0.3, None, {"stalls": True}), seed, record=False)
+        assert v.cause == "data-pipeline", v.summary
+        assert not {"straggler-gpu", "straggler-node"} & set(v.also)
+
+
+def test_smaller_batch_is_job_changed(world):
+    """Half the batch: steps faster, samples/s lower, comm share up -> job-changed, with
+    samples per step as the evidence."""
+    v = world.run(world.one_8, R.Case("job-changed", 0.5, None, {"batch_f": 0.5}), 15, record=False)
+    assert v.cause == "job-changed", v.summary
+    assert "samples_per_step" in [c["metric"] for c in v.evidence["changed"]]
+
+
+def test_power_cap_reason_share_against_history(world):
+    """sw_power_cap active in most samples vs never in the baseline, steps 12 % slower,
+    clocks only 3 % lower: gpu-throttling with the reason's share as evidence."""
+    case = R.Case("gpu-throttling", 0.16, None, {"reason": "sw_power_cap", "clock_f": 0.97})
+    v = world.run(world.one_8, case, 16, record=False)
+    assert v.cause == "gpu-throttling", v.summary
+    sh = v.evidence["reason_shares"]["sw_power_cap"]
+    assert sh["value"] >= 0.6 and sh["median"] == 0.0
+
+
+def test_baseline_relearns_after_consistent_job_changes(tmp_path):
+    """A permanent double batch: job-changed K-1 times, re-learned on the K-th
+    (relearn_runs = 5), healthy afterwards; shown in `template list`."""
+    from gpuguard.epilog.baseline import compute_baseline, list_templates
+
+    wd = World(str(tmp_path / "r.db"))
+    w = workload("relearn", gpn=4)
+    wd.history(w, runs=5)
+    doubled = R.Case("job-changed", 1.0, None, {"batch_f": 2.0})
+    causes = [wd.run(w, doubled, 50 + k) for k in range(5)]
+    assert [v.cause for v in causes] == ["job-changed"] * 5
+    assert [bool(v.evidence.get("relearned")) for v in causes] == [False] * 4 + [True]
+    assert causes[-1].evidence["relearned"]["jobs"] == [v.job_id for v in causes]
+    assert compute_baseline(wd.store, "relearn").jobs == [v.job_id for v in reversed(causes)]
+    row = next(t for t in list_templates(wd.store) if t["name"] == "relearn")
+    assert row["relearned_from"] == [v.job_id for v in causes] and row["relearned_at"] is not None
+    assert wd.run(w, doubled, 60).cause == "healthy"
+    assert wd.run(w, R.Case(), 61).cause == "job-changed"  # the old batch is now the change
+
+
+def test_unrelated_odd_runs_do_not_relearn(tmp_path):
+    """Five job-changed runs that disagree with each other (batch x2, x0.5, compute x0.7,
+    x1.4, ...) keep the old baseline."""
+    from gpuguard.epilog.baseline import list_templates
+
+    wd = World(str(tmp_path / "n.db"))
+    w = workload("norelearn", gpn=4)
+    wd.history(w, runs=5)
+    odd = [{"batch_f": 2.0}, {"batch_f": 0.5}, {"compute_f": 0.7}, {"compute_f": 1.4}, {"batch_f": 2.0}]
+    vs = [wd.run(w, R.Case("job-changed", 0.5, None, d), 70 + k) for k, d in enumerate(odd)]
+    assert [v.cause for v in vs] == ["job-changed"] * 5 and not any("relearned" in v.evidence for v in vs)
+    assert next(t for t in list_templates(wd.store) if t["name"] == "norelearn")["relearned_at"] is None
+    assert wd.run(w, R.Case(), 80).cause == "healthy"
+
+
+def test_rank_imbalance_by_role_is_no_straggler(tmp_path):
+    """One rank always 25 % slower (a pipeline stage, the loss rank): in every run, so the
+    run is as fast as its baseline — no straggler, learning or judged (three such alerts
+    would escalate to a drain of a healthy GPU)."""
+    wd = World(str(tmp_path / "pp.db"))
+    w = workload("roles", gpn=8)
+    R.write_inventory(wd.store, w, wd.t)
+    role = R.Case(confuser="rank-role", detail={"gpu": 7})
+    causes = [wd.run(w, role, 90 + k).cause for k in range(6)]
+    assert causes == ["learning"] * 3 + ["healthy"] * 3
