@@ -48,7 +48,7 @@ MAX_AGE_S = 7 * 86400.0
 MAX_ENTRIES = 64
 #: Share of the time left that retrying earlier drains may take, so a slurmctld that
 #: hangs cannot eat the budget the run's own checks need (our choice).
-RETRY_SHARE = 0.3
+RETRY_SHARE = 0.5
 #: Reasons Slurm itself sets when a hook exits non-zero (SLURM-FACTS.md §5): the node is
 #: drained because of our own Prolog/Epilog exit, so a pending drain counts as done.
 SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
@@ -57,8 +57,11 @@ SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
 @dataclass
 class Outcome:
     """What happened to one node's drain: ``status`` ``confirmed`` (the node shows a
-    gpuguard reason), ``pending`` (kept for the next run, ``why`` says why), ``refused``
-    (someone else's reason is on the node; kept) or ``dry-run``."""
+    gpuguard reason, or was drained by Slurm for our hook's exit, or was resumed after a
+    drain of ours that Slurm had accepted), ``applied`` (``scontrol`` accepted it but the
+    node could not be read back yet: kept, never re-drained after a resume), ``pending``
+    (kept for the next run, ``why`` says why), ``refused`` (someone else's reason is on
+    the node; kept) or ``dry-run``."""
 
     node: str
     reason: str
@@ -122,7 +125,10 @@ class PendingDrains:
         except Exception as e:  # SlurmError, a timeout: the drain stays pending
             return None, str(e)
 
-    def _drain_one(self, node: str, reason: str) -> Outcome:
+    def _drain_one(self, node: str, reason: str, applied: bool = False) -> Outcome:
+        """One attempt. ``applied``: an earlier run's ``scontrol update`` returned 0 but
+        could not be confirmed (time ran out); a node that now shows no reason was then
+        resumed by someone after our drain, and is not drained again."""
         from gpuguard.slurm import REASON_PREFIX
 
         if self.dry_run:
@@ -133,6 +139,8 @@ class PendingDrains:
         if current and current.startswith(SLURM_HOOK_REASONS):
             # our Prolog exited 1 before its drain went through: Slurm drained the node
             return Outcome(node, reason, "confirmed", f"drained by Slurm as {current!r}")
+        if applied and not current and not err:
+            return Outcome(node, reason, "confirmed", "applied earlier; the node has been resumed since")
         res = self.actuator.drain(node, reason)
         if res.status == "refused" and "someone else's reason" in res.why:
             return Outcome(node, reason, "refused", res.why)
@@ -141,7 +149,8 @@ class PendingDrains:
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")
-        return Outcome(node, reason, "pending", f"not confirmed: {err or f'node reason is {current!r}'}")
+        # scontrol accepted it (exit 0) but the node could not be read back yet
+        return Outcome(node, reason, "applied", f"not confirmed: {err or f'node reason is {current!r}'}")
 
     def drain(self, node: str, reason: str) -> Outcome:
         """Record the decision (if not already pending), drain, confirm, and remove the
@@ -190,9 +199,9 @@ class PendingDrains:
 
     def _settle(self, node: str, entry: dict[str, Any]) -> Outcome:
         reason = str(entry.get("reason", ""))
-        res = self._drain_one(node, reason)
+        res = self._drain_one(node, reason, applied=bool(entry.get("applied_at")))
         if res.status == "confirmed":
-            self.log.info("drain of %s confirmed: the node shows a gpuguard reason", node)
+            self.log.info("drain of %s confirmed: %s", node, res.why or "the node shows a gpuguard reason")
             self._forget(node)
         else:
             self.log.error("tool error: drain of %s %s (%s); it stays pending for the next hook run",
@@ -201,6 +210,8 @@ class PendingDrains:
             if node in entries:
                 entries[node]["attempts"] = int(entries[node].get("attempts", 0)) + 1
                 entries[node]["last_error"] = res.why[:300]
+                if res.status == "applied":
+                    entries[node]["applied_at"] = time.time()
                 self._save(entries)
         return res
 

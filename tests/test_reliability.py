@@ -107,6 +107,34 @@ def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
     assert "drain" not in [c[0] for c in slurm.calls]
 
 
+def test_accepted_but_unconfirmed_drain_is_not_repeated_after_a_resume(cfg):
+    from gpuguard.slurm import SlurmError
+
+    class SlowShow(FakeSlurm):
+        blind = False
+
+        def node_reason(self, node, timeout_s=None):
+            if self.blind:
+                self.calls.append(("show", node, timeout_s))
+                raise SlurmError("scontrol show node timed out")
+            return super().node_reason(node, timeout_s)
+
+        def drain_node(self, node, reason, timeout_s=None):
+            super().drain_node(node, reason, timeout_s)
+            self.blind = True  # slurmctld accepted the drain, then stopped answering
+
+    slurm = SlowShow()
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert out.status == "applied"
+    assert PendingDrains(cfg, None).entries()["n1"]["applied_at"] > 0
+    slurm.blind = False
+    slurm.reasons.clear()  # an administrator resumed the node
+    [again] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert (again.status, again.why) == ("confirmed", "applied earlier; the node has been resumed since")
+    assert [c[0] for c in slurm.calls].count("drain") == 1
+    assert PendingDrains(cfg, None).entries() == {}
+
+
 def test_node_drained_by_slurm_for_our_prolog_exit_counts_as_drained(cfg):
     slurm = FakeSlurm()
     slurm.reasons["n1"] = "Prolog error"
