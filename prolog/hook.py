@@ -61,11 +61,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`main` and the tests."""
     started = time.monotonic()
     env = dict(os.environ) if env is None else env
-    from gpuguard.hookrun import announce
-
     cfg, config_error, henv, log = _start(env, loaded)
     deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
     job_id = henv.job_id
+    from gpuguard.hookrun import announce
     from gpuguard.nodecheck import live_check, pending_drains
     from gpuguard.ops.maintenance import cached as maintenance_now
 
@@ -105,61 +104,14 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
-    rc = _act_on_nccl(cfg, live, pend, job_id, henv.job_gpus, nccl, log) if nccl else None
+    rc = _act_on_nccl(cfg, live, pend, henv, nccl, log) if nccl else None
     if rc is not None:
         return rc
-    if job_id and not config_error:
-        try:
-            from gpuguard.collector.launch import prepare_job
-
-            prepare_job(cfg, env, log)
-        except Exception as e:  # our fault: the job runs unmonitored, never fails
-            log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
-        from gpuguard.ops.jobmap import job_started
-
-        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
-    if config_error:  # nothing is written on the shipped defaults' paths
-        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(res.findings))
-        return EXIT_OK
-    later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-    if later is not None and later.decision.outcome == "drain" and not config_error and not maint.active:
-        # a drain only the history shows (a site policy on a trend): acted on in _record
-        log.warning("drain from history: %s", later.decision.reason)
-        return EXIT_DRAIN
-    log.info("proceed (%d finding(s))", len(res.findings))
-    return EXIT_OK
-
-
-#: Share of ``[prolog] time_budget_s`` the work plans with; the rest is the margin for
-#: the exit (our choice: 10 %).
-DEADLINE_SHARE = 0.9
-
-
-def _act_on_nccl(cfg, live, pend, job_id, job_gpus, nccl, log) -> int | None:
-    """Decide again with the NCCL probe's findings; act on a drain or fail-job and return
-    the exit status, or None when the job may proceed."""
-    from gpuguard.hookrun import announce
-    from gpuguard.policy import decide
-
-    d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
-    if d.outcome == "drain":
-        announce(EXIT_DRAIN)
-        node = cfg.node_name
-        if pend.dry_run:
-            log.warning("dry run: would drain %s: %s", node, d.reason)
-        elif pend.add(node, d.reason):
-            pend.settle(node, d.reason)
-        _record(cfg, live, pend, job_id, job_gpus, log, nccl)
-        return EXIT_DRAIN
-    if d.outcome == "fail-job" and job_id:
-        pend.actuator.fail_job(job_id, d.reason)
-        _record(cfg, live, pend, job_id, job_gpus, log, nccl)
-        return EXIT_OK
-    return None
+    return _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log)
 
 
 def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
-    """Config, hook environment and log: ``(cfg, config error or None, HookEnv, logger)``."""
+    """Config, hook environment and log: ``(cfg, config_error, hook_env, log)``."""
     from gpuguard import log as log_mod
     from gpuguard.hookenv import read_hook_env
     from gpuguard.hookrun import load_config
@@ -180,6 +132,61 @@ def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
         else:
             log.warning("hook environment: %s; treated as unset", problem)
     return cfg, config_error, henv, log
+
+
+def _act_on_nccl(cfg, live, pend, henv, nccl, log) -> int | None:
+    """Decide again with the NCCL probe's findings; the exit status when that drains or
+    fails the job, else None (the job proceeds)."""
+    from gpuguard.hookrun import announce
+    from gpuguard.policy import decide
+
+    job_id = henv.job_id
+    d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
+    if d.outcome == "drain":
+        announce(EXIT_DRAIN)
+        node = cfg.node_name
+        if pend.dry_run:
+            log.warning("dry run: would drain %s: %s", node, d.reason)
+        elif pend.add(node, d.reason):
+            pend.settle(node, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_DRAIN
+    if d.outcome == "fail-job" and job_id:
+        pend.actuator.fail_job(job_id, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_OK
+    return None
+
+
+def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
+    """The job proceeds: its directory and collector, then the run recorded with history
+    (a drain only the history shows still drains)."""
+    job_id = henv.job_id
+    if job_id and not config_error:
+        try:
+            from gpuguard.collector.launch import prepare_job
+
+            prepare_job(cfg, env, log)
+        except Exception as e:  # our fault: the job runs unmonitored, never fails
+            log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
+        from gpuguard.ops.jobmap import job_started
+
+        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
+    if config_error:  # nothing is written on the shipped defaults' paths
+        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
+        return EXIT_OK
+    later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+    if later is not None and later.decision.outcome == "drain" and not maint.active:
+        # a drain only the history shows (a site policy on a trend): acted on in _record
+        log.warning("drain from history: %s", later.decision.reason)
+        return EXIT_DRAIN
+    log.info("proceed (%d finding(s))", len(live.result.findings))
+    return EXIT_OK
+
+
+#: Share of ``[prolog] time_budget_s`` the work plans with; the rest is the margin for
+#: the exit (our choice: 10 %).
+DEADLINE_SHARE = 0.9
 
 
 def _log_result(log, res) -> None:
