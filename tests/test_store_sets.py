@@ -22,7 +22,7 @@ from gpuguard.store import NAMED_SETS_VERSION, MigrationSet, StoreError, open_st
 V5 = pathlib.Path(__file__).parent / "data" / "store-user-version-5.db"
 
 ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_idle"),
-             ("collector", "samples"), ("collector", "samples_by_gpu"), ("collector", "compact_samples"),
+             ("collector", "samples"), ("collector", "samples_by_gpu"), ("collector", "compact_samples"), ("collector", "compact_minutes"),
              ("epilog", "job_records"), ("epilog", "baselines"),
              ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}
 
