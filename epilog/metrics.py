@@ -95,7 +95,8 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
         out["step_time_p50_s"] = percentile(times, 50)
         out["step_time_p95_s"] = percentile(times, 95)
     for name, metric in compared_gpu().items():
-        out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
+        if metric in _SERIES_ATTR:  # the clock-event shares come from _reason_shares below
+            out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
     out.update(_reason_shares(data, t0, t1))
     return out
 

@@ -180,12 +180,19 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
     old_cache = conn.execute("pragma cache_size").fetchone()[0]
     conn.execute(f"pragma cache_size = {-SYNC_CACHE_KIB}")
 
+    ac_at = COLUMNS.index("admin_comment")
+    id_at = COLUMNS.index("job_id_raw")
+
     def flush() -> None:
+        from gpuguard.reports.admin_summaries import store_admin_summaries
+
         def go() -> None:
             with store.tx():
                 store.db.conn.executemany(DROP_UNKNOWN_ATTEMPT_SQL, [(j["cluster"], j["job_id_raw"], j["submit_at"])
                                                                      for j in jobs_batch])
                 store.db.conn.executemany(UPSERT_SQL, batch)
+                # gpuguard's AdminComment -> job summaries: efficiency works where sacct does
+                store_admin_summaries(store, ((r[id_at], r[ac_at]) for r in batch if r[ac_at]), now)
         store._guard("sacct cache upsert", go)
         batch.clear()
         jobs_batch.clear()

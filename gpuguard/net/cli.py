@@ -5,12 +5,12 @@ Parsing saved outputs is ``gpuguard check --from-file`` (one way to triage a pas
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from typing import Any
 
 import click
+
+from gpuguard.output import display_tz, emit, iso_time, isoify, output_options
 
 
 def _store(cfg: Any, create: bool) -> Any:
@@ -33,9 +33,9 @@ def nccl() -> None:
 @click.option("--record/--no-record", default=True, show_default=True,
               help="store the reading (part of the baseline when healthy) like gpuguard health does")
 @click.option("--timeout", "timeout_s", type=float, help="seconds (default: [nccl] timeout_s)")
-@click.option("--json", "as_json", is_flag=True)
+@output_options(formats=("text", "json"))
 @click.pass_obj
-def probe(obj: Any, record: bool, timeout_s: float | None, as_json: bool) -> None:
+def probe(obj: Any, record: bool, timeout_s: float | None, fmt: str) -> None:
     """Run the configured probe (default ``all_reduce_perf``) once, judge it against the
     node's baseline and the fleet, print the findings.
 
@@ -51,12 +51,12 @@ def probe(obj: Any, record: bool, timeout_s: float | None, as_json: bool) -> Non
     out = probe_node(cfg, store, hook="cli", budget_left_s=None if timeout_s is None else timeout_s + 2.0,
                      record=record)
     d = decide(out.findings, cfg.policy, cfg.xid_policy)
-    if as_json:
-        click.echo(json.dumps({"state": out.state, "gpu_model": out.gpu_model, "consecutive_low": out.consecutive,
-                               "busbw_gbs_by_size": {str(k): v for k, v in sorted(out.reading.items())},
-                               "judgement": out.judgement.__dict__ if out.judgement else None,
-                               "findings": [dict(f.to_dict(), action=a) for f, a in d.actions],
-                               "tool_errors": out.tool_errors}, indent=2, default=str))
+    if fmt == "json":
+        emit(fmt, {"state": out.state, "gpu_model": out.gpu_model, "consecutive_low": out.consecutive,
+                   "busbw_gbs_by_size": {str(k): v for k, v in sorted(out.reading.items())},
+                   "judgement": out.judgement.__dict__ if out.judgement else None,
+                   "findings": [dict(f.to_dict(), action=a) for f, a in d.actions],
+                   "tool_errors": out.tool_errors})
     else:
         click.echo(f"state: {out.state}" + (f" ({out.gpu_model})" if out.gpu_model else ""))
         for size, bw in sorted(out.reading.items()):
@@ -75,9 +75,9 @@ def probe(obj: Any, record: bool, timeout_s: float | None, as_json: bool) -> Non
 
 @nccl.command("baseline")
 @click.option("--node", "node_name", help="node (default: this node)")
-@click.option("--json", "as_json", is_flag=True)
+@output_options(formats=("text", "json"))
 @click.pass_obj
-def baseline(obj: Any, node_name: str | None, as_json: bool) -> None:
+def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
     """Show a node's NCCL baseline (median/MAD busbw per message size over its last
     healthy probes) and its last probes."""
     from gpuguard.net.nccl_baseline import node_reference
@@ -93,10 +93,11 @@ def baseline(obj: Any, node_name: str | None, as_json: bool) -> None:
         click.echo(f"{node}: no NCCL probes recorded")
         return
     ref = node_reference(store, node, last[0]["config_key"], cfg.get("nccl", "baseline_probes"))
-    if as_json:
-        click.echo(json.dumps({"node": node, "baseline": {str(s): {"median_gbs": m, "mad_gbs": d, "probes": n}
-                                                          for s, (m, d, n) in sorted(ref.by_size.items())},
-                               "last_probes": last}, indent=2))
+    tz = display_tz(cfg)
+    if fmt == "json":
+        emit(fmt, {"node": node, "baseline": {str(s): {"median_gbs": m, "mad_gbs": d, "probes": n}
+                                              for s, (m, d, n) in sorted(ref.by_size.items())},
+                   "last_probes": isoify(last, tz)})
         return
     click.echo(f"{node}: {last[0]['gpu_model'] or 'GPU model unknown'}")
     for s, (m, d, n) in sorted(ref.by_size.items()):
@@ -104,5 +105,5 @@ def baseline(obj: Any, node_name: str | None, as_json: bool) -> None:
     click.echo("last probes:")
     for r in last:
         ratio = "" if r["ratio"] is None else f"  {r['ratio']:.0%} of baseline"
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["at"]))
+        when = iso_time(r["at"], tz)
         click.echo(f"  {when}  {r['hook']:8} {r['state']}{ratio}")
