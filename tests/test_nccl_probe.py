@@ -252,10 +252,14 @@ def test_cli_probe_and_baseline(tmp_path, make_config):
 
     doc = json.loads(r.output)
     assert doc["state"] == "low" and doc["consecutive_low"] == 1
+    assert doc["busbw_gbs_by_size"]["8589934592"] == pytest.approx(338.09 * 0.6, abs=0.01)
     assert [f["code"] for f in doc["findings"]] == ["nccl.busbw_low_pending"]
     r = CliRunner().invoke(main, ["--config", path, "nccl", "baseline"])
     assert r.exit_code == 0
-    assert "  8589934592 B  median   338.09 GB/s  MAD   0.00  (3 probes)" in r.output
+    assert "  8589934592 B  median  338.085 GB/s  MAD  0.000  (3 probes)" in r.output
+    r = CliRunner().invoke(main, ["--config", path, "nccl", "baseline", "--format", "csv"])
+    assert r.exit_code == 0 and r.output.splitlines()[0] == "size_b,median_gbs,mad_gbs,probes"
+    assert r.output.splitlines()[-1] == "8589934592,338.085,0.0,3"
     fake.push_hang()
     r = CliRunner().invoke(main, ["--config", path, "nccl", "probe", "--timeout", "5", "--no-record"])
     assert r.exit_code == 1 and "nccl.probe_failed  NCCL probe failed: timed out after 5 s" in r.output
