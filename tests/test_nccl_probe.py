@@ -285,12 +285,14 @@ def test_health_step_probes_idle_gpus_only(env):
     from conftest import node_snapshot
 
     from gpuguard.net.health_step import gpus_busy, nccl_probe
+    from gpuguard.ops.steps import Skip
 
     cfg, store, fake = env
     busy = node_snapshot(4, gpu2={"gpu_util_pct": 97.0}, gpu3={"mem_used_mib": 40000.0})
     assert gpus_busy(busy, cfg) == [2, 3]
     fake.push(healthy_text())
-    assert nccl_probe(_step_ctx(cfg, store, busy)) == []
+    with pytest.raises(Skip):
+        nccl_probe(_step_ctx(cfg, store, busy))
     assert fake.pending() == 1  # a job's GPUs are never taken
     assert nccl_probe(_step_ctx(cfg, store, node_snapshot(4))) == []
     assert fake.pending() == 0
@@ -301,9 +303,11 @@ def test_health_step_off_when_nccl_tests_is_not_installed(tmp_path):
     from conftest import node_snapshot
 
     from gpuguard.net.health_step import nccl_probe
+    from gpuguard.ops.steps import Skip
 
     cfg = config_mod.from_dict({"nccl": {"binary": str(tmp_path / "none" / "all_reduce_perf")}})
-    assert nccl_probe(_step_ctx(cfg, None, node_snapshot(2))) == []
+    with pytest.raises(Skip):
+        nccl_probe(_step_ctx(cfg, None, node_snapshot(2)))
     cfg = config_mod.from_dict({"nccl": {"command": [str(tmp_path / "none" / "all_reduce_perf"), "-g", "{gpus}"]}})
     (f,) = nccl_probe(_step_ctx(cfg, None, node_snapshot(2)))
     assert f.code == "nccl.probe_failed"
