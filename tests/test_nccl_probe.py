@@ -328,3 +328,23 @@ def test_store_opened_before_the_net_set_gets_its_tables(tmp_path):
     cols = [r["name"] for r in store.query("select name from pragma_table_info('nccl_probes')")]
     assert cols[:3] == ["id", "node", "at"]
     store.close()
+
+
+def test_fleet_median_read_from_a_separate_cluster_store(tmp_path):
+    fake = FakeProbe(tmp_path / "fake")
+    cluster_path = str(tmp_path / "cluster.db")
+    for node in ("gn2", "gn3", "gn4"):  # rows the cluster store holds for other nodes
+        other = config_mod.from_dict({"node": {"name": node, "gpu_count": 8}, "nccl": {"binary": str(fake.binary)}})
+        cs = open_store(cluster_path)
+        fake.push(healthy_text())
+        assert probe_node(other, cs, hook="health").state == "ok"
+        cs.close()
+    cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8}, "nccl": {"binary": str(fake.binary)},
+                                "paths": {"store": str(tmp_path / "node.db"), "cluster_store": cluster_path}})
+    store = open_store(cfg.store_path)
+    low = scaled(healthy_text(), 0.7)
+    fake.push(low)
+    fake.push(low)
+    out = probe_node(cfg, store, hook="health")
+    assert (out.state, out.judgement.against, out.tool_errors) == ("low", ["fleet"], [])
+    store.close()
