@@ -44,12 +44,35 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+#: path -> monotonic time until which it is known not to exist. The sampler reads
+#: whichever of the cgroup v1/v2 files exist every interval; a missing one is asked again
+#: only after :data:`MISSING_RECHECK_S` (a controller enabled later is picked up then).
+_MISSING: dict[str, float] = {}
+MISSING_RECHECK_S = 300.0
+
+
 def _read(path: str) -> str | None:
+    """The file's text (ASCII, bad bytes replaced), or None when it cannot be read. Plain
+    ``os.read`` (no text-file object): the collector reads a few of these every second."""
+    now = time.monotonic()
+    if _MISSING.get(path, 0.0) > now:
+        return None
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        _MISSING[path] = now + MISSING_RECHECK_S
+        return None
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", errors="replace")
 
 
 def _kv(text: str | None, key: str) -> int | None:

@@ -58,11 +58,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.collector.host import HostSampler
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, encode_clock_event_reasons
 
 MAX_BUFFERED_ROWS = 200_000
 MAX_FLUSH_S = 10.0
 DEFAULT_MAX_RUNTIME_S = 30 * 86400.0
+#: Cumulative counters (ECC, PCIe replays: :data:`gpuguard.metrics.GPU_SLOW`) are read this
+#: often. Our choice: they change rarely and are judged per job, so a minute of delay
+#: costs nothing, while reading them every second cost most of an NVML snapshot.
+SLOW_EVERY_S = 60.0
 
 #: ``scontrol show job`` states in which the job still holds the node (slurm/slurm.h
 #: ``job_states`` and state flags as scontrol prints them).
@@ -105,14 +110,16 @@ def clock_mask(reasons: list[str] | None) -> int | None:
 
 
 def gpu_row(g: GpuState, job_id: str, node: str, at: float) -> dict[str, Any]:
-    """One ``samples`` row for GPU ``g``."""
-    return {
-        "job_id": job_id, "node": node, "at": at, "gpu_index": g.index, "gpu_uuid": g.uuid,
-        "gpu_util_pct": g.gpu_util_pct, "mem_util_pct": g.mem_util_pct, "mem_used_mib": g.mem_used_mib,
-        "power_w": g.power_w, "temp_c": g.temp_c, "sm_clock_mhz": g.sm_clock_mhz,
-        "mem_clock_mhz": g.mem_clock_mhz, "clock_event_mask": clock_mask(g.clock_event_reasons),
-        "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected, "pcie_replay_count": g.pcie_replay_count,
-    }
+    """One ``samples`` row for GPU ``g``: the sampled metrics of :mod:`gpuguard.metrics`
+    (``GPU_SAMPLED`` and ``GPU_SLOW``) read from the GpuState fields of the same name."""
+    row: dict[str, Any] = {"job_id": job_id, "node": node, "at": at, "gpu_index": g.index, "gpu_uuid": g.uuid}
+    for m in _ROW_METRICS:
+        row[m] = getattr(g, m)
+    row["clock_event_mask"] = clock_mask(g.clock_event_reasons)
+    return row
+
+
+_ROW_METRICS = tuple(m.name for m in (*GPU_SAMPLED, *GPU_SLOW) if m.name != "clock_event_mask")
 
 
 # -- liveness ----------------------------------------------------------------------------
@@ -248,7 +255,8 @@ class Collector:
                  liveness_s: float = 15.0, max_runtime_s: float = DEFAULT_MAX_RUNTIME_S,
                  xid_source_factory: Callable[[], Any] | None = None,
                  log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS,
-                 job_dir_check: Callable[[], None] | None = None, spill_path: str | None = None):
+                 job_dir_check: Callable[[], None] | None = None, spill_path: str | None = None,
+                 slow_every_s: float = SLOW_EVERY_S):
         if interval_s <= 0 or flush_s <= 0 or liveness_s <= 0:
             raise ValueError("interval_s, flush_s and liveness_s must be > 0")
         self.job_id = job_id
@@ -274,6 +282,8 @@ class Collector:
         self._gpu_by_index: dict[int, GpuState] = {}
         self._warned: set[str] = set()
         self._store_failures = 0
+        self.slow_every_s = slow_every_s
+        self._next_slow = 0.0  # the first sample reads the slow counters too
         #: called every liveness period: the job directory's size cap (jobdir_cap)
         self.job_dir_check = job_dir_check
         #: where rows the store did not take at exit go (a locked store), for the epilog
@@ -289,7 +299,7 @@ class Collector:
         """Take one GPU snapshot and one host sample into the buffer."""
         if self.indices or self.uuids:
             try:
-                snap = self.source.snapshot()
+                snap = self._read_gpus()
             except Exception as e:  # a source bug must not end the job's monitoring
                 self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
                 snap = None
@@ -308,6 +318,19 @@ class Collector:
             self.buffer.add("host_samples", [self.host.sample()])
         except Exception as e:  # unreadable /proc or cgroup files: keep sampling GPUs
             self._warn_once(f"host:{type(e).__name__}", "host sample failed: %s: %s", type(e).__name__, e)
+
+    def _read_gpus(self) -> NodeSnapshot:
+        """The job's GPUs: through the source's per-interval path (``telemetry``: job GPUs
+        only, sampled fields only, slow counters every ``slow_every_s``) when it has one,
+        else a full snapshot."""
+        tele = getattr(self.source, "telemetry", None)
+        if tele is None:
+            return self.source.snapshot()
+        now = time.monotonic()
+        slow = now >= self._next_slow
+        if slow:
+            self._next_slow = now + self.slow_every_s
+        return tele(self.indices, self.uuids, slow)
 
     def drain_xids(self) -> None:
         rows = []

@@ -1,5 +1,6 @@
-"""The collector's store tables: ``samples`` (one row per GPU and sampling tick) and
-``host_samples`` (the job's cgroup CPU, memory and I/O per tick). Times are UTC epoch
+"""The collector's store tables: GPU samples (the compact ``gpu_*`` tables of
+:mod:`gpuguard.samples`, with a ``samples`` view) and ``host_samples`` (the job's cgroup
+CPU, memory and I/O per tick). Times are UTC epoch
 seconds, column names carry units.
 
 A named migration set (:class:`gpuguard.store.MigrationSet`): append steps, never edit a
@@ -34,3 +35,14 @@ def _samples(db: sqlite_utils.Database) -> None:
 def _samples_by_gpu(db: sqlite_utils.Database) -> None:
     """The summary reads one GPU's samples of one job on one node in time order."""
     db["samples"].create_index(["job_id", "node", "gpu_index", "at"])
+
+
+@MIGRATIONS(name="compact_samples")
+def _compact_samples(db: sqlite_utils.Database) -> None:
+    """GPU samples move to the compact store laid out from the metric table
+    (:mod:`gpuguard.samples`: identity once per series, integer-scaled values, primary key
+    the only index; 183 B -> ~30 B per GPU-sample); existing rows are moved and
+    ``samples`` becomes a read-only view of the old shape."""
+    from gpuguard import samples
+
+    samples.migrate(db.conn)

@@ -18,7 +18,7 @@ import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
 from gpuguard.output import cell, display_tz, emit, isoify, output_options, table
-from gpuguard.store import StoreError, open_store
+from gpuguard.store import StoreError
 
 
 class JobNotFound(LookupError):
@@ -156,7 +156,8 @@ def job() -> None:
 @click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE instead of stdout")
 @click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [display] timezone, "
               "$TZ, the system zone)")
-@click.option("--store", "store_path", metavar="FILE", help="store to read (default: the config's [paths] store)")
+@click.option("--store", "store_path", metavar="FILE",
+              help="store to read, read-only (default: the cluster store when readable, else the job's AdminComment)")
 @click.pass_obj
 def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz_name: str | None,
              store_path: str | None) -> None:
@@ -165,9 +166,13 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
     what to check; --full adds every table. --format html writes a self-contained page
     with per-GPU and per-rank time-series plots. JSON is :func:`job_report`'s document plus
     ``job`` (the header); CSV one row per node and summary metric (``node, metric, value,
-    unit``). Exit 2 for an unknown job, an unreadable store or a bad option."""
+    unit``). The data come from :mod:`gpuguard.epilog.jobview`: the header from the
+    user's own sacct (Slurm's PrivateData decides who sees a job), the rest from the
+    cluster store opened read-only when this user can read it, else from the job's
+    AdminComment; ``source`` says which. Exit 2 for a job that is not visible, an
+    unreadable store named with --store, or a bad option."""
     from gpuguard.epilog.advice import AdviceError, load_advice
-    from gpuguard.epilog.jobpage import format_page, job_header
+    from gpuguard.epilog.jobpage import format_page
     from gpuguard.output import resolve_zone
 
     cfg = None
@@ -184,28 +189,31 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
             cfg = config_mod.load()
         except config_mod.ConfigError as e:
             _fail(str(e))
-    if store_path is None:
-        store_path = cfg.store_path
+    if cfg is None:
+        from gpuguard.config import from_dict
+
+        cfg = from_dict({})
+    from gpuguard.epilog.jobview import JobNotVisible, job_view, open_readonly
+    from gpuguard.slurm import SlurmCli
+
     try:
         tz = resolve_zone(tz_name) if tz_name else display_tz(cfg)
         advice = load_advice(cfg.get("job_page", "advice_file") if cfg is not None else "")
-        store = open_store(store_path, create=False)
-    except (StoreError, ValueError, AdviceError) as e:
-        _fail(str(e))
-    try:
-        rep = job_report(store, job_id, tz)
-        rep.setdefault("job", job_header(store, rep))
+        # the data source (gpuguard.epilog.jobview): the user's own sacct for the header,
+        # the cluster store read-only when readable, else the job's AdminComment
+        rep, used = job_view(job_id, cfg=cfg, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), store_path=store_path,
+                             tz=tz)
         series = None
-        if fmt == "html":
+        if fmt == "html" and used:
             from gpuguard.epilog.jobpage_html import load_series
 
-            series = load_series(store, job_id)
-    except JobNotFound:
-        _fail(f"job {job_id}: not found in store {store_path}")
-    except StoreError as e:
+            store = open_readonly(used)
+            try:
+                series = load_series(store, job_id)
+            finally:
+                store.close()
+    except (StoreError, ValueError, AdviceError, JobNotVisible) as e:
         _fail(str(e))
-    finally:
-        store.close()
     idle = cfg.get("job_page", "idle_gpu_pct") if cfg is not None else 5.0
     rows = [{"node": s["node"], "metric": m, "value": v, "unit": u}
             for s in rep["summaries"] for m, v, u in summary_rows(s)]

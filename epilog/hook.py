@@ -22,7 +22,10 @@ What it does, in order of importance, inside ``[epilog] time_budget_s``:
    ``steps`` and ``checkpoints`` (replacing the job's earlier rows on this node when
    there are new ones, never wiping them with nothing);
 6. write the job summary (:func:`gpuguard.epilog.summary.summarize_job`,
-   :func:`~gpuguard.epilog.summary.save_summary`) and judge it;
+   :func:`~gpuguard.epilog.summary.save_summary`) and this node's *part* (summary plus
+   per-window series, :mod:`gpuguard.epilog.part`): in cluster mode to the spool for the
+   job judge on the controller (:mod:`gpuguard.epilog.judge`), on a single host straight
+   to the judge here;
 7. delete the job directory.
 
 **Always exit 0.** A non-zero Epilog makes Slurm drain the node with the reason
@@ -408,16 +411,12 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
         summary = None
     if summary is not None:
-        _judge(store, job_id, cfg, env, node, log, pend)
-    spool = cfg.get("paths", "spool_dir")
-    if spool and summary is not None:
-        # cluster mode: EpilogSlurmctld merges these into the job's AdminComment
-        from gpuguard.epilog.spool import write_node_summary
+        _hand_over(store, job_id, cfg, env, node, summary, log, pend)
 
-        try:
-            write_node_summary(spool, job_id, node, summary.to_dict())
-        except Exception as e:
-            log.error("tool error: spool: %s: %s", type(e).__name__, e)
+    if store is not None:
+        deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
+        _auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
+                    else deadline - time.monotonic(), log)
 
     # 7. the job directory
     if keep_dir:
@@ -431,24 +430,102 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
 
 
-def _judge(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, log: Any, pend: Any) -> None:
-    """Compare the job with its template's baseline and act on the verdict:
-    template, verdict, comparisons, baseline update, policy with escalation. Our errors
-    here are tool errors; they never drain."""
-    try:
-        from gpuguard.epilog.verdict import run_verdict
-        from gpuguard.slurm import SlurmCli
+def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
+    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
+    and at most half of what the epilog's budget has left; our errors are logged only."""
+    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
+    if budget_s <= 0:
+        return
+    from gpuguard.retention import prune
 
-        # the template lookup (scontrol show job) is capped by what is left of the budget
-        slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
-                         deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
-        verdict, decision = run_verdict(store, job_id, cfg=cfg, env=env, node=node, slurm=slurm)
+    try:
+        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
+                    budget_s=budget_s)
+    except Exception as e:  # pruning is housekeeping: never fails the epilog
+        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
+        return
+    if res["samples_folded"] or res["minutes"] or not res["complete"]:
+        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
+                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
+
+
+def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, summary: Any,
+               log: Any, pend: Any) -> None:
+    """Build this node's part (:mod:`gpuguard.epilog.part`) and hand it to the job judge:
+    with ``[paths] spool_dir`` (cluster mode) write it to the spool, where the
+    controller's EpilogSlurmctld worker judges the job once with every node's part; without
+    one (single host) judge it here, on the store that is node and cluster store at once —
+    the same judge, from the same encoded part. A multi-node job without a spool is not
+    judged: half of its data would give a verdict that contradicts the other half's.
+    Our errors here are tool errors; they never drain."""
+    from gpuguard.epilog import part as part_mod
+    from gpuguard.hookenv import parse_uint
+    from gpuguard.slurm import SlurmCli
+
+    spool = cfg.get("paths", "spool_dir")
+    job = {"user": env.get("SLURM_JOB_USER"), "uid": parse_uint(env.get("SLURM_JOB_UID")),
+           "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
+           "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": parse_uint(env.get("SLURM_JOB_NUM_NODES")),
+           "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": parse_uint(env.get("SLURM_JOB_EXIT_CODE"))}
+    # the template lookup (scontrol show job) is capped by what is left of the budget
+    slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
+                     deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
+    if not spool and (job["num_nodes"] or 1) > 1:
+        log.warning("multi-node job not judged: set [paths] spool_dir so the controller judges it once "
+                    "with every node's data")
+        return
+    try:
+        blob, window_s = _encode_part(store, job_id, cfg, node, job, summary)
+        if spool:
+            path = part_mod.write_part(spool, job_id, node, blob)
+            log.info("part %s written (%d bytes, %g s windows)", path, len(blob), window_s)
+            return
+    except Exception as e:
+        log.error("tool error: part: %s: %s", type(e).__name__, e)
+        return
+    if not job["comment"] or "gpuguard:template=" not in job["comment"]:
+        try:  # the Epilog has no SLURM_JOB_NAME (SLURM-FACTS §4); a derived template needs it
+            job["name"] = slurm.show_job(job_id).get("JobName")
+        except Exception:
+            job["name"] = None
+    _judge_here(store, job_id, cfg, node, job, part_mod.decode_part(blob), pend, log)
+
+
+def _encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], summary: Any) -> tuple[bytes, float]:
+    from gpuguard.epilog import part as part_mod
+    from gpuguard.epilog.jobdata import load_job
+
+    data = load_job(store, job_id, [node])
+    names = {r["uuid"]: r["name"] for r in store.query("select uuid, name from inventory where node = ?", [node])}
+    sdict = summary.to_dict()
+    return part_mod.encode_part(
+        lambda ws: part_mod.build_part(data, node, window_s=ws, job=job, summary=sdict, gpu_names=names),
+        float(cfg.get("verdict", "short_window_s")))
+
+
+def _judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], part: dict[str, Any],
+                pend: Any, log: Any) -> None:
+    """Single host: the job judge on this node's own part, in this store; its drains go
+    through this Epilog's pending-drain list (:mod:`gpuguard.drainq`)."""
+    from gpuguard.epilog.judge import judge_parts
+
+    meta = dict(job, job_id=job_id, nodes=[node])
+    cluster = None
+    try:
+        from gpuguard.store import open_store
+
+        same = os.path.abspath(cfg.cluster_store_path) == os.path.abspath(cfg.store_path)
+        cluster = store if same else open_store(cfg.cluster_store_path)
+        res = judge_parts(cluster, job_id, {node: part}, cfg=cfg, meta=meta, slurm=None, log=log,
+                          set_comment=False, drainer=pend)
     except Exception as e:
         log.error("tool error: verdict: %s: %s", type(e).__name__, e)
         return
-    log.info("verdict %s (template %s): %s", verdict.cause, verdict.template, verdict.summary)
-    if decision.outcome == "drain":
-        pend.drain(node, decision.reason)
+    finally:
+        if cluster is not None and cluster is not store:
+            cluster.close()
+    v = res.verdict or {}
+    log.info("verdict %s (template %s): %s", v.get("cause"), v.get("template"), v.get("summary"))
 
 
 def _close(store: Any) -> None:

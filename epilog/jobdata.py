@@ -2,10 +2,11 @@
 
 Tables read (all keyed by ``job_id``; ``node`` restricts to the given nodes):
 
-* ``samples`` (collector): one row per GPU per interval — ``at`` (epoch s),
-  ``gpu_util_pct``, ``mem_used_mib``, ``power_w``, ``temp_c``, ``sm_clock_mhz``,
-  ``clock_event_mask`` (NVML bit mask, :data:`gpuguard.model.CLOCK_EVENT_REASONS`),
-  ``ecc_volatile_uncorrected``.
+* ``gpu_series``/``gpu_samples``/``gpu_slow`` (collector, :mod:`gpuguard.samples`): one
+  row per GPU per interval — time, ``gpu_util_pct``, ``mem_util_pct``, ``mem_used_mib``,
+  ``power_w``, ``temp_c``, ``sm_clock_mhz``, ``clock_event_mask`` (NVML bit mask,
+  :data:`gpuguard.model.CLOCK_EVENT_REASONS`), and ``ecc_volatile_uncorrected`` where
+  the slow path read it; a long series is read in buckets (:data:`MAX_POINTS_PER_GPU`).
 * ``host_samples`` (collector): ``at``, ``rss_mib`` per node.
 * ``steps`` (epilog ingest of the training API's step records
   ``{"v":1,"kind":"step","rank","t","step","step_time_s","samples","tokens",...,
@@ -27,10 +28,11 @@ import bisect
 import json
 import math
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import samples
+from gpuguard.metrics import BY_NAME, stored_column
 from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 from gpuguard.net.evidence import FABRIC_CODES
 
@@ -54,6 +56,7 @@ class GpuSeries:
     gpu_uuid: str | None
     t: list[float] = field(default_factory=list)
     util: list[float | None] = field(default_factory=list)
+    mem_util: list[float | None] = field(default_factory=list)
     mem: list[float | None] = field(default_factory=list)
     power: list[float | None] = field(default_factory=list)
     temp: list[float | None] = field(default_factory=list)
@@ -106,6 +109,10 @@ class JobData:
     #: Interconnect evidence (:func:`gpuguard.net.evidence.communication_evidence`):
     #: each node's NCCL baseline and the fabric findings of the job's nodes during it.
     net: dict[str, Any] = field(default_factory=dict)
+    #: exact step times in ``[t0, t1)`` (SQL), set when the step records were bucketed
+    exact_step_times: Any = None
+    #: per-bucket window values cached by :func:`gpuguard.epilog.metrics.window_metrics`
+    window_cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def has_steps(self) -> bool:
@@ -149,29 +156,9 @@ def capacity_from_name(name: str | None) -> float | None:
     return float(int(m.group(1)) * 1024) if m else None
 
 
-def _load_gpus(store: Any, job_id: str, nf: str, nparams: list[Any]) -> dict[tuple[str, int], GpuSeries]:
-    gpus: dict[tuple[str, int], GpuSeries] = {}
-    rows = store.query(
-        "select node, at, gpu_index, gpu_uuid, gpu_util_pct, mem_used_mib, power_w, temp_c, "
-        f"sm_clock_mhz, clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ?{nf} "
-        "order by at", [job_id, *nparams])
-    for r in rows:
-        key = (r["node"] or "", int(r["gpu_index"] if r["gpu_index"] is not None else -1))
-        g = gpus.get(key)
-        if g is None:
-            g = gpus[key] = GpuSeries(key[0], key[1], r["gpu_uuid"])
-        g.t.append(float(r["at"]))
-        g.util.append(_f(r["gpu_util_pct"]))
-        g.mem.append(_f(r["mem_used_mib"]))
-        g.power.append(_f(r["power_w"]))
-        g.temp.append(_f(r["temp_c"]))
-        g.clock.append(_f(r["sm_clock_mhz"]))
-        g.mask.append(int(r["clock_event_mask"] or 0))
-        g.ecc_unc.append(r["ecc_volatile_uncorrected"])
-    return gpus
-
-
-def _load_steps(store: Any, job_id: str, nf: str, nparams: list[Any]) -> list[StepRec]:
+def _load_steps_any(store: Any, job_id: str, nf: str, nparams: list[Any]) -> list[StepRec]:
+    """Step records of any table shape (time in ``t`` or ``at``; phases flattened or a JSON
+    ``phases`` column), one dict per row: for stores not written by this gpuguard."""
     steps: list[StepRec] = []
     for r in store.query(f"select * from steps where job_id = ?{nf}", [job_id, *nparams]):
         t = _f(r.get("t", r.get("at")))
@@ -221,8 +208,12 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     """
     tables = _tables(store)
     nf, nparams = _node_filter(nodes)
-    gpus = _load_gpus(store, job_id, nf, nparams) if "samples" in tables else {}
-    steps = _load_steps(store, job_id, nf, nparams) if "steps" in tables else []
+    gpus = _load_gpus(store, job_id, nodes) if "gpu_series" in tables else {}
+    step_cols = {r[1] for r in store.db.conn.execute("pragma table_info(steps)")} if "steps" in tables else set()
+    if {"t", "step_time_s", "samples", "tokens", *_PHASES} <= step_cols:
+        steps = _load_steps(store, job_id, nodes)
+    else:
+        steps = _load_steps_any(store, job_id, nf, nparams) if "steps" in tables else []
     host: dict[str, tuple[list[float], list[float | None]]] = {}
     if "host_samples" in tables:
         for r in store.query(f"select node, at, rss_mib from host_samples where job_id = ?{nf} order by at",
@@ -257,8 +248,98 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     from gpuguard.net.evidence import communication_evidence
 
     net = communication_evidence(store, job_nodes, start, end) if start is not None else {}
-    return JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
+    data = JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
                    hw_events, hw_findings, caps, net)
+    if len(steps) < step_count(store, job_id, nodes, step_cols):
+        data.exact_step_times = lambda t0, t1: step_times(store, job_id, nodes, t0, t1)
+    return data
+
+
+#: At most this many step records per job come back to Python; more are read as buckets
+#: of whole seconds per (node, rank) holding the bucket's means (our choice: a day at one
+#: step per second in 5 s buckets). The compared whole-job step-time percentiles stay exact
+#: (:func:`step_times`, in SQL); only the long-window checks see bucket means.
+MAX_STEP_RECORDS = 20_000
+
+
+def _load_steps(store: Any, job_id: str, nodes: list[str] | None) -> list[StepRec]:
+    """Step records of the store's own ``steps`` shape, as tuples (no dict per row)."""
+    conn = store.db.conn
+    nf, nparams = _node_filter(nodes)
+    where = f"from steps where job_id = ?{nf} and t is not null"
+    params = [job_id, *nparams]
+    n, lo, hi, ranks = conn.execute(f"select count(*), min(t), max(t), count(distinct node || '/' || rank) {where}",
+                                    params).fetchone()
+    cols = "step_time_s, samples, tokens, data_wait_s, fwd_bwd_s, comm_s, optim_s"
+    if n <= MAX_STEP_RECORDS:
+        rows = conn.execute(f"select node, rank, t, {cols} {where} order by t", params)
+    else:
+        bucket_s = math.ceil((hi - lo) / max(1, MAX_STEP_RECORDS // max(ranks, 1)))
+        avgs = ", ".join(f"avg({c})" for c in cols.split(", "))
+        rows = conn.execute(f"select node, rank, max(t), {avgs} {where} "
+                            f"group by node, rank, cast((t - ?) / ? as integer) order by 3", [*params, lo, bucket_s])
+    # the ingest stored only finite numbers (gpuguard.collector.ingest): no per-value check
+    return [StepRec(node, rank, float(t), st, sa, to, dw, fb, cm, op)
+            for node, rank, t, st, sa, to, dw, fb, cm, op in rows]
+
+
+def step_count(store: Any, job_id: str, nodes: list[str] | None, cols: set[str]) -> int:
+    """Number of stored step records of the job (0 without a ``steps`` table)."""
+    if "t" not in cols:
+        return 0
+    nf, nparams = _node_filter(nodes)
+    return store.db.conn.execute(f"select count(*) from steps where job_id = ?{nf} and t is not null",
+                                 [job_id, *nparams]).fetchone()[0]
+
+
+def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: float) -> list[float]:
+    """Every step time in ``[t0, t1)`` (record time ``t``), ascending, read by SQLite: exact
+    percentiles also when :func:`load_job` bucketed the records."""
+    nf, nparams = _node_filter(nodes)
+    rows = store.db.conn.execute(f"select step_time_s from steps where job_id = ?{nf} and t >= ? and t < ? "
+                                 "and step_time_s > 0", [job_id, *nparams, t0, t1])
+    out = [r[0] for r in rows]
+    out.sort()
+    return out
+
+
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
+SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
+               "sm_clock_mhz": "clock"}
+
+
+def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
+    """The job's GPU series from the compact sample store, through the same bucketed pass
+    as the job summary (:func:`gpuguard.samples.read_buckets`; the Epilog's verdict reuses
+    the summary's result). A series of at most :data:`gpuguard.samples.MAX_POINTS` samples
+    is read sample by sample; a longer one as buckets of whole seconds holding means
+    (memory: max; a clock-event bit: set when active in at least half the bucket's samples;
+    ECC: the bucket's max), so the verdict's memory does not grow with the job."""
+    conn = store.db.conn
+    out: dict[tuple[str, int], GpuSeries] = {}
+    attr = SERIES_ATTR
+    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
+    for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
+        g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
+        b = samples.read_buckets(conn, sid, t0)
+        if not b.n:
+            continue
+        g.t = [t0 + x / 1000.0 for x in b.t_min]
+        for name, a in attr.items():
+            sc = BY_NAME[name].scale
+            setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
+        sc = BY_NAME["mem_used_mib"].scale
+        g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
+        mask = [0] * len(b.n)
+        for bit, counts in b.bits.items():
+            for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
+                if c and 2 * c >= n:
+                    mask[i] |= bit
+        g.mask = mask
+        key = "t_ms" if not b.bucket_ms else f"t_ms / {b.bucket_ms}"
+        ecc = dict(conn.execute(f"select {key}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (sid,)))
+        g.ecc_unc = [ecc.get(x if not b.bucket_ms else x // b.bucket_ms) for x in b.t_min]
+    return out
 
 
 def ecc_growth(g: GpuSeries) -> int:
@@ -267,15 +348,31 @@ def ecc_growth(g: GpuSeries) -> int:
     return int(max(vals) - vals[0]) if vals else 0
 
 
+def _slow_cum(g: GpuSeries) -> list[list[int]]:
+    """Per slowdown reason, the running count of samples with it active (``[0]`` + one
+    entry per sample), computed once per series: a window's count is two lookups."""
+    cum = getattr(g, "_slow_cum", None)
+    if cum is None or len(cum[0]) != len(g.mask) + 1:
+        cum = []
+        for r in SLOWDOWN_REASONS:
+            bit = CLOCK_EVENT_REASONS[r][0]
+            run = [0]
+            c = 0
+            for m in g.mask:
+                c += 1 if m & bit else 0
+                run.append(c)
+            cum.append(run)
+        g._slow_cum = cum  # type: ignore[attr-defined]
+    return cum
+
+
 def reasons_share(gpus: list[GpuSeries], t0: float, t1: float) -> dict[str, float]:
     """Share (0-1) of GPU samples in ``[t0, t1)`` with each slowdown reason active."""
-    counts: dict[str, int] = defaultdict(int)
+    counts = [0] * len(SLOWDOWN_REASONS)
     total = 0
     for g in gpus:
         i, j = g.span(t0, t1)
-        for m in g.mask[i:j]:
-            total += 1
-            for r in SLOWDOWN_REASONS:
-                if m & CLOCK_EVENT_REASONS[r][0]:
-                    counts[r] += 1
-    return {r: counts[r] / total for r in SLOWDOWN_REASONS if total and counts[r]}
+        total += j - i
+        for k, run in enumerate(_slow_cum(g)):
+            counts[k] += run[j] - run[i]
+    return {r: counts[k] / total for k, r in enumerate(SLOWDOWN_REASONS) if total and counts[k]}

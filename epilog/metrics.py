@@ -1,26 +1,12 @@
-"""The summary metrics a run is compared on, computed over a time window of one job.
+"""The values a run is compared on, computed over a time window of one job.
 
-Each metric is one number per window (``None`` when the job has no data for it):
-
-====================  =====  ==========================================================
-metric                unit   definition over the window
-====================  =====  ==========================================================
-step_time_p50_s       s      median ``step_time_s`` of every rank's step records
-step_time_p95_s       s      95th percentile of the same
-throughput_per_s      1/s    sum over ranks of samples (else tokens) / step time
-data_wait_share       0-1    sum ``data_wait_s`` / sum ``step_time_s``
-comm_share            0-1    sum ``comm_s`` / sum ``step_time_s``
-checkpoint_time_s     s      median checkpoint duration (whole job, not windowed)
-gpu_util_pct          %      median GPU utilisation over all GPU samples
-mem_peak_mib          MiB    largest ``mem_used_mib`` of any GPU (whole job, not windowed)
-power_w               W      median board power over all GPU samples
-sm_clock_mhz          MHz    median SM clock over all GPU samples
-temp_c                °C     median GPU temperature over all GPU samples
-samples_per_step      1      median samples (else tokens) per step record of one rank
-power_cap_share       0-1    share of GPU samples with ``sw_power_cap`` active
-thermal_share         0-1    share with ``sw_thermal_slowdown`` or ``hw_thermal_slowdown``
-hw_slowdown_share     0-1    share with ``hw_slowdown`` or ``hw_power_brake_slowdown``
-====================  =====  ==========================================================
+Which values, their units and which direction is worse are rows of the metric table
+(:data:`gpuguard.metrics.COMPARED`); this module computes them over a window. One number
+per window (``None`` when the job has no data for it). Percentiles are nearest rank
+(:func:`gpuguard.metrics.percentile`), as in the whole-job summary: a value here differs
+from the summary's field of the same statistic only by its window (after the warm-up),
+and is shown labelled so. Clock-event shares (``power_cap_share``, ``thermal_share``,
+``hw_slowdown_share``) count the GPU samples with any of :data:`REASON_SHARES`' reasons.
 
 Windows: the warm-up at the start of the job is left out (``[verdict] warmup_s``); the
 value compared with the baseline is the one over the rest of the job; the deviation
@@ -31,31 +17,18 @@ window is one window.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from gpuguard.epilog import robust
-from gpuguard.epilog.jobdata import JobData
+from gpuguard.epilog.jobdata import SERIES_ATTR, JobData
+from gpuguard.metrics import compared, compared_gpu, percentile
 from gpuguard.model import CLOCK_EVENT_REASONS
 
-#: metric -> (unit, windowed, description)
-METRICS: dict[str, tuple[str, bool, str]] = {
-    "step_time_p50_s": ("s", True, "step time, median"),
-    "step_time_p95_s": ("s", True, "step time, 95th percentile"),
-    "throughput_per_s": ("1/s", True, "samples (else tokens) per second, all ranks"),
-    "data_wait_share": ("0-1", True, "share of step time waiting for data"),
-    "comm_share": ("0-1", True, "share of step time in communication"),
-    "checkpoint_time_s": ("s", False, "checkpoint duration, median"),
-    "gpu_util_pct": ("%", True, "GPU utilisation, median"),
-    "mem_peak_mib": ("MiB", False, "GPU memory peak"),
-    "power_w": ("W", True, "GPU power, median"),
-    "sm_clock_mhz": ("MHz", True, "SM clock, median"),
-    "temp_c": ("°C", True, "GPU temperature, median"),
-    "samples_per_step": ("1", True, "samples (else tokens) per step of one rank, median"),
-    "power_cap_share": ("0-1", True, "share of GPU samples with sw_power_cap active"),
-    "thermal_share": ("0-1", True, "share of GPU samples with a thermal slowdown active"),
-    "hw_slowdown_share": ("0-1", True, "share of GPU samples with HW slowdown or power brake active"),
-}
+#: comparison name -> (unit, windowed, description), from the metric table.
+METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.description)
+                                             for c in compared().values()}
 
 #: Clock-event reason groups compared with the template's history (nvml.h
 #: ``nvmlClocksEventReason*``): metric -> reasons whose share of samples it counts.
@@ -65,15 +38,21 @@ REASON_SHARES: dict[str, tuple[str, ...]] = {
     "hw_slowdown_share": ("hw_slowdown", "hw_power_brake_slowdown"),
 }
 
+_SERIES_ATTR = SERIES_ATTR
+
+
+def _p(values: list[float | None], p: float) -> float | None:
+    return percentile(sorted(robust.clean(values)), p)
+
 
 def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
     recs = data.steps_between(t0, t1)
     times = [r.step_time_s for r in recs if r.step_time_s]
     out: dict[str, float | None] = {
-        "step_time_p50_s": robust.median(times),
-        "step_time_p95_s": robust.quantile(times, 0.95),
+        "step_time_p50_s": _p(times, 50),
+        "step_time_p95_s": _p(times, 95),
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
-        "samples_per_step": robust.median(r.samples if r.samples is not None else r.tokens for r in recs),
+        "samples_per_step": _p([r.samples if r.samples is not None else r.tokens for r in recs], 50),
     }
     if not times:
         return out
@@ -105,13 +84,19 @@ def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> list[float | 
     return vals
 
 
-def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
-    """The windowed metrics over ``[t0, t1)`` (epoch seconds)."""
+def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bool = False
+                         ) -> dict[str, float | None]:
+    """The windowed metrics over ``[t0, t1)`` (epoch seconds), from every point loaded;
+    with ``all_records``, step-time percentiles from every stored record when the loader
+    bucketed them (one SQL query: for the compared whole-span value)."""
     out = _step_metrics(data, t0, t1)
-    out["gpu_util_pct"] = robust.median(_gpu_values(data, "util", t0, t1))
-    out["power_w"] = robust.median(_gpu_values(data, "power", t0, t1))
-    out["sm_clock_mhz"] = robust.median(_gpu_values(data, "clock", t0, t1))
-    out["temp_c"] = robust.median(_gpu_values(data, "temp", t0, t1))
+    if all_records and data.exact_step_times is not None:
+        times = data.exact_step_times(t0, t1)
+        out["step_time_p50_s"] = percentile(times, 50)
+        out["step_time_p95_s"] = percentile(times, 95)
+    for name, metric in compared_gpu().items():
+        if metric in _SERIES_ATTR:  # the clock-event shares come from _reason_shares below
+            out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
     out.update(_reason_shares(data, t0, t1))
     return out
 
@@ -130,6 +115,51 @@ def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     return {m: (counts[m] / total if total else None) for m in REASON_SHARES}
 
 
+#: Width of the one-minute buckets a long window is combined from (the default
+#: ``[verdict] short_window_s``), and the shortest window that is combined rather than
+#: computed from its points (our choice: three buckets).
+BUCKET_S = 60.0
+MIN_BUCKETS = 3
+
+
+def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
+    """The windowed metrics over a long window ``[t0, t1)`` (epoch seconds).
+
+    A window of at least :data:`MIN_BUCKETS` one-minute buckets (aligned on the job's
+    first data point) is combined from the buckets lying wholly inside it, each computed
+    once per job (:func:`exact_window_metrics` over the minute) and cached on ``data``:
+    percentiles are the median of the buckets' values, throughput and shares their mean.
+    A day-long job's 1,400 long windows thus cost 1,440 one-minute computations instead of
+    1,400 ten-minute ones. Shorter windows are computed from their points."""
+    if data.start is None or t1 - t0 < (MIN_BUCKETS + 1) * BUCKET_S:
+        return exact_window_metrics(data, t0, t1)
+    first = math.ceil((t0 - data.start) / BUCKET_S - 1e-9)
+    last = math.floor((t1 - data.start) / BUCKET_S + 1e-9)  # exclusive
+    vals: dict[str, list[float]] = {}
+    for k in range(first, last):
+        b = data.window_cache.get(k)
+        if b is None:
+            a = data.start + k * BUCKET_S
+            b = data.window_cache[k] = exact_window_metrics(data, a, a + BUCKET_S)
+        for name, v in b.items():
+            if v is not None:
+                vals.setdefault(name, []).append(v)
+    out: dict[str, float | None] = {}
+    for name in (*_STEP_NAMES, *compared_gpu(), *REASON_SHARES):
+        vs = vals.get(name)
+        if not vs:
+            out[name] = None
+        elif name in ("throughput_per_s", "data_wait_share", "comm_share", *REASON_SHARES):
+            out[name] = sum(vs) / len(vs)
+        else:
+            out[name] = percentile(sorted(vs), 50)
+    return out
+
+
+_STEP_NAMES = ("step_time_p50_s", "step_time_p95_s", "throughput_per_s", "data_wait_share", "comm_share",
+               "samples_per_step")
+
+
 def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     """Every metric of :data:`METRICS` for the job: windowed ones after the warm-up,
     the others over the whole job. A job that ends inside its warm-up is measured
@@ -137,8 +167,8 @@ def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     t0, t1 = analysis_span(data, warmup_s)
     if t0 is None or t1 is None:
         return dict.fromkeys(METRICS)
-    out = window_metrics(data, t0, t1)
-    out["checkpoint_time_s"] = robust.median(data.checkpoint_s)
+    out = exact_window_metrics(data, t0, t1, all_records=True)
+    out["checkpoint_time_s"] = _p(data.checkpoint_s, 50)
     peaks = [robust.clean(g.mem) for g in data.gpus]
     out["mem_peak_mib"] = max((max(p) for p in peaks if p), default=None)
     return {m: out.get(m) for m in METRICS}

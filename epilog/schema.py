@@ -71,3 +71,23 @@ def _baseline_relearn(db: sqlite_utils.Database) -> None:
     and from which runs (JSON list of job ids)."""
     db["templates"].add_column("relearned_at", float)
     db["templates"].add_column("relearned_jobs", str)
+
+
+@MIGRATIONS(name="cluster_jobs")
+def _cluster_jobs(db: sqlite_utils.Database) -> None:
+    """Cluster store (``gpuguard.epilog.judge``): one row per judged job (who, where, which
+    nodes' parts were judged, the AdminComment written) and the drains the job judge made
+    from the controller (so a re-judge never drains twice)."""
+    db["cluster_jobs"].create(
+        {"job_id": str, "user": str, "uid": int, "account": str, "partition": str, "job_name": str,
+         "nodes": str, "parts": str, "missing": str, "gpus": int, "exit_code_raw": int, "state": str,
+         "first_judged_at": float, "judged_at": float, "window_s": float, "cause": str,
+         "admin_comment": str, "admin_comment_at": float},
+        pk="job_id",
+    )
+    db["cluster_jobs"].create_index(["judged_at"])
+    db["cluster_drains"].create(
+        {"id": int, "job_id": str, "node": str, "at": float, "reason": str, "done": int},
+        pk="id",
+    )
+    db["cluster_drains"].create_index(["job_id", "node"], unique=True)

@@ -52,7 +52,8 @@ def format_verdict(d: dict[str, Any]) -> str:
         rows.append([c["metric"], c.get("unit", ""), _num(c.get("value")), _num(c.get("median")), dev,
                      "FLAG" if c.get("flagged") else ""])
     if rows:
-        headers = ["METRIC", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
+        # compared values cover the job after its warm-up, not the whole job as the summary does
+        headers = ["METRIC (after warm-up)", "UNIT", "THIS RUN", "BASELINE MEDIAN", "DEVIATION", ""]
         out += ["", table(rows, headers, right=[False, False, True, True, False, False])]
     if d.get("context"):
         out += ["", "node changes since the baseline's runs:"]

@@ -1,15 +1,24 @@
 """``gpuguard-epilog-slurmctld``: the EpilogSlurmctld hook (once per job, on the controller,
-as SlurmUser).
+as SlurmUser) and its detached worker: the job judge's home.
 
-Waits (bounded by ``[epilog] slurmctld_wait_s``) for every node of the job to write its
-summary to the spool directory, merges them and stores the result in the job's
-AdminComment through ``sacctmgr modify job`` — ``scontrol update AdminComment`` is
-refused once the job has finished (SLURM-FACTS.md §6c) — so ``sacct`` and every sacct-based
-tool see it, under Slurm's own PrivateData rules. Retries a few times in case the job
-record has not reached slurmdbd yet (Princeton jobstats sleeps first for the same reason).
+The hook returns at once; the worker (:func:`run`)
 
-Without ``[paths] spool_dir`` it does nothing. It always exits 0: a failing
-EpilogSlurmctld only logs in Slurm 22.05, and our errors are ours to log.
+1. writes the job's manifest (``{spool_dir}/{job_id}/job.json``: user, account,
+   partition, name, comment, node list, exit code — what only this hook's environment
+   has, SLURM-FACTS.md §4) so that ``gpuguard cluster ingest`` can finish the job if the
+   worker dies;
+2. waits (``[epilog] slurmctld_wait_s``) until every allocated node's part is in the spool;
+3. judges the job once, with every node's part, in the cluster store
+   (:func:`gpuguard.epilog.cluster.judge_from_spool`): verdict, findings, escalation
+   drains, and the AdminComment through ``sacctmgr modify job`` (``scontrol`` refuses a
+   finished job: SLURM-FACTS §6c), retried a few times in case the job record has not
+   reached slurmdbd yet (Princeton jobstats sleeps first for the same reason).
+
+EpilogSlurmctld gets no ``SLURM_CONF``: the config and the slurm.conf that ``scontrol`` and
+``sacctmgr`` need are found through slurmctld's command line (:mod:`gpuguard.config`) and
+handed to the worker in its environment. Without ``[paths] spool_dir`` it does nothing.
+It always exits 0: a failing EpilogSlurmctld only logs in Slurm 22.05, and our errors are
+ours to log.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ def _nodes(env: dict[str, str], bin_dir: str) -> list[str]:
 
 def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: float = 2.0,
         loaded: tuple | None = None) -> int:
-    """Merge the node summaries of ``SLURM_JOB_ID`` into its AdminComment; returns 0.
+    """The worker's work for ``SLURM_JOB_ID`` (module docstring); returns 0.
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result if already read."""
     env = dict(os.environ) if env is None else env
     from gpuguard import log as log_mod
@@ -40,7 +49,8 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     job_id = env.get("SLURM_JOB_ID")
     cfg, config_error = loaded or load_config()
     if config_error:
-        log_mod.setup(None, "epilog-slurmctld", job_id).error("tool error: config: %s", config_error)
+        log_mod.setup(cfg.get("paths", "log_file"), "epilog-slurmctld", job_id).error(
+            "tool error: config: %s", config_error)
         return 0
     log = log_mod.setup(cfg.get("paths", "log_file"), "epilog-slurmctld", job_id)
     spool = cfg.get("paths", "spool_dir")
@@ -51,8 +61,10 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     if not is_job_id(job_id):
         log.error("tool error: SLURM_JOB_ID %r is not a job id", job_id)
         return 0
-    from gpuguard.epilog.spool import encode_admin_comment, wait_for_nodes
+    from gpuguard.epilog.cluster import judge_from_spool, wait_for_parts, write_manifest
+    from gpuguard.epilog.judge import meta_from_env
     from gpuguard.slurm import SlurmCli, SlurmError
+    from gpuguard.store import StoreError, open_store
 
     bin_dir = cfg.get("slurm", "bin_dir")
     try:
@@ -60,23 +72,29 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
     except SlurmError as e:
         log.error("tool error: node list: %s", e)
         nodes = []
-    have = wait_for_nodes(spool, job_id, nodes, cfg.get("epilog", "slurmctld_wait_s"))
-    missing = [n for n in nodes if n not in have]
-    if missing:
-        log.warning("no summary from node(s) %s after %.0f s", ",".join(missing), cfg.get("epilog", "slurmctld_wait_s"))
-    if not have:
+    meta = meta_from_env(env, nodes)
+    try:
+        write_manifest(spool, job_id, meta)
+    except Exception as e:  # the judge below still runs; only a dead worker's job loses its meta
+        log.error("tool error: manifest: %s: %s", type(e).__name__, e)
+    wait_s = float(cfg.get("epilog", "slurmctld_wait_s"))
+    parts = wait_for_parts(spool, job_id, nodes, wait_s, log)
+    if not parts:
+        log.warning("no part from any node of job %s after %.0f s; cluster ingest judges it if one comes", job_id,
+                    wait_s)
         return 0
-    text = encode_admin_comment(job_id, have, missing)
-    slurm = SlurmCli(bin_dir)
-    for attempt in range(1, retries + 1):
-        try:
-            slurm.set_admin_comment(job_id, text)
-            log.info("AdminComment set (%d bytes, %d node(s))", len(text.encode()), len(have))
-            return 0
-        except SlurmError as e:
-            log.warning("AdminComment attempt %d/%d failed: %s", attempt, retries, e)
-            time.sleep(retry_sleep_s)
-    log.error("tool error: AdminComment not set for job %s", job_id)
+    try:
+        store = open_store(cfg.cluster_store_path)
+    except StoreError as e:
+        log.error("tool error: %s", e)
+        return 0
+    try:
+        judge_from_spool(cfg, store, job_id, log=log, slurm=SlurmCli(bin_dir), parts=parts, meta=meta,
+                         retries=retries, retry_sleep_s=retry_sleep_s)
+    except Exception as e:
+        log.error("tool error: job judge: %s: %s", type(e).__name__, e)
+    finally:
+        store.close()
     return 0
 
 
@@ -103,6 +121,30 @@ def detach() -> int | None:
     return p.pid
 
 
+def _hand_config_to_worker() -> bool:
+    """Find the config and slurm.conf *here*, while slurmscriptd is our parent (the
+    detached worker is re-parented and cannot), and pass both in the environment. A
+    config that cannot be found or read is one error line in the log file it names, else
+    in syslog (LOG_DAEMON) — never a silent run on the defaults; then no worker is
+    started. Returns whether the config is usable."""
+    from gpuguard import config as config_mod
+
+    config_mod.export_slurm_conf()
+    try:
+        path, _ = config_mod.find_config_path()
+        config_mod.load(require=True)
+        if path:
+            os.environ["GPUGUARD_CONFIG"] = os.path.abspath(path)
+        return True
+    except config_mod.ConfigError as e:
+        import syslog
+
+        syslog.openlog("gpuguard-epilog-slurmctld", syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, f"tool error: config: {e}")
+        print(f"gpuguard-epilog-slurmctld: tool error: config: {e}", file=sys.stderr)
+        return False
+
+
 def main() -> int:
     """Console script entry point. The hook itself returns at once: waiting here for the
     node summaries and slurmdbd would hold the job in COMPLETING, and on the testbed its
@@ -113,7 +155,8 @@ def main() -> int:
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     if "--worker" not in sys.argv[1:]:
-        detach()
+        if _hand_config_to_worker():
+            detach()
         exit_hook(0)
     from gpuguard.hookrun import load_config, run_with_budget
 

@@ -23,25 +23,33 @@ Conventions:
   sample of the job stored from the first one stamped after ``started_at`` on, whatever
   later stamps say (a clock stepped back or forward during the job).
 
-Only the standard library is used (``statistics``, ``math``): the Epilog's budget
-(issue 3) is a 1-hour, 4-GPU job at 1 s sampling — 14,400 sample rows, 3,600 steps —
-in at most 2 s; ``bench/epilog_summary.py`` measures it.
+Every statistic is the metric table's (:mod:`gpuguard.metrics`), computed by SQLite
+over the compact sample store (:mod:`gpuguard.samples`): no Python object per sample, so
+memory does not grow with the job (``bench/epilog_summary.py``: 24 h and 7 days x 8 GPUs
+at 1 s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import math
 import signal
 import sqlite3
-import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard import samples
+from gpuguard.metrics import (
+    BY_NAME,
+    GPU_SAMPLED,
+    GPU_SLOW,
+    percentile,
+    percentile_hist,
+    stored_column,
+    summary_fields,
+)
+from gpuguard.metrics import METRICS as METRIC_TABLE
 from gpuguard.model import CLOCK_EVENT_REASONS
 from gpuguard.store import StoreError
 
@@ -65,56 +73,17 @@ COLLECTOR_STATUSES = {
 #: sample into minutes of throttling.
 MAX_GAP_FACTOR = 3.0
 
+#: At most this many windows per series in :attr:`JobSummary.windows`: longer jobs get
+#: wider windows (our choice: a 24 h job at the default 60 s is 1,440; 7 days get 7 min).
+MAX_WINDOWS = 1500
+
+
 #: At most this many XID events are listed in the summary (all are counted).
 MAX_EVENTS_LISTED = 50
 
-#: Scalar metrics: name -> (unit, description). The order is the display order of
-#: ``gpuguard job show``; issue 4's baselines (median/MAD per template) iterate over it.
-METRICS: dict[str, tuple[str, str]] = {
-    "gpu_util_mean_pct": ("%", "GPU utilisation, mean over all samples of all GPUs"),
-    "gpu_util_p95_pct": ("%", "GPU utilisation, p95 (nearest rank) over all samples"),
-    "mem_used_peak_mib": ("MiB", "GPU memory used, peak over all GPUs"),
-    "power_mean_w": ("W", "GPU power, mean over all samples"),
-    "temp_max_c": ("C", "GPU temperature, maximum"),
-    "sm_clock_mean_mhz": ("MHz", "SM clock, mean over all samples"),
-    "ecc_volatile_uncorrected_increase": ("errors", "volatile uncorrectable ECC errors that appeared during the job"),
-    "xid_event_count": ("events", "XID/SXid events on this node during the job"),
-    "step_time_p50_s": ("s", "step time, median (nearest rank)"),
-    "step_time_p95_s": ("s", "step time, p95 (nearest rank)"),
-    "step_time_p99_s": ("s", "step time, p99 (nearest rank)"),
-    "throughput_samples_per_s": ("samples/s", "training throughput, summed over ranks"),
-    "throughput_tokens_per_s": ("tokens/s", "training throughput, summed over ranks"),
-    "data_wait_share_pct": ("%", "share of step time spent waiting for data"),
-    "comm_share_pct": ("%", "share of step time spent in communication"),
-    "checkpoint_total_s": ("s", "time spent writing checkpoints (busiest rank)"),
-    "host_cpu_mean_pct": ("%", "job CPU use, mean"),
-    "host_rss_peak_mib": ("MiB", "job host memory (RSS), peak"),
-}
-
-
-# -- small statistics ------------------------------------------------------------------
-def percentile(sorted_values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile of an ascending sequence: the value at 1-based rank
-    ``ceil(p / 100 * n)`` (rank 1 for ``p = 0``). ``None`` for an empty sequence.
-
-    Raises ``ValueError`` for ``p`` outside 0..100. Example: p95 of 1..20 is 19,
-    p50 of 1..4 is 2.
-    """
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {p}")
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    rank = max(1, math.ceil(p / 100 * n))
-    return sorted_values[rank - 1]
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _max(values: list[float]) -> float | None:
-    return max(values) if values else None
+#: Scalar metrics: name -> (unit, description), in the display order of ``gpuguard job
+#: show``; generated from the metric table (:func:`gpuguard.metrics.summary_fields`).
+METRICS: dict[str, tuple[str, str]] = {k: (u, d) for k, (u, _f, d) in summary_fields().items()}
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -178,11 +147,13 @@ class GpuSummary:
     gpu_uuid: str | None
     sample_count: int
     gpu_util_mean_pct: float | None = None
+    mem_util_mean_pct: float | None = None
     sm_clock_mean_mhz: float | None = None
     power_mean_w: float | None = None
     temp_max_c: float | None = None
     mem_used_peak_mib: float | None = None
     ecc_volatile_uncorrected_increase: int | None = None
+    pcie_replay_count_increase: int | None = None
     clock_event_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,17 +200,21 @@ class JobSummary:
     gpus: list[GpuSummary] = field(default_factory=list)
     gpu_util_mean_pct: float | None = None
     gpu_util_p95_pct: float | None = None
+    mem_util_mean_pct: float | None = None
     mem_used_peak_mib: float | None = None
     power_mean_w: float | None = None
     temp_max_c: float | None = None
     sm_clock_mean_mhz: float | None = None
     clock_event_gpu_s: dict[str, float] = field(default_factory=dict)
     ecc_volatile_uncorrected_increase: int | None = None
+    pcie_replay_count_increase: int | None = None
     xid_event_count: int = 0
     xid_events: list[dict[str, Any]] = field(default_factory=list)
     host_sample_count: int = 0
     host_cpu_mean_pct: float | None = None
     host_rss_peak_mib: float | None = None
+    host_io_read_increase_mib: float | None = None
+    host_io_write_increase_mib: float | None = None
     step_records: int = 0
     steps: int = 0
     ranks: int = 0
@@ -257,6 +232,13 @@ class JobSummary:
     rejected_files: list[list[str]] = field(default_factory=list)
     records_truncated: bool = False
     post_job: dict[str, Any] | None = None
+    #: Per-window series (:func:`summarize_job` with ``window_s``), not stored with the
+    #: summary: ``{"window_s", "start" (epoch s), "count", "gpus": {"<index>": {"n": [...],
+    #: <metric>: [...]}} (metrics of gpuguard.samples.WINDOW_VALUES, real units, None for an
+    #: empty window), "ranks": {"<node>/<rank>": {"n": [...], "step_time_s_sum": [...],
+    #: "samples_sum": [...], "tokens_sum": [...]}}}``. The verdict's short windows, for a
+    #: judge that has no access to this node's store.
+    windows: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (nested :class:`GpuSummary` become dicts)."""
@@ -297,88 +279,143 @@ def _first_rowid(store: Any, table: str, job_id: str, node: str, started_at: flo
     return rows[0]["r"] if rows and rows[0]["r"] is not None else 0
 
 
-def _integrate_reasons(ats: list[float], masks: list[int | None]) -> dict[str, float]:
+def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
     """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
-    until the next sample (left-point rule; the last sample adds nothing), each interval
-    cut to :data:`MAX_GAP_FACTOR` times the median interval. A ``None`` mask adds nothing."""
-    if len(ats) < 2:
-        return {}
-    diffs = [max(0.0, b - a) for a, b in itertools.pairwise(ats)]  # a clock step back: 0
-    cap = statistics.median(diffs) * MAX_GAP_FACTOR
-    by_mask: dict[int, float] = {}
-    for mask, dt in zip(masks[:-1], diffs, strict=True):
-        if mask:
-            by_mask[mask] = by_mask.get(mask, 0.0) + min(dt, cap)
+    until the next sample (left-point rule; the last sample adds nothing), each sample's
+    share cut to ``cap_s`` (:meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
+    series read sample by sample, per bucket for a long one)."""
+    per = [min(x, cap_s) for x in b.per_sample_s()]
     out: dict[str, float] = {}
     for name, (bit, _label) in CLOCK_EVENT_REASONS.items():
-        s = sum(v for m, v in by_mask.items() if m & bit)
+        s = sum(c * w for c, w in zip(b.bits[bit], per, strict=True) if c)
         if s:
             out[name] = s
     return out
 
 
-def _gpu_part(summary: JobSummary, rows: list[tuple]) -> None:
-    """Fill the GPU fields from sample rows ``(gpu_index, gpu_uuid, at, util, mem, power,
-    temp, sm, mask, ecc)`` ordered by GPU then time."""
-    utils: list[float] = []
-    mems: list[float] = []
-    powers: list[float] = []
-    temps: list[float] = []
-    sms: list[float] = []
-    ecc_total: int | None = None
+_MEANS = [m for m in GPU_SAMPLED if "mean" in m.stats]
+_MAXES = [m for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats)]
+_PCTS = [m for m in GPU_SAMPLED if any(st.startswith("p") and st[1:].isdigit() for st in m.stats)]
+
+
+def _max_stat(m: Any) -> str:
+    return "peak" if "peak" in m.stats else "max"
+
+
+def _slow_increase(conn: Any, sid: int, lo: int, hi: int) -> dict[str, int | None]:
+    """Growth (last - first, >= 0; max - first for a counter that reset) of each slow counter."""
+    out: dict[str, int | None] = {}
+    for m in GPU_SLOW:
+        c = stored_column(m)
+        first = conn.execute(f"select {c} from gpu_slow where sid = ? and t_ms between ? and ? and {c} is not null "
+                             "order by t_ms limit 1", (sid, lo, hi)).fetchone()
+        top = conn.execute(f"select max({c}) from gpu_slow where sid = ? and t_ms between ? and ?",
+                           (sid, lo, hi)).fetchone()
+        out[m.name] = None if first is None else max(top[0] - first[0], 0)
+    return out
+
+
+def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None) -> None:
+    """Fill the GPU fields from the compact sample store: one bucketed pass per GPU
+    (:func:`gpuguard.samples.read_buckets`, reused by the verdict) plus one ``GROUP BY``
+    per percentile metric, all in SQLite over integer-scaled columns, so memory does not
+    grow with the job's length."""
+    pooled = {m.name: [0, 0] for m in _MEANS}
+    pooled_max: dict[str, float | None] = {m.name: None for m in _MAXES}
+    hists: dict[str, dict[int, int]] = {m.name: {} for m in _PCTS}
+    inc_total: dict[str, int | None] = {m.name: None for m in GPU_SLOW}
     reasons: dict[str, float] = {}
-    intervals: list[float] = []
-    by_gpu: dict[int, list[tuple]] = {}
-    for r in rows:
-        by_gpu.setdefault(r[0], []).append(r)
-    for idx, grows in by_gpu.items():
-        g_util = [r[3] for r in grows if r[3] is not None]
-        g_mem = [r[4] for r in grows if r[4] is not None]
-        g_pow = [r[5] for r in grows if r[5] is not None]
-        g_temp = [r[6] for r in grows if r[6] is not None]
-        g_sm = [r[7] for r in grows if r[7] is not None]
-        g_ecc = [r[9] for r in grows if r[9] is not None]
-        ats = [r[2] for r in grows]
-        g_reasons = _integrate_reasons(ats, [r[8] for r in grows])
-        intervals += [b - a for a, b in itertools.pairwise(ats) if b > a]
-        inc = max(max(g_ecc) - g_ecc[0], 0) if g_ecc else None
-        if inc is not None:
-            ecc_total = (ecc_total or 0) + inc
-        uuid = next((r[1] for r in grows if r[1]), None)
-        summary.gpus.append(GpuSummary(
-            gpu_index=idx, gpu_uuid=uuid, sample_count=len(grows),
-            gpu_util_mean_pct=_r(_mean(g_util)), sm_clock_mean_mhz=_r(_mean(g_sm)),
-            power_mean_w=_r(_mean(g_pow)), temp_max_c=_max(g_temp), mem_used_peak_mib=_max(g_mem),
-            ecc_volatile_uncorrected_increase=inc,
-            clock_event_s={k: _r(v) for k, v in g_reasons.items()},
-        ))
-        utils += g_util
-        mems += g_mem
-        powers += g_pow
-        temps += g_temp
-        sms += g_sm
+    all_dt: dict[int, int] = {}
+    firsts: list[float] = []
+    lasts: list[float] = []
+    for sid, _node, idx, uuid, t0 in series:
+        lo, hi = samples.t_range(t0, start, end)
+        if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
+            lo = -(2**62)  # nothing stamped after the start: the clock stepped back before the first sample
+        b = samples.read_buckets(conn, sid, t0, lo, hi)
+        n = sum(b.n)
+        if not n:
+            continue
+        summary.sample_count += n
+        firsts.append(t0 + b.t_min[0] / 1000.0)
+        lasts.append(t0 + b.t_max[-1] / 1000.0)
+        g = GpuSummary(gpu_index=idx, gpu_uuid=uuid, sample_count=n)
+        for m in _MEANS:
+            s_, c_ = sum(x for x in b.sums[m.name] if x is not None), sum(b.counts[m.name])
+            if c_:
+                setattr(g, m.field("mean"), _r(s_ / c_ / m.scale))
+                pooled[m.name][0] += s_
+                pooled[m.name][1] += c_
+        for m in _MAXES:
+            top = max((x for x in b.maxes[m.name] if x is not None), default=None)
+            v = None if top is None else top / m.scale
+            setattr(g, m.field(_max_stat(m)), v)
+            if v is not None:
+                pooled_max[m.name] = v if pooled_max[m.name] is None else max(pooled_max[m.name], v)
+        for m in _PCTS:
+            h = hists[m.name]
+            c = stored_column(m)
+            for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
+                                     f"and {c} is not null group by 1", (sid, lo, hi)):
+                h[v] = h.get(v, 0) + k
+        for name, inc in _slow_increase(conn, sid, lo, hi).items():
+            setattr(g, BY_NAME[name].field("increase"), inc)
+            if inc is not None:
+                inc_total[name] = (inc_total[name] or 0) + inc
+        dts: dict[int, int] = {}
+        for w, k in zip(b.per_sample_s()[:-1], b.n[:-1], strict=True):
+            ms = round(w * 1000)
+            dts[ms] = dts.get(ms, 0) + k
+            all_dt[ms] = all_dt.get(ms, 0) + k
+        med = _median_hist(dts)
+        g_reasons = _reasons_s(b, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
+        g.clock_event_s = {k: _r(v) for k, v in g_reasons.items()}
         for k, v in g_reasons.items():
             reasons[k] = reasons.get(k, 0.0) + v
-    summary.sample_count = len(rows)
-    if rows:
-        ats_all = [r[2] for r in rows]
-        summary.first_sample_at = min(ats_all)
-        summary.last_sample_at = max(ats_all)
-    summary.sample_interval_s = _r(statistics.median(intervals)) if intervals else None
-    utils.sort()
-    summary.gpu_util_mean_pct = _r(_mean(utils))
-    summary.gpu_util_p95_pct = percentile(utils, 95)
-    summary.mem_used_peak_mib = _max(mems)
-    summary.power_mean_w = _r(_mean(powers))
-    summary.temp_max_c = _max(temps)
-    summary.sm_clock_mean_mhz = _r(_mean(sms))
+        summary.gpus.append(g)
+    summary.first_sample_at = min(firsts) if firsts else None
+    summary.last_sample_at = max(lasts) if lasts else None
+    med = _median_hist(all_dt)
+    summary.sample_interval_s = None if med is None else _r(med / 1000.0)
+    for m in _MEANS:
+        s_, c_ = pooled[m.name]
+        setattr(summary, m.field("mean"), _r(s_ / c_ / m.scale) if c_ else None)
+    for m in _MAXES:
+        setattr(summary, m.field(_max_stat(m)), pooled_max[m.name])
+    for m in _PCTS:
+        hist = sorted(hists[m.name].items())
+        for st in m.stats:
+            if st.startswith("p") and st[1:].isdigit():
+                v = percentile_hist(hist, float(st[1:]))
+                setattr(summary, m.field(st), None if v is None else v / m.scale)
+    for name, inc in inc_total.items():
+        setattr(summary, BY_NAME[name].field("increase"), inc)
     summary.clock_event_gpu_s = {k: _r(v) for k, v in reasons.items()}
-    summary.ecc_volatile_uncorrected_increase = ecc_total
 
 
-def _step_part(summary: JobSummary, rows: list[tuple], ckpts: list[tuple]) -> None:
-    """Training fields from step rows ``(rank, step, step_time_s, samples, tokens,
-    loss_nonfinite, data_wait_s, comm_s)`` and checkpoint rows ``(rank, duration_s)``.
+def _median_hist(h: dict[int, int]) -> float | None:
+    """Median (mean of the two middle values for an even count, as ``statistics.median``)
+    of a ``{value: count}`` histogram."""
+    n = sum(h.values())
+    if not n:
+        return None
+    items = sorted(h.items())
+    lo_rank, hi_rank = (n + 1) // 2, n // 2 + 1
+    lo = hi = None
+    seen = 0
+    for v, c in items:
+        seen += c
+        if lo is None and seen >= lo_rank:
+            lo = v
+        if seen >= hi_rank:
+            hi = v
+            break
+    return (lo + hi) / 2.0  # type: ignore[operator]
+
+
+def _step_part(summary: JobSummary, conn: Any, job_id: str, node: str) -> None:
+    """Training fields from the ``steps`` and ``checkpoints`` rows of the job, aggregated
+    by SQLite (one column of step times comes back to Python, for the percentiles).
 
     Throughput: for each rank, the samples (tokens) of its records that carry a count
     and a positive step time, divided by those records' summed step time; the node's
@@ -387,48 +424,65 @@ def _step_part(summary: JobSummary, rows: list[tuple], ckpts: list[tuple]) -> No
     each rank's summed checkpoint durations; the busiest rank counts (ranks checkpoint
     in parallel, so adding them would overstate the wall time lost).
     """
-    summary.step_records = len(rows)
-    summary.steps = len({r[1] for r in rows})
-    summary.ranks = len({r[0] for r in rows})
-    times = sorted(r[2] for r in rows if r[2] is not None)
-    summary.step_time_p50_s = percentile(times, 50)
-    summary.step_time_p95_s = percentile(times, 95)
-    summary.step_time_p99_s = percentile(times, 99)
-    per_rank: dict[int, list[float]] = {}  # rank -> [samples, s_time, tokens, t_time]
-    dw = [0.0, 0.0]
-    cm = [0.0, 0.0]
-    nonfinite = 0
-    for rank, _step, st, samples, tokens, nf, data_wait, comm in rows:
-        nonfinite += 1 if nf else 0
-        if st is None:
-            continue
-        acc = per_rank.setdefault(rank, [0.0, 0.0, 0.0, 0.0])
-        if st > 0 and samples is not None:
-            acc[0] += samples
-            acc[1] += st
-        if st > 0 and tokens is not None:
-            acc[2] += tokens
-            acc[3] += st
-        if data_wait is not None:
-            dw[0] += data_wait
-            dw[1] += st
-        if comm is not None:
-            cm[0] += comm
-            cm[1] += st
-    summary.nonfinite_loss_count = nonfinite
-    sps = [a[0] / a[1] for a in per_rank.values() if a[1] > 0]
-    tps = [a[2] / a[3] for a in per_rank.values() if a[3] > 0]
+    key = "from steps where job_id = ? and node = ?"
+    p = (job_id, node)
+    n, steps, ranks, nonfinite = conn.execute(
+        f"select count(*), count(distinct step), count(distinct rank), "
+        f"coalesce(sum(case when loss_nonfinite then 1 else 0 end), 0) {key}", p).fetchone()
+    summary.step_records, summary.steps, summary.ranks, summary.nonfinite_loss_count = n, steps, ranks, nonfinite
+    times = [r[0] for r in conn.execute(f"select step_time_s {key} and step_time_s is not null", p)]
+    times.sort()
+    m = BY_NAME["step_time_s"]
+    for st in m.stats:
+        setattr(summary, m.field(st), percentile(times, float(st[1:])))
+    sps: list[float] = []
+    tps: list[float] = []
+    for ns, s_t, nt, t_t in conn.execute(
+            "select sum(case when step_time_s > 0 and samples is not null then samples end), "
+            "sum(case when step_time_s > 0 and samples is not null then step_time_s end), "
+            "sum(case when step_time_s > 0 and tokens is not null then tokens end), "
+            f"sum(case when step_time_s > 0 and tokens is not null then step_time_s end) {key} group by rank", p):
+        if s_t:
+            sps.append(ns / s_t)
+        if t_t:
+            tps.append(nt / t_t)
     summary.throughput_samples_per_s = _r(sum(sps)) if sps else None
     summary.throughput_tokens_per_s = _r(sum(tps)) if tps else None
-    summary.data_wait_share_pct = _r(100.0 * dw[0] / dw[1]) if dw[1] > 0 else None
-    summary.comm_share_pct = _r(100.0 * cm[0] / cm[1]) if cm[1] > 0 else None
-    by_rank: dict[int, list[float]] = {}
-    for rank, dur in ckpts:
-        by_rank.setdefault(rank, []).append(dur or 0.0)
-    if by_rank:
-        busiest = max(by_rank.values(), key=sum)
-        summary.checkpoint_total_s = _r(sum(busiest))
-        summary.checkpoint_count = len(busiest)
+    dw, dw_t, cm, cm_t = conn.execute(
+        "select sum(data_wait_s), sum(case when data_wait_s is not null then step_time_s end), "
+        f"sum(comm_s), sum(case when comm_s is not null then step_time_s end) {key} "
+        "and step_time_s is not null", p).fetchone()
+    summary.data_wait_share_pct = _r(100.0 * dw / dw_t) if dw_t else None
+    summary.comm_share_pct = _r(100.0 * cm / cm_t) if cm_t else None
+    busiest = conn.execute("select sum(coalesce(duration_s, 0)), count(*) from checkpoints "
+                           "where job_id = ? and node = ? group by rank order by 1 desc limit 1", p).fetchone()
+    if busiest:
+        summary.checkpoint_total_s = _r(busiest[0])
+        summary.checkpoint_count = busiest[1]
+
+
+def _host_part(summary: JobSummary, conn: Any, job_id: str, node: str, first_rowid: int) -> None:
+    """Host fields of the metric table (``host`` scope) from ``host_samples`` rows of the
+    attempt (rowid from ``first_rowid``: insertion order, see :func:`_first_rowid`)."""
+    ms = [m for m in METRIC_TABLE if m.scope == "host"]
+    sel = ["count(*)"]
+    for m in ms:
+        for st in m.stats:
+            if st == "mean":
+                sel.append(f"avg({m.name})")
+            elif st in ("max", "peak"):
+                sel.append(f"max({m.name})")
+            elif st == "increase":  # cumulative since the job started: last minus first
+                sel.append(f"max({m.name}) - min({m.name})")
+    row = conn.execute(f"select {', '.join(sel)} from host_samples where job_id = ? and node = ? and rowid >= ?",
+                       (job_id, node, first_rowid)).fetchone()
+    summary.host_sample_count = row[0]
+    i = 1
+    for m in ms:
+        for st in m.stats:
+            v = row[i]
+            setattr(summary, m.field(st), None if v is None else (_r(v) if st != "peak" else v))
+            i += 1
 
 
 def _events_part(summary: JobSummary, store: Any, job_id: str, node: str) -> None:
@@ -459,7 +513,8 @@ def _post_job_part(summary: JobSummary, store: Any, job_id: str, node: str) -> N
 
 def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | None,
                   collector_status: str = "unknown", ingest: Any = None,
-                  started_at: float | None = None, ended_at: float | None = None) -> JobSummary:
+                  started_at: float | None = None, ended_at: float | None = None,
+                  window_s: float | None = None, max_windows: int = MAX_WINDOWS) -> JobSummary:
     """Summarise job ``job_id`` on ``node`` from ``store`` (a :class:`gpuguard.store.Store`).
 
     * ``exit_status_raw``: ``SLURM_JOB_EXIT_CODE`` as an int (raw wait status), or None;
@@ -481,27 +536,19 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     s = JobSummary(job_id=str(job_id), node=node, created_at=now, started_at=started_at, ended_at=ended_at,
                    exit_status_raw=exit_status_raw, exit_code=ex.code, exit_signal=ex.signal, exit_text=ex.text,
                    collector_status=collector_status)
-    # Samples of this attempt are counted by insertion order (rowid), not by a wall-clock
-    # window: a clock stepped back during the job stamps later samples before started_at,
-    # and the epilog's own "now" then lies before the samples taken before the step. The
-    # collector is stopped before the summary, so nothing is stored after the job.
-    first = _first_rowid(store, "samples", job_id, node, started_at)
-    rows = [tuple(r.values()) for r in store.query(
-        "select gpu_index, gpu_uuid, at, gpu_util_pct, mem_used_mib, power_w, temp_c, sm_clock_mhz, "
-        "clock_event_mask, ecc_volatile_uncorrected from samples where job_id = ? and node = ? and rowid >= ? "
-        "order by gpu_index, rowid", [job_id, node, first])]
-    _gpu_part(s, rows)
-    host = store.query("select cpu_pct, rss_mib from host_samples where job_id = ? and node = ? and rowid >= ?",
-                       [job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at)])
-    s.host_sample_count = len(host)
-    s.host_cpu_mean_pct = _r(_mean([h["cpu_pct"] for h in host if h["cpu_pct"] is not None]))
-    s.host_rss_peak_mib = _max([h["rss_mib"] for h in host if h["rss_mib"] is not None])
-    steps = [tuple(r.values()) for r in store.query(
-        "select rank, step, step_time_s, samples, tokens, loss_nonfinite, data_wait_s, comm_s "
-        "from steps where job_id = ? and node = ?", [job_id, node])]
-    ckpts = [tuple(r.values()) for r in store.query(
-        "select rank, duration_s from checkpoints where job_id = ? and node = ?", [job_id, node])]
-    _step_part(s, steps, ckpts)
+    # Samples of this attempt are counted from the first one stamped at or after the
+    # attempt's start, with no upper bound: the collector is stopped before the summary,
+    # and a clock stepped back during the job leaves later samples stamped before the
+    # window (the store's per-GPU timeline stays monotonic: gpuguard.samples.write).
+    conn = store.db.conn
+    try:
+        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None)
+        _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
+        _step_part(s, conn, job_id, node)
+        if window_s is not None:
+            s.windows = _windows_part(s, conn, job_id, node, window_s, max_windows)
+    except sqlite3.Error as e:
+        raise StoreError(f"store {store.path}: job summary read failed: {e}") from None
     _events_part(s, store, job_id, node)
     _post_job_part(s, store, job_id, node)
     if ingest is not None:
@@ -509,6 +556,36 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
         s.rejected_files = [[str(a), str(b)] for a, b in (getattr(ingest, "rejected_files", None) or [])]
         s.records_truncated = bool(getattr(ingest, "truncated", False))
     return s
+
+
+def _windows_part(s: JobSummary, conn: Any, job_id: str, node: str, window_s: float,
+                  max_windows: int) -> dict[str, Any] | None:
+    """:attr:`JobSummary.windows` from the same bucketed pass as the GPU fields (cached)
+    and one grouped query over the steps."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if s.first_sample_at is None:
+        return None
+    start = s.first_sample_at
+    width = max(window_s, (s.last_sample_at - start) / max_windows)  # type: ignore[operator]
+    count = int((s.last_sample_at - start) // width) + 1  # type: ignore[operator]
+    out: dict[str, Any] = {"window_s": width, "start": start, "count": count, "gpus": {}, "ranks": {}}
+    for sid, _n, idx, _u, t0 in samples.series_of(conn, job_id, [node]):
+        lo, hi = samples.t_range(t0, s.started_at, None)
+        if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
+            lo = -(2**62)
+        out["gpus"][str(idx)] = samples.windows_of(samples.read_buckets(conn, sid, t0, lo, hi), start, width, count)
+    ranks: dict[str, dict[str, list[Any]]] = {}
+    for rank, k, n, st, sa, to in conn.execute(
+            "select rank, cast((t - ?) / ? as integer) as k, count(*), sum(step_time_s), sum(samples), sum(tokens) "
+            "from steps where job_id = ? and node = ? and t >= ? group by rank, k", (start, width, job_id, node, start)):
+        if not 0 <= k < count:
+            continue
+        r = ranks.setdefault(f"{node}/{rank}", {f: [None] * count for f in
+                                                ("n", "step_time_s_sum", "samples_sum", "tokens_sum")})
+        r["n"][k], r["step_time_s_sum"][k], r["samples_sum"][k], r["tokens_sum"][k] = n, st, sa, to
+    out["ranks"] = ranks
+    return out
 
 
 def save_summary(store: Any, summary: JobSummary) -> None:
@@ -520,7 +597,8 @@ def save_summary(store: Any, summary: JobSummary) -> None:
         "exit_status_raw": summary.exit_status_raw, "exit_code": summary.exit_code,
         "exit_signal": summary.exit_signal, "collector_status": summary.collector_status,
         "sample_count": summary.sample_count, "step_records": summary.step_records,
-        "summary_version": summary.version, "summary": json.dumps(summary.to_dict(), default=str),
+        "summary_version": summary.version,
+        "summary": json.dumps({k: v for k, v in summary.to_dict().items() if k != "windows"}, default=str),
     }
 
     try:

@@ -122,7 +122,7 @@ def judge(data: JobData, base: baseline_mod.Baseline, s: Settings, *, min_runs: 
 
 def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template | str,
               nodes: list[str] | None = None, exit_code: int | None = None, record: bool = True,
-              now: float | None = None) -> Verdict:
+              now: float | None = None, data: JobData | None = None) -> Verdict:
     """Judge job ``job_id`` against ``template``'s baseline and (``record``) store the
     verdict and comparisons, then refresh the baseline when the run is fit for it.
 
@@ -132,6 +132,8 @@ def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template
     ``derived`` assumed). ``nodes``: restrict to these nodes' data (default: every node
     the job has data on). ``exit_code``: the job's exit status (``SLURM_JOB_EXIT_CODE``);
     non-zero keeps the run out of the baseline, ``None`` = unknown (counted as completed).
+    ``data``: the job's series when they do not come from ``store`` (the cluster judge
+    builds them from the nodes' spool parts: :func:`gpuguard.epilog.part.to_job_data`).
 
     Raises :class:`gpuguard.store.StoreError` (store unreadable/unwritable) and
     :class:`gpuguard.config.ConfigError` (bad ``[verdict]``/``[baseline]`` values).
@@ -140,7 +142,7 @@ def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template
     bs = baseline_mod.BaselineSettings.from_config(cfg)
     tmpl = template if isinstance(template, Template) else Template(str(template), "derived")
     now = time.time() if now is None else now
-    data = load_job(store, job_id, nodes)
+    data = load_job(store, job_id, nodes) if data is None else data
     base = baseline_mod.compute_baseline(store, tmpl.name, cfg=cfg, exclude_job=job_id)
     v = judge(data, base, s, min_runs=bs.min_runs, template=tmpl, job_id=job_id)
     v.context = node_context(store, data.nodes, base.since if base.since is not None else data.start, data.end)

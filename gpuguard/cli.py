@@ -39,7 +39,8 @@ click.ClickException.exit_code = 2  # bad input/config: exit 2 everywhere
 
 @click.group()
 @click.option("--config", "config_path", metavar="FILE", help="config file (default: $GPUGUARD_CONFIG, "
-              "gpuguard.toml beside $SLURM_CONF, /etc/gpuguard/gpuguard.toml)")
+              "gpuguard.toml beside $SLURM_CONF, /etc/gpuguard/gpuguard.toml, beside /etc/slurm/slurm.conf; "
+              "see the README)")
 @click.version_option(package_name="gpuguard")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
@@ -264,11 +265,13 @@ def _register_subcommands() -> None:
     """Attach the command groups that live beside the code they drive."""
     from gpuguard.epilog.baseline_cli import baseline, template
     from gpuguard.epilog.cli import job
+    from gpuguard.epilog.cluster_cli import cluster
     from gpuguard.net.cli import nccl
     from gpuguard.reports.cli import report
+    from gpuguard.store_cli import store_group
     from gpuguard.xid.cli import xid
 
-    for group in (xid, job, template, baseline, report, nccl):
+    for group in (xid, job, template, baseline, report, nccl, store_group, cluster):
         main.add_command(group)
     from gpuguard.ops.cli import register
 

@@ -7,10 +7,18 @@ Where the file is looked for, first match wins:
 3. ``gpuguard.toml`` next to ``$SLURM_CONF`` (Slurm passes ``SLURM_CONF`` to the Prolog
    and Epilog although their environment is otherwise empty: SLURM-FACTS.md §3-4), so a
    site can keep gpuguard's config beside slurm.conf;
-4. ``/etc/gpuguard/gpuguard.toml``;
-5. none: the shipped defaults alone.
+4. ``gpuguard.toml`` next to the slurm.conf named by ``-f`` on the command line of the
+   Slurm daemon that started us (read from ``/proc``; EpilogSlurmctld and PrologSlurmctld
+   get no ``SLURM_CONF``, but their parent slurmscriptd keeps slurmctld's command line);
+5. ``/etc/gpuguard/gpuguard.toml``;
+6. ``gpuguard.toml`` next to slurm.conf in Slurm's standard places
+   (:data:`SLURM_CONF_LOCATIONS`: ``/etc/slurm``, ``/usr/local/etc``, ``/etc/slurm-llnl``,
+   ``/run/slurm/conf``);
+7. none: the shipped defaults alone — for the CLI; the hooks treat it as one logged
+   error (``load(require=True)``), as they do a dangling symlink.
 
-A path given explicitly (1, 2) must exist. Errors are :class:`ConfigError` with one line
+A path given explicitly (1, 2) must exist; so must a found one (a dangling symlink at
+3-6 is an error, never a silent fall-back to the defaults). Errors are :class:`ConfigError` with one line
 naming the file, the key and what was expected; the CLI exits 2 on them.
 
 ``{node}`` in a path value is replaced by the node name (``[node] name``, else
@@ -45,7 +53,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "run_dir": ("/run/gpuguard/{node}", str, "second copy of the kernel-log cursor and pending drains on a tmpfs, so a read-only or full state_dir never loses or repeats a drain; empty = off"),
         "job_dir_root": ("/var/spool/gpuguard/jobs", str, "parent of per-job directories for training records, under its own root apart from the store (users write there; best its own filesystem); {node} allowed"),
         "job_dir_max_mib": (64.0, (int, float), "per-job size cap of a job directory, checked by the collector every liveness period; files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
-        "spool_dir": ("", str, "shared directory for per-(job, node) summaries in cluster mode; empty = off"),
+        "spool_dir": ("", str, "shared directory (owned by SlurmUser) where node Epilogs leave each job's per-node part for the job judge on the controller; empty = single host: the node Epilog judges its own job"),
         "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
     },
     "gpu": {
@@ -75,9 +83,14 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "interval_s": (10.0, (int, float), "sampling interval; 1 s works"),
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
+    "store": {
+        "raw_days": (14.0, (int, float), "keep raw GPU/host samples this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
+        "minutes_days": (400.0, (int, float), "keep per-minute GPU aggregates this many days (our choice: a year and a month, for year-on-year comparisons; < 1 B per GPU-second)"),
+        "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
+    },
     "epilog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
-        "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld: how long to wait for every node's summary in the spool"),
+        "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld worker: how long to wait for every node's part in the spool before judging what arrived"),
     },
     "baseline": {
         "runs": (20, int, "N: a template's baseline is the median/MAD of its last N healthy, completed runs (our choice: 20 runs give a median/MAD stable to a few outliers while a template re-learns within days)"),
@@ -102,6 +115,11 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "escalate_codes": (["verdict.straggler_gpu", "verdict.straggler_node"], list, "verdict findings that escalate to drain when they repeat on the same GPU (node)"),
         "escalate_count": (3, int, "escalate after this many jobs with the finding on the same GPU/node (DESIGN.md: 3 jobs within 24 h -> drain)"),
         "escalate_window_s": (86400.0, (int, float), "... within this window (DESIGN.md: 24 h)"),
+    },
+    "cluster": {
+        "admin_comment": (True, bool, "the job judge writes the verdict into the job's AdminComment (sacctmgr modify job, one call per judgment)"),
+        "ingest_grace_s": (60.0, (int, float), "cluster ingest leaves a job alone until this long after the EpilogSlurmctld worker's wait (slurmctld_wait_s) has passed since its newest spool file (our choice: the worker's budget is wait + 30 s)"),
+        "spool_keep_days": (7.0, (int, float), "spool directories of jobs still missing a node's part are removed after this many days (our choice: a week covers a node down over a weekend)"),
     },
     "nccl": {
         "binary": ("/usr/local/bin/all_reduce_perf", str, "nccl-tests all_reduce_perf used by the default probe command (hooks have no PATH)"),
@@ -254,34 +272,124 @@ def _check_type(v: Any, t: type | tuple[type, ...]) -> bool:
     return isinstance(v, types)
 
 
+#: Where Slurm itself looks for slurm.conf when nothing names it, in our order: the
+#: Debian/Ubuntu (since Slurm 20.11), RHEL/OpenHPC packages and SchedMD's RPMs
+#: (``/etc/slurm``); a source build with the default prefix (``/usr/local/etc``); Debian
+#: before 20.11 (``/etc/slurm-llnl``); slurmd's configless cache (Slurm >= 21.08,
+#: ``/run/slurm/conf``).
+SLURM_CONF_LOCATIONS = ("/etc/slurm/slurm.conf", "/usr/local/etc/slurm.conf", "/etc/slurm-llnl/slurm.conf",
+                        "/run/slurm/conf/slurm.conf")
+#: Slurm daemons whose ``-f FILE`` names the slurm.conf a hook runs under (EpilogSlurmctld's
+#: parent is slurmscriptd, a fork of slurmctld that keeps its command line).
+_SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmscriptd", "slurmstepd")
+
+
+def _daemon_slurm_conf(pid: int | None = None, depth: int = 3) -> str | None:
+    """The ``-f FILE`` (or ``SLURM_CONF`` in the environment) of the nearest Slurm daemon
+    among our ancestors, read from ``/proc``; None when there is none (a login shell) or
+    ``/proc`` says nothing. EpilogSlurmctld gets no ``SLURM_CONF`` (SLURM-FACTS.md §4), so
+    this is how it learns the slurm.conf slurmctld was started with."""
+    pid = os.getppid() if pid is None else pid
+    for _ in range(depth):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if argv and os.path.basename(argv[0]).split(":")[0] in _SLURM_DAEMONS:
+            for i, a in enumerate(argv[1:], 1):
+                if a == "-f" and i + 1 < len(argv):
+                    return os.path.abspath(argv[i + 1]) if os.path.isabs(argv[i + 1]) else None
+                if a.startswith("-f") and len(a) > 2 and os.path.isabs(a[2:]):
+                    return a[2:]
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    for kv in fh.read().split(b"\0"):
+                        if kv.startswith(b"SLURM_CONF="):
+                            v = kv[len(b"SLURM_CONF="):].decode(errors="replace")
+                            return v if os.path.isabs(v) else None
+            except OSError:
+                pass  # another user's daemon: its environment is private
+            return None
+        pid = ppid
+    return None
+
+
+def slurm_conf_path() -> tuple[str | None, str]:
+    """``(path, how found)`` of the slurm.conf in effect for this process: ``$SLURM_CONF``,
+    else the ``-f`` of the Slurm daemon that started us, else the first of
+    :data:`SLURM_CONF_LOCATIONS` that exists; ``(None, "")`` when there is none."""
+    env = os.environ.get("SLURM_CONF")
+    if env:
+        return env, "$SLURM_CONF"
+    daemon = _daemon_slurm_conf()
+    if daemon and os.path.exists(daemon):
+        return daemon, "the Slurm daemon's -f"
+    for p in SLURM_CONF_LOCATIONS:
+        if os.path.exists(p):
+            return p, "a standard location"
+    return None, ""
+
+
+def export_slurm_conf() -> str | None:
+    """Set ``SLURM_CONF`` for the Slurm commands we run (scontrol, sacctmgr) when it is
+    unset and :func:`slurm_conf_path` found one elsewhere (EpilogSlurmctld); returns it."""
+    path, how = slurm_conf_path()
+    if path and how != "$SLURM_CONF" and how != "a standard location":
+        os.environ["SLURM_CONF"] = path
+    return path
+
+
+def config_candidates() -> list[str]:
+    """Every place :func:`find_config_path` looks after ``--config`` and
+    ``$GPUGUARD_CONFIG``, in order (module docstring)."""
+    out: list[str] = []
+    env = os.environ.get("SLURM_CONF")
+    if env:
+        out.append(os.path.join(os.path.dirname(env), "gpuguard.toml"))
+    daemon = _daemon_slurm_conf()
+    if daemon:
+        out.append(os.path.join(os.path.dirname(daemon), "gpuguard.toml"))
+    out.append(DEFAULT_PATH)
+    out += [os.path.join(os.path.dirname(p), "gpuguard.toml") for p in SLURM_CONF_LOCATIONS]
+    seen: set[str] = set()
+    return [p for p in out if not (p in seen or seen.add(p))]
+
+
 def find_config_path(explicit: str | None = None) -> tuple[str | None, bool]:
-    """Return ``(path, required)``: the file to read and whether it must exist."""
+    """Return ``(path, required)``: the file to read and whether it must exist. A
+    candidate that is a dangling symlink is returned (required) so that :func:`load`
+    reports it instead of falling back to the defaults in silence."""
     if explicit:
         return explicit, True
     env = os.environ.get("GPUGUARD_CONFIG")
     if env:
         return env, True
-    slurm_conf = os.environ.get("SLURM_CONF")
-    # lexists: a dangling symlink is a broken config (an error), not "no config" (which
-    # would silently run on the shipped defaults: other paths, other sources)
-    if slurm_conf:
-        cand = os.path.join(os.path.dirname(slurm_conf), "gpuguard.toml")
+    for cand in config_candidates():
         if os.path.lexists(cand):
             return cand, True
-    if os.path.lexists(DEFAULT_PATH):
-        return DEFAULT_PATH, True
     return None, False
 
 
-def load(explicit: str | None = None) -> Config:
+def load(explicit: str | None = None, *, require: bool = False) -> Config:
     """Load the effective configuration (see the module docstring for the search order).
 
-    Raises :class:`ConfigError` for an unreadable file, bad TOML, an unknown section or
-    key, a wrong type, or an unknown policy action.
+    Raises :class:`ConfigError` for an unreadable file, a dangling symlink, bad TOML, an
+    unknown section or key, a wrong type, or an unknown policy action; with ``require``
+    (the hooks) also when no file is found at all, naming every place looked at.
     """
     path, _required = find_config_path(explicit)
     data: dict[str, Any] = {}
+    if path is None and require:
+        raise ConfigError("no gpuguard config found; looked at $GPUGUARD_CONFIG and "
+                          + ", ".join(config_candidates()))
     if path is not None:
+        if os.path.islink(path) and not os.path.exists(path):
+            raise ConfigError(f"{path}: dangling symlink to {os.readlink(path)}")
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)

@@ -30,11 +30,15 @@ from gpuguard.hookenv import is_job_id  # noqa: F401  (re-exported: hooks and pa
 
 def load_config() -> tuple[Any, str | None]:
     """``(config, None)``, or ``(the shipped defaults, the one-line error)`` when the
-    config is broken. A hook loads it once and hands it to its work."""
+    config is broken, a dangling symlink or not found anywhere (hooks never run on silent
+    defaults: :func:`gpuguard.config.load` with ``require``). A hook loads it once and hands it to its work."""
     from gpuguard import config as config_mod
 
+    # a hook without SLURM_CONF (EpilogSlurmctld) runs scontrol/sacctmgr against the
+    # slurm.conf its daemon was started with
+    config_mod.export_slurm_conf()
     try:
-        return config_mod.load(), None
+        return config_mod.load(require=True), None
     except config_mod.ConfigError as e:
         return config_mod.from_dict({}), str(e)
 

@@ -10,8 +10,9 @@
   timezone``, else ``$TZ``, else the system zone (``/etc/localtime``), else UTC.
 * **Numbers.** Exact in JSON and CSV; rounded for people in text (:func:`human_number`:
   ``27070.4`` -> ``27070``, ``4.6031`` -> ``4.603``, never ``2.707e+04``).
-* **Tables.** :func:`table` uses ``tabulate`` and wraps the widest text columns so the
-  table fits the terminal (``$COLUMNS``, else the terminal's width when stdout is one;
+* **Tables.** :func:`table` uses ``tabulate``; it wraps the widest text columns, then
+  splits a still too wide table into parts that repeat its label columns, so the table
+  fits the terminal (``$COLUMNS``, else the terminal's width when stdout is one;
   piped output is not wrapped, so ``grep``/``awk`` see whole rows).
 * **CSV cells** a spreadsheet would run as formulas are prefixed with ``'`` (OWASP "CSV
   Injection"): account, user and job names come from users.
@@ -281,8 +282,9 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], *, right: Seque
     through :func:`cell` (strings given are kept). ``right``: per column, right-align
     (default: numeric columns right, text left). ``width``: columns to fit (default
     :func:`terminal_width`; None: no limit): the widest non-numeric columns are wrapped
-    until the table fits or each is down to 12 characters. ``total``: a last row set off
-    by a dashed line."""
+    down to 12 characters, and a table still too wide is split into parts, one under the
+    other, each repeating the leading label (non-numeric) columns. ``total``: a last row
+    set off by a dashed line."""
     body = [[c if isinstance(c, str) else cell(c, tz) for c in r] for r in rows]
     if total is not None:
         body.append([c if isinstance(c, str) else cell(c, tz) for c in total])
@@ -293,10 +295,47 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], *, right: Seque
     if width == -1:
         width = terminal_width()
     maxw = _fit(body, list(headers), right, width) if width else None
-    if total is not None:
-        body.insert(len(body) - 1, tabulate_mod.SEPARATING_LINE)
-    return tabulate(body, headers=list(headers), tablefmt="simple", disable_numparse=True,
-                    colalign=["right" if r else "left" for r in right], maxcolwidths=maxw)
+    parts = _parts(body, list(headers), right, maxw, width) if width else [list(range(ncol))]
+    out = []
+    for cols in parts:
+        part = [[r[i] for i in cols] for r in body]
+        if total is not None:
+            part.insert(len(part) - 1, tabulate_mod.SEPARATING_LINE)
+        out.append(tabulate(part, headers=[headers[i] for i in cols], tablefmt="simple", disable_numparse=True,
+                            colalign=["right" if right[i] else "left" for i in cols],
+                            maxcolwidths=[maxw[i] for i in cols] if maxw else None))
+    return "\n\n".join(out)
+
+
+def _widths(body: list[list[str]], headers: list[str]) -> list[int]:
+    return [max([len(headers[i])] + [max((len(x) for x in r[i].split("\n")), default=0) for r in body])
+            for i in range(len(headers))]
+
+
+def _parts(body: list[list[str]], headers: list[str], right: Sequence[bool], maxw: list[int | None] | None,
+           width: int) -> list[list[int]]:
+    """Column index groups that each fit ``width``, each starting with the label columns."""
+    widths = [w if not maxw or maxw[i] is None else min(w, maxw[i]) for i, w in enumerate(_widths(body, headers))]
+    if sum(widths) + 2 * (len(widths) - 1) <= width:
+        return [list(range(len(headers)))]
+    keep = 0
+    while keep < len(headers) - 1 and not right[keep]:
+        keep += 1
+    keep = max(keep, 1)
+    base = sum(widths[:keep]) + 2 * (keep - 1)
+    if base >= width:
+        keep, base = 1, widths[0]
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    used = base
+    for i in range(keep, len(headers)):
+        if cur and used + 2 + widths[i] > width:
+            parts.append(list(range(keep)) + cur)
+            cur, used = [], base
+        cur.append(i)
+        used += 2 + widths[i]
+    parts.append(list(range(keep)) + cur)
+    return parts
 
 
 def _numeric(v: Any) -> bool:
@@ -304,8 +343,7 @@ def _numeric(v: Any) -> bool:
 
 
 def _fit(body: list[list[str]], headers: list[str], right: Sequence[bool], width: int) -> list[int | None] | None:
-    widths = [max([len(headers[i])] + [max((len(x) for x in r[i].split("\n")), default=0) for r in body])
-              for i in range(len(headers))]
+    widths = _widths(body, headers)
     total = sum(widths) + 2 * (len(widths) - 1)
     if total <= width:
         return None

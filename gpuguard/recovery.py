@@ -55,6 +55,11 @@ FINDING_RECOVERY: dict[str, tuple[str, str]] = {
     "gpu.count_unexpected": ("auto", "GPU count is re-read every run"),
     "ib.port_down": ("auto", "the port state is re-read from sysfs every run (NHC check_hw_ib passes again once ACTIVE)"),
     "ib.rate_degraded": ("auto", "the port rate is re-read from sysfs every run"),
+    "gpu.recovery_action.gpu_reset": ("reset", "NVML GPU recovery action 1: the driver asks for a GPU reset"),
+    "gpu.recovery_action.node_reboot": ("reboot", "NVML GPU recovery action 2: the driver asks for a node reboot"),
+    "gpu.recovery_action.drain_and_reset": ("reset", "NVML GPU recovery action 4: drain, then reset the GPU"),
+    "nccl.busbw_low": ("auto", "the NCCL probe re-measures every [nccl] interval_s and its low reading stands until a probe passes"),
+    "nccl.errors": ("manual", "wrong all-reduce results are data corruption somewhere on the GPU/NVLink/NIC path: find it first"),
     "manual": ("manual", "drained by hand: a human resumes it"),
 }
 
@@ -80,6 +85,10 @@ XID_RECOVERY: dict[int, tuple[str, str]] = {
     148: ("reset", "NV NVLink5 workflow"), 149: ("reset", "NV NVLink5 workflow"),
     150: ("reset", "NV NVLink5 workflow"),
     154: ("reset", "NV: the driver names a reset/reboot recovery action"),
+    171: ("reset", "NV: detail of XID 48 (uncorrectable memory error): reset the GPU"),
+    172: ("reset", "NV: detail of XID 48 (uncorrectable memory error): reset the GPU"),
+    # Drained on Azure HPC's list; NVIDIA's catalog names no recovery for them: a human looks.
+    **{x: ("manual", "AZ drains; no NVIDIA recovery action: a human looks first") for x in (56, 57, 58, 65, 69, 73, 80, 81)},
 }
 # fmt: on
 

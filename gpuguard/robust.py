@@ -19,7 +19,9 @@ MAD_TO_SIGMA = 1.4826
 
 def clean(xs: Iterable[float | None]) -> list[float]:
     """The finite values of ``xs`` as floats."""
-    return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    # x - x is 0 for a finite number and NaN for inf/NaN: one comparison instead of a call
+    # (the verdict filters a few hundred thousand values of a day-long job)
+    return [float(x) for x in xs if x is not None and x - x == 0]
 
 
 def median(xs: Iterable[float | None]) -> float | None:

@@ -46,6 +46,7 @@ def _import_sqlite_utils():  # type: ignore[no-untyped-def]
 sqlite_utils = _import_sqlite_utils()
 
 BUSY_TIMEOUT_MS = 5000
+_SCALARS = (type(None), int, float, str)
 
 
 class StoreError(Exception):
@@ -194,6 +195,7 @@ class Store:
     def __init__(self, db: sqlite_utils.Database, path: str):
         self.db = db
         self.path = path
+        self._series: Any = None  # gpuguard.samples.SeriesCache, made on the first sample write
 
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -222,17 +224,53 @@ class Store:
             raise StoreError(f"store {self.path}: {what} failed: {e}") from None
 
     def insert(self, table: str, row: dict[str, Any]) -> int:
-        """Insert one row; returns its rowid. Raises :class:`StoreError`."""
+        """Insert one row; returns its rowid (0 for ``samples``). Raises :class:`StoreError`."""
+        if table == "samples":
+            self.insert_many(table, [row])
+            return 0
+
         def go() -> int:
             with self.tx():
                 return self.db[table].insert(row).last_rowid
         return self._guard(f"insert into {table}", go)
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert rows in one transaction. Raises :class:`StoreError`."""
+        """Insert rows in one transaction. ``samples`` rows (real units, the old row
+        shape) go to the compact tables through :func:`gpuguard.samples.write`. Raises
+        :class:`StoreError`."""
+        if table == "samples":
+            from gpuguard import samples
+
+            if self._series is None:
+                self._series = samples.SeriesCache()
+
+            def put() -> None:
+                try:
+                    with self.tx():
+                        samples.write(self.db.conn, self._series, rows)
+                except BaseException:
+                    self._series = samples.SeriesCache()  # ids of a rolled-back series are void
+                    raise
+            self._guard("insert into samples", put)
+            return
+
+        rows = list(rows)
+        if not rows:
+            return
+
         def go() -> None:
             with self.tx():
-                self.db[table].insert_all(rows, batch_size=500)
+                cols = list(rows[0]) if rows else []
+                keys = set(cols)
+                plain = all(r.keys() == keys and all(type(v) in _SCALARS for v in r.values()) for r in rows)
+                if plain and all(c.isidentifier() for c in cols):
+                    # same keys, scalar values: one executemany (sqlite-utils' insert_all
+                    # inspects and converts every value, which the collector pays each flush)
+                    self.db.conn.executemany(
+                        f"insert into [{table}] ({', '.join(cols)}) values ({', '.join('?' * len(cols))})",
+                        [tuple(r[c] for c in cols) for r in rows])
+                else:
+                    self.db[table].insert_all(rows, batch_size=500)
         self._guard(f"insert into {table}", go)
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:

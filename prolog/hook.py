@@ -61,30 +61,11 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`main` and the tests."""
     started = time.monotonic()
     env = dict(os.environ) if env is None else env
-    from gpuguard import log as log_mod
-    from gpuguard.hookenv import read_hook_env
-    from gpuguard.hookrun import announce, load_config
-
-    cfg, config_error = loaded or load_config()
-    budget = float(cfg.get("prolog", "time_budget_s"))
-    deadline = started + budget * DEADLINE_SHARE
-    if config_error:
-        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
-        # config must not silently switch off every check either: run them on the
-        # defaults, log what they find, and act on nothing.
-        cfg.values["slurm"]["drain"] = False
-    henv = read_hook_env(env)
-    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
-    if config_error:
-        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
-    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
-        if problem.startswith("SLURM_JOB_ID"):
-            log.error("tool error: %s; node checks only", problem)
-        else:
-            log.warning("hook environment: %s; treated as unset", problem)
+    cfg, config_error, henv, log = _start(env, loaded)
+    deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
     job_id = henv.job_id
+    from gpuguard.hookrun import announce
     from gpuguard.nodecheck import live_check, pending_drains
-
     from gpuguard.ops.maintenance import cached as maintenance_now
 
     maint = maintenance_now(cfg, cfg.node_name)  # the last health run's view: no Slurm call here
@@ -123,23 +104,64 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
-    if nccl:
-        from gpuguard.policy import decide
+    rc = _act_on_nccl(cfg, live, pend, henv, nccl, log) if nccl else None
+    if rc is not None:
+        return rc
+    return _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log)
 
-        d = decide(res.findings + nccl, cfg.policy, cfg.xid_policy)
-        if d.outcome == "drain":
-            announce(EXIT_DRAIN)
-            node = cfg.node_name
-            if pend.dry_run:
-                log.warning("dry run: would drain %s: %s", node, d.reason)
-            elif pend.add(node, d.reason):
-                pend.settle(node, d.reason)
-            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-            return EXIT_DRAIN
-        if d.outcome == "fail-job" and job_id:
-            pend.actuator.fail_job(job_id, d.reason)
-            _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-            return EXIT_OK
+
+def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
+    """Config, hook environment and log: ``(cfg, config_error, hook_env, log)``."""
+    from gpuguard import log as log_mod
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.hookrun import load_config
+
+    cfg, config_error = loaded or load_config()
+    if config_error:
+        # Our fault: never drain or fail the job for it. But a typo in a cluster-wide
+        # config must not silently switch off every check either: run them on the
+        # defaults, log what they find, and act on nothing.
+        cfg.values["slurm"]["drain"] = False
+    henv = read_hook_env(env)
+    log = log_mod.setup(cfg.get("paths", "log_file"), "prolog", henv.job_id or env.get("SLURM_JOB_ID"))
+    if config_error:
+        log.error("tool error: config: %s (checking with defaults; no drain, job proceeds)", config_error)
+    for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
+        if problem.startswith("SLURM_JOB_ID"):
+            log.error("tool error: %s; node checks only", problem)
+        else:
+            log.warning("hook environment: %s; treated as unset", problem)
+    return cfg, config_error, henv, log
+
+
+def _act_on_nccl(cfg, live, pend, henv, nccl, log) -> int | None:
+    """Decide again with the NCCL probe's findings; the exit status when that drains or
+    fails the job, else None (the job proceeds)."""
+    from gpuguard.hookrun import announce
+    from gpuguard.policy import decide
+
+    job_id = henv.job_id
+    d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
+    if d.outcome == "drain":
+        announce(EXIT_DRAIN)
+        node = cfg.node_name
+        if pend.dry_run:
+            log.warning("dry run: would drain %s: %s", node, d.reason)
+        elif pend.add(node, d.reason):
+            pend.settle(node, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_DRAIN
+    if d.outcome == "fail-job" and job_id:
+        pend.actuator.fail_job(job_id, d.reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_OK
+    return None
+
+
+def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
+    """The job proceeds: its directory and collector, then the run recorded with history
+    (a drain only the history shows still drains)."""
+    job_id = henv.job_id
     if job_id and not config_error:
         try:
             from gpuguard.collector.launch import prepare_job
@@ -151,14 +173,14 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
 
         job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
     if config_error:  # nothing is written on the shipped defaults' paths
-        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(res.findings))
+        log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
         return EXIT_OK
     later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-    if later is not None and later.decision.outcome == "drain" and not config_error and not maint.active:
+    if later is not None and later.decision.outcome == "drain" and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
         return EXIT_DRAIN
-    log.info("proceed (%d finding(s))", len(res.findings))
+    log.info("proceed (%d finding(s))", len(live.result.findings))
     return EXIT_OK
 
 

@@ -101,31 +101,25 @@ def auto_bucket(since: float, until: float) -> str:
 def usage_series(store, since: float, until: float, by: str, tz: tzinfo, cluster=None,
                  bucket: str | None = None) -> dict:
     """GPU-hours per time bucket and first ``by`` key, prorated at the bucket edges with
-    the cost report's rule, in one query: ``{"bucket": "day", "periods": [label...],
-    "groups": {group: [gpu_hours per period]}}``. Jobs of unknown GPU count add nothing
-    (the cost table counts them). Raises :class:`ReportError`."""
-    from gpuguard.reports.queries import _flt, _group_sql, _groups, by_keys
+    the cost report's rule: ``{"bucket": "day", "periods": [label...], "groups": {group:
+    [gpu_hours per period]}}``. One small aggregate per bucket, each bounded by the index
+    that suits its window (:func:`gpuguard.reports.queries._usage_where`), so the whole
+    series reads each job about once. Jobs of unknown GPU count add nothing (the cost
+    table counts them). Raises :class:`ReportError`."""
+    from gpuguard.reports.queries import _SECS, _flt, _group_sql, _groups, _usage_where, by_keys
 
     first = by_keys(by)[0]
     bucket = bucket or auto_bucket(since, until)
     wins = windows(since, until, bucket, tz)
-    fsql, fparams = _flt(cluster).sql()
-    values = ", ".join(f"(:l{i}, :a{i}, :b{i})" for i in range(len(wins)))
-    params: dict = dict(fparams)
-    for i, (lab, a, b) in enumerate(wins):
-        params.update({f"l{i}": lab, f"a{i}": a, f"b{i}": b})
-    secs = ("MIN(charge_s, MAX(0, MIN(usage_end_at, w.b) - MAX(start_at, w.a)))")
-    rows = store.query(f"""
-        WITH w(label, a, b) AS (VALUES {values})
-        SELECT w.label AS label, {_group_sql(first)} AS grp, SUM(gpus * {secs}) / 3600.0 AS gh
-        FROM w JOIN sacct_jobs ON start_at < w.b AND usage_end_at > w.a
-        WHERE gpus > 0 {fsql}
-        GROUP BY 1, 2
-    """, params)
+    flt = _flt(cluster)
+    fparams = flt.sql()[1]
     periods = [w[0] for w in wins]
-    idx = {p: i for i, p in enumerate(periods)}
     groups: dict[str, list[float]] = {}
-    for r in rows:
-        g = _groups(first, r["grp"])["group"]
-        groups.setdefault(g, [0.0] * len(periods))[idx[r["label"]]] += r["gh"] or 0.0
+    for i, (_lab, a, b) in enumerate(wins):
+        rows = store.query(f"SELECT {_group_sql(first)} AS grp, SUM(gpus * {_SECS}) / 3600.0 AS gh FROM sacct_jobs "
+                           f"WHERE {_usage_where(store, a, b, flt)} AND gpus > 0 GROUP BY 1",
+                           {**fparams, "since": a, "until": b})
+        for r in rows:
+            g = _groups(first, r["grp"])["group"]
+            groups.setdefault(g, [0.0] * len(periods))[i] += r["gh"] or 0.0
     return {"bucket": bucket, "periods": periods, "groups": groups}

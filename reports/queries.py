@@ -152,10 +152,52 @@ def _flt(cluster: str | Filters | None) -> Filters:
 
 
 def _usage_where(store: Store, since: float, until: float, cluster: str | Filters | None) -> str:
-    """WHERE clause for jobs with usage in the window (cost, efficiency)."""
-    col = "" if _narrow(store, "usage_end_at", since, until) else "+"
-    w = f"{col}start_at < :until AND ({col}usage_end_at > :since OR {col}start_at >= :since)"
+    """WHERE clause for jobs with usage in the window (cost, efficiency): ``start_at <
+    until`` and (``usage_end_at > since`` or a zero-length job starting in the window).
+
+    Every such job has ``usage_end_at >= since`` too, so either index bounds the scan:
+    ``start_at`` (rows starting before the end) suits a window early in the table,
+    ``usage_end_at`` (rows ending after the start) one late in it; a window in the middle
+    of a long history (a day or week bucket) would walk half the table through the wrong
+    one. Two index-only counts pick the smaller range, or a plain scan when both are
+    large (:data:`FULL_SCAN_SHARE`)."""
+    span = _max_span(store)
+    low = since - span  # no job overlapping the window started before this
+    n = store.query("SELECT (SELECT COUNT(*) FROM sacct_jobs WHERE start_at < ?) AS by_start, "
+                    "(SELECT COUNT(*) FROM sacct_jobs WHERE usage_end_at >= ?) AS by_end, "
+                    "(SELECT COUNT(*) FROM sacct_jobs WHERE start_at >= ? AND start_at < ?) AS by_span, "
+                    "(SELECT MAX(rowid) FROM sacct_jobs) AS n", [until, since, low, until])[0]
+    total = n["n"] or 0
+    by_start, by_end, by_span = n["by_start"] or 0, n["by_end"] or 0, n["by_span"] or 0
+    cond = "(+usage_end_at > :since OR +start_at >= :since)"
+    best = min(by_start, by_end, by_span)
+    if best > FULL_SCAN_SHARE * total:
+        w = f"+start_at < :until AND {cond}"
+    elif best == by_span and by_span < by_start:
+        w = f"start_at >= {float(low)!r} AND start_at < :until AND {cond}"
+    elif by_end < by_start:
+        w = f"usage_end_at >= :since AND +start_at < :until AND {cond}"
+    else:
+        w = f"start_at < :until AND {cond}"
     return w + _flt(cluster).sql()[0]
+
+
+_SPAN_CACHE: dict[tuple, float] = {}
+
+
+def _max_span(store: Store) -> float:
+    """The longest ``usage_end_at - start_at`` in the table (seconds): one scan, cached
+    while the table is unchanged (same connection changes, same ``PRAGMA data_version``
+    for other connections' commits, same row count), so the buckets of one report pay it
+    once."""
+    conn = store.db.conn
+    key = (id(conn), conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0],
+           conn.execute("SELECT MAX(rowid) FROM sacct_jobs").fetchone()[0])
+    if key not in _SPAN_CACHE:
+        _SPAN_CACHE.clear()
+        v = conn.execute("SELECT MAX(usage_end_at - start_at) FROM sacct_jobs").fetchone()[0]
+        _SPAN_CACHE[key] = float(v or 0.0)
+    return _SPAN_CACHE[key]
 
 
 def _narrow(store: Store, column: str, since: float, until: float) -> bool:

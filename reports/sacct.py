@@ -479,6 +479,8 @@ def _pipe_gpus(rec: dict[str, str], alloc: tuple[int, str | None, int | None] | 
     tres: dict[str, tuple[int, str | None] | None] = {}
     if alloc is not None:
         tres["AllocTRES"] = alloc[:2]
+        if alloc[0] > 0:  # the common case: AllocTRES counts the GPUs, nothing else is read
+            return GpuCount(alloc[0], alloc[1], "AllocTRES")
     if "reqtres" in rec:
         tres["ReqTRES"] = parse_tres(rec.get("reqtres"))[:2]
     gres = {name: rec.get(key) for key, name in (("allocgres", "AllocGRES"), ("reqgres", "ReqGRES")) if key in rec}

@@ -1,21 +1,27 @@
-"""The main job on the embedded default: gpuguard around real Slurm jobs.
+"""The main job on the embedded default: gpuguard around real Slurm jobs, in cluster mode.
 
 Brings up the single-host Slurm testbed (tests/testbed: slurmctld, two slurmd with four
 fake GPUs each, slurmdbd, MariaDB, munge) with gpuguard's hooks and the replay GPU
-source, then runs three jobs and prints what gpuguard made of each:
+source, laid out as a real cluster is: one store per node (``{root}/n1/node.db``,
+``{root}/n2/node.db``), a separate cluster store written only by EpilogSlurmctld's worker
+as SlurmUser (``{root}/cluster/cluster.db``) and a spool between them. Then:
 
-1. a healthy training job (a real training loop reporting through the training API);
-2. a job sent to a node whose kernel log holds XID 79 (GPU fallen off the bus): the
-   Prolog drains the node with a ``gpuguard:`` reason and Slurm requeues the job, held;
-3. a training job whose GPUs start throttling (HW thermal slowdown, SM clock halved).
+1. one job template run four times, alternating n1 and n2, with a real training loop on
+   busy GPUs (a replay scenario that follows the job: 97 % utilisation, full clocks):
+   runs 1-3 are ``learning``; run 4, on n2, is judged against runs that were mostly on n1;
+2. a 2-node job whose n2 GPUs run at half clock: judged once, with both nodes' data
+   (``straggler-node`` naming n2), and a healthy 2-node control;
+3. a job sent to a node whose kernel log holds XID 79: the Prolog drains the node with a
+   ``gpuguard:`` reason and Slurm requeues the job, held;
+4. ``gpuguard job show`` run as the job's user, who can read no store: the header from
+   sacct, the verdict from the AdminComment; ``sinfo -R``.
 
-Then ``gpuguard job show`` for each and ``sinfo -R``. The testbed stays up for a look
-around; ``tests/testbed/testbed.sh down`` stops it.
+The testbed stays up for a look around; ``tests/testbed/testbed.sh down`` stops it.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 import time
@@ -31,10 +37,45 @@ from gpuguard.gpu.replay import dump_snapshot  # noqa: E402
 
 PY = REPO / ".venv" / "bin" / "python"
 GG = REPO / ".venv" / "bin" / "gpuguard"
+#: What a training job's GPUs read while it runs (the replay follows the job from 0.5 s on).
+BUSY = {"gpu_util_pct": 97.0, "power_w": 610.0, "sm_clock_mhz": 1980.0, "temp_c": 62.0,
+        "clock_event_reasons": [], "mem_used_mib": 40000.0}
+HALF_CLOCK = dict(BUSY, sm_clock_mhz=990.0, power_w=400.0)
 
 
 def banner(text: str) -> None:
     print(f"\n=== {text}", flush=True)
+
+
+def gpus(root: Path, node: str, state: dict) -> None:
+    (root / node / "gpus.json").write_text(dump_snapshot(
+        node_snapshot(4), [{"after_s": 0.5, "gpus": {str(i): state for i in range(4)}}], t0=time.time()))
+
+
+def verdict(root: Path, jid: int, timeout: float = 60.0) -> dict:
+    """The controller worker's verdict, read from the cluster store read-only."""
+    from gpuguard.epilog.jobview import open_readonly
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            s = open_readonly(str(root / "cluster" / "cluster.db"))
+            try:
+                rows = s.query("select cause, state, nodes, summary from verdicts where job_id = ?", [str(jid)])
+            finally:
+                s.close()
+            if rows:
+                return rows[0]
+        except Exception:
+            pass  # not written yet
+        time.sleep(0.3)
+    return {"cause": "?", "state": "?", "nodes": "[]", "summary": "no verdict yet"}
+
+
+def show(tb: Testbed, jid: int, user: str) -> None:
+    banner(f"gpuguard job show {jid}   (as {user}, who can read no store)")
+    env = dict(tb.env, TZ="UTC")
+    subprocess.run(["runuser", "-u", user, "--", str(GG), "job", "show", str(jid)], env=env, cwd="/")
 
 
 def main() -> int:
@@ -48,37 +89,49 @@ def main() -> int:
     root = tb.root / "demo"
     tb.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()),
                         extra="[verdict]\nwarmup_s = 0.0\nlong_window_s = 2.0\nshort_window_s = 1.0\n")
+    for n in ("n1", "n2"):
+        gpus(root, n, BUSY)
+    print(f"stores: {root}/n1/node.db, {root}/n2/node.db (one per node); cluster store "
+          f"{root}/cluster/cluster.db (SlurmUser); spool {root}/spool")
     train = f"#!/bin/bash\nexec {PY} {REPO}/scripts/train_demo.py --steps 40 {{}}\n"
-    shown = []
 
-    banner("job 1: healthy training job on n1 (2 GPUs)")
-    j1 = tb.submit(train.format(""), gres="gpu:2", nodelist="n1", comment="gpuguard:template=demo")
-    print(tb.wait_job(j1, timeout=180))
-    shown.append(("n1", j1))
+    banner("1. template 'demo' four times, alternating n1/n2, busy GPUs")
+    runs = []
+    for k, node in enumerate(("n1", "n2", "n1", "n2")):
+        j = tb.submit(train.format(""), gres="gpu:2", nodelist=node, comment="gpuguard:template=demo")
+        rec = tb.wait_job(j, timeout=180)
+        v = verdict(root, j)
+        print(f"  run {k + 1}: job {j} on {node}: {rec['State']}; verdict {v['state']}/{v['cause']}: {v['summary']}")
+        runs.append(j)
 
-    banner("job 2: a job sent to n2, whose kernel log holds XID 79 on GPU 0")
+    banner("2. a 2-node job whose n2 GPUs run at half clock, then a healthy 2-node control")
+    for k in range(3):
+        j = tb.submit("#!/bin/bash\nsleep 6\n", gres="gpu:2", nodes=2, comment="gpuguard:template=two-node")
+        tb.wait_job(j, timeout=120)
+        print(f"  baseline run {k + 1}: job {j}: {verdict(root, j)['cause']}")
+    gpus(root, "n2", HALF_CLOCK)
+    strag = tb.submit("#!/bin/bash\nsleep 6\n", gres="gpu:2", nodes=2, comment="gpuguard:template=two-node")
+    tb.wait_job(strag, timeout=120)
+    v = verdict(root, strag)
+    print(f"  job {strag} on {', '.join(json.loads(v['nodes']))}: judged once: {v['cause']}: {v['summary']}")
+    gpus(root, "n2", BUSY)
+    ctl = tb.submit("#!/bin/bash\nsleep 6\n", gres="gpu:2", nodes=2, comment="gpuguard:template=two-node")
+    tb.wait_job(ctl, timeout=120)
+    print(f"  control job {ctl}: {verdict(root, ctl)['cause']}")
+
+    banner("3. a job sent to n2, whose kernel log holds XID 79 on GPU 0")
     (root / "n2" / "kern.log").write_text(
         "[ 912.345678] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
-    j2 = tb.submit("#!/bin/bash\ntrue\n", gres="gpu:1", nodelist="n2")
+    j = tb.submit("#!/bin/bash\ntrue\n", gres="gpu:1", nodelist="n2")
     try:
-        tb.wait_job(j2, timeout=60)
+        tb.wait_job(j, timeout=60)
     except JobHeld as e:
-        print(f"job {j2} requeued and held by Slurm after the Prolog drained n2:", str(e).splitlines()[0])
-    shown.append(("n2", j2))
+        print(f"job {j} requeued and held by Slurm after the Prolog drained n2:", str(e).splitlines()[0])
 
-    banner("job 3: training job on n1 whose GPUs throttle (HW thermal slowdown, SM clock halved)")
-    hot = {"gpu_util_pct": 97.0, "sm_clock_mhz": 990.0, "power_w": 380.0, "temp_c": 88.0,
-           "clock_event_reasons": ["hw_thermal_slowdown"]}
-    (root / "n1" / "gpus.json").write_text(dump_snapshot(
-        node_snapshot(4), steps=[{"after_s": 1.5, "gpus": {"0": hot, "1": hot}}], t0=time.time()))
-    j3 = tb.submit(train.format("--compute-s 0.2"), gres="gpu:2", nodelist="n1", comment="gpuguard:template=demo")
-    print(tb.wait_job(j3, timeout=180))
-    shown.append(("n1", j3))
-
-    for node, jid in shown:
-        banner(f"gpuguard job show {jid}   (store of {node})")
-        subprocess.run([str(GG), "--config", str(tb.gpuguard_toml), "job", "show", str(jid)],
-                       env=dict(os.environ, SLURMD_NODENAME=node))
+    show(tb, runs[-1], "gg_alice")
+    show(tb, strag, "gg_alice")
+    banner(f"gpuguard job show {strag} as gg_bob (not his job: Slurm's PrivateData=jobs refuses)")
+    subprocess.run(["runuser", "-u", "gg_bob", "--", str(GG), "job", "show", str(strag)], env=tb.env, cwd="/")
     banner("sinfo -R -o '%E|%U|%H|%N'   (full drain reasons)")
     print(tb.run(["sinfo", "-R", "-o", "%E|%U|%H|%N"]).stdout)
     print("testbed left up: eval \"$(tests/testbed/testbed.sh env)\" to use sinfo/sbatch; "

@@ -45,6 +45,18 @@ def node_snapshot(n: int = 4, **per_gpu) -> NodeSnapshot:
                         driver_version="535.183.01", cuda_version="12.2")
 
 
+@pytest.fixture(autouse=True)
+def _no_host_config(monkeypatch, tmp_path_factory):
+    """Keep the host's /etc/gpuguard, /etc/slurm and the parent Slurm daemon out of config
+    discovery: tests name their config (GPUGUARD_CONFIG) or test discovery explicitly."""
+    from gpuguard import config as config_mod
+
+    none = str(tmp_path_factory.mktemp("noconf") / "gpuguard.toml")
+    monkeypatch.setattr(config_mod, "DEFAULT_PATH", none)
+    monkeypatch.setattr(config_mod, "SLURM_CONF_LOCATIONS", ())
+    monkeypatch.setattr(config_mod, "_daemon_slurm_conf", lambda *a, **k: None)
+
+
 @pytest.fixture
 def utc(monkeypatch):
     """Pin the local time zone to UTC: nvidia-smi and ``dmesg -T`` stamps are local time,

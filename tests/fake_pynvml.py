@@ -479,15 +479,28 @@ class FakeNvml:
         return list(self._get(self._dev("nvmlDeviceGetMigMode", handle), "mig"))
 
     def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[int]) -> list[_Struct]:
-        """Only ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (device key ``recovery_action``);
-        other fields answer ``NVML_ERROR_NOT_SUPPORTED`` inside the value, as NVML does."""
+        """Field values as ``c_nvmlFieldValue_t`` holds them (per field ``nvmlReturn``, 0 or
+        NVML_ERROR_NOT_SUPPORTED inside the value as NVML does, and ``value``):
+        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (device key ``recovery_action``, ``uiVal``),
+        ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (from the ``ecc`` key) and
+        ``NVML_FI_DEV_PCIE_REPLAY_COUNTER`` (``pcie_replay``), both ``ullVal``."""
         dev = self._dev("nvmlDeviceGetFieldValues", handle)
+        unsupported = _real.NVML_ERROR_NOT_SUPPORTED
         out = []
         for fid in field_ids:
-            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "recovery_action" in dev:
-                out.append(_Struct(fieldId=fid, nvmlReturn=0, value=_Struct(uiVal=dev["recovery_action"])))
+            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                v = dev.get("recovery_action")
+                out.append(_Struct(fieldId=fid, nvmlReturn=0 if v is not None else unsupported,
+                                   value=_Struct(uiVal=v or 0)))
+                continue
+            if fid == _real.NVML_FI_DEV_ECC_DBE_VOL_TOTAL:
+                v = dev.get("ecc", {}).get((_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _real.NVML_VOLATILE_ECC))
+            elif fid == _real.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+                v = dev.get("pcie_replay")
             else:
-                out.append(_Struct(fieldId=fid, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED, value=_Struct(uiVal=0)))
+                v = None
+            out.append(_Struct(fieldId=fid, scopeId=0, valueType=_real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                               nvmlReturn=0 if v is not None else unsupported, value=_Struct(ullVal=v or 0)))
         return out
 
     # -- events ----------------------------------------------------------------

@@ -214,10 +214,13 @@ def test_row_buffer_drops_oldest_samples_first():
 class Source:
     def __init__(self, snap):
         self.snap = snap
+        self.n = 0
 
     def snapshot(self):
+        # one second apart: the store keys samples by millisecond, and the test loop is faster
+        self.n += 1
         s = self.snap
-        s.taken_at = time.time()
+        s.taken_at = time.time() + self.n
         return s
 
 

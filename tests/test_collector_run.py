@@ -113,8 +113,10 @@ def test_samples_only_job_gpus_values_change_and_exits_when_cgroup_goes(env):
     assert before["clock_event_mask"] == encode_clock_event_reasons(["gpu_idle"]) == 1
     assert (after["gpu_util_pct"], after["sm_clock_mhz"], after["power_w"]) == (97.0, 1410.0, 650.0)
     assert after["clock_event_mask"] == 0x4 | 0x40
-    assert (after["mem_clock_mhz"], after["temp_c"], after["ecc_volatile_uncorrected"],
-            after["pcie_replay_count"]) == (2619.0, 31.0, 0, 0)
+    assert after["temp_c"] == 31.0
+    # cumulative counters come with the first sample, then once a minute (SLOW_EVERY_S)
+    assert (before["ecc_volatile_uncorrected"], before["pcie_replay_count"]) == (0, 0)
+    assert (after["ecc_volatile_uncorrected"], after["pcie_replay_count"]) == (None, None)
     g3 = [r for r in rows if r["gpu_index"] == 3]
     assert (g3[0]["mem_used_mib"], g3[-1]["mem_used_mib"]) == (0.0, 40000.0)
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(g1)]

@@ -33,6 +33,32 @@ class GG:
     def store(self, node: str):
         return open_store(str(self.node_dir(node) / "node.db"), create=False)
 
+    def cluster(self):
+        """The cluster store, read-only: opened by root it must not gain root-owned
+        -wal/-shm files that would lock the SlurmUser worker out."""
+        from gpuguard.epilog.jobview import open_readonly
+
+        return open_readonly(str(self.root / "cluster" / "cluster.db"))
+
+    def wait_verdict(self, jid: int, timeout: float = 60.0) -> dict:
+        """The verdict row the controller's worker wrote for ``jid`` (it runs after the job
+        has left squeue, so poll)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if (self.root / "cluster" / "cluster.db").exists():
+                try:  # the worker may be mid-write: read again on the next poll
+                    c = self.cluster()
+                    try:
+                        rows = c.query("select * from verdicts where job_id = ?", [str(jid)])
+                    finally:
+                        c.close()
+                except Exception:
+                    rows = []
+                if rows:
+                    return rows[0]
+            assert time.monotonic() < deadline, f"no verdict for job {jid}\n{self.log()[-3000:]}"
+            time.sleep(0.3)
+
     def log(self) -> str:
         p = self.root / "gpuguard.log"
         return p.read_text() if p.exists() else ""
@@ -185,7 +211,7 @@ def test_four_concurrent_single_gpu_jobs_each_sample_their_own_gpu(gg):
 
 
 def test_two_node_job_each_node_samples_and_summarises_its_part(gg):
-    from gpuguard.epilog.spool import decode_admin_comment
+    from gpuguard.epilog.admincomment import decode
 
     tb = gg.tb
     jid = tb.submit(wrap="sleep 4", gres="gpu:2", nodes=2)
@@ -201,15 +227,16 @@ def test_two_node_job_each_node_samples_and_summarises_its_part(gg):
         if ac or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    doc = decode_admin_comment(ac)
+    doc = decode(ac)
     assert doc is not None, (ac, gg.log())
-    assert sorted(doc["nodes"]) == ["n1", "n2"] and doc["missing_nodes"] == []
+    assert sorted(doc["n"]) == ["n1", "n2"] and "x" not in doc
 
 
 def test_template_runs_judged_healthy_data_pipeline_throttling_healthy(gg):
     """Issue 4 on real Slurm: one template run 4 times with a real training loop, then a
     slow data loader, then a GPU that throttles (thermal slowdown, SM clock halved, the
-    step slower), then healthy again."""
+    step slower), then healthy again. Judged by the controller's worker into the cluster
+    store (node stores per node, a spool between them)."""
     tb = gg.tb
     gg.toml("[verdict]\nwarmup_s = 0.0\nlong_window_s = 2.0\nshort_window_s = 1.0\n")
     busy = {"gpu_util_pct": 97.0, "power_w": 610.0, "sm_clock_mhz": 1980.0, "temp_c": 62.0,
@@ -223,9 +250,8 @@ def test_template_runs_judged_healthy_data_pipeline_throttling_healthy(gg):
                         comment="gpuguard:template=e2e-demo retry=no")
         rec = tb.wait_job(jid, timeout=120)
         assert rec["State"] == "COMPLETED", tb.job_output(jid)
-        rows = gg.store("n1").query("select template, state, cause from verdicts where job_id = ?", [str(jid)])
-        assert rows, gg.log()[-3000:]
-        return rows[0]
+        v = gg.wait_verdict(jid)
+        return {k: v[k] for k in ("template", "state", "cause")}
 
     # below [baseline] min_runs = 3 the template is learning and nothing is judged
     for _ in range(3):

@@ -39,7 +39,11 @@ def test_json_fields(db):
     r = invoke("job", "show", "7", "--json", "--store", db)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert set(d) == {"job_id", "job", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events"}
+    assert set(d) == {"job_id", "job", "nodes", "verdict", "gpus", "summaries", "health_runs", "findings", "events",
+                      "source", "sacct_error"}
+    # no Slurm to ask here: the header from the store, which is the source
+    assert (d["source"], d["job"]["source"]) == (f"store {db}", "gpuguard summaries")
+    assert d["sacct_error"].startswith("sacct ")
     assert d["verdict"] is None  # no verdict stored for this hand-made job
     assert (d["job_id"], d["nodes"]) == ("7", ["n1", "n2"])
     assert d["gpus"] == [{"node": "n1", "gpu_index": 0, "gpu_uuid": "GPU-0"},

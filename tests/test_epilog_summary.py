@@ -48,7 +48,9 @@ def fill(store):
         mask = CAP if i < 4 else CAP_HOT if i < 6 else 0
         rows.append(sample(gpu_index=0, at=1000.0 + i, gpu_util_pct=10.0 * i, mem_used_mib=1000.0 + i,
                            power_w=100.0 + i, temp_c=50.0 + i, sm_clock_mhz=1000.0, clock_event_mask=mask,
+                           mem_util_pct=5.0 * i, pcie_replay_count=i // 3,
                            ecc_volatile_uncorrected=0 if i < 5 else 2))
+        # GPU 0: memory-controller util 0..45 step 5; PCIe replays 0,0,0,1,1,1,2,2,2,3 -> +3.
         # GPU 1: util 50..59; mem 2000; power 200; temp 60; SM 1500; idle reason; ECC unsupported.
         rows.append(sample(gpu_index=1, at=1000.0 + i, gpu_util_pct=50.0 + i, mem_used_mib=2000.0, power_w=200.0,
                            temp_c=60.0, sm_clock_mhz=1500.0, clock_event_mask=IDLE, ecc_volatile_uncorrected=None))
@@ -123,6 +125,8 @@ def test_summary_exact_values(store):
     # pooled util: 0..90 step 10 and 50..59 -> mean (450 + 545) / 20; sorted 20 values, p95 = 19th = 80
     assert (s.gpu_util_mean_pct, s.gpu_util_p95_pct) == (49.75, 80.0)
     assert (s.mem_used_peak_mib, s.power_mean_w, s.temp_max_c, s.sm_clock_mean_mhz) == (2000.0, 152.25, 60.0, 1250.0)
+    # memory-controller util: 0..45 on GPU 0, 0 on GPU 1 -> mean 225 / 20
+    assert (s.mem_util_mean_pct, s.pcie_replay_count_increase) == (11.25, 3)
     # left-point rule, 9 intervals of 1 s per GPU: cap on samples 0-5, thermal on 4-5, idle on 0-8
     assert s.clock_event_gpu_s == {"gpu_idle": 9.0, "sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}
     assert s.ecc_volatile_uncorrected_increase == 2
@@ -133,6 +137,7 @@ def test_summary_exact_values(store):
     assert g0.to_dict() == {
         "gpu_index": 0, "gpu_uuid": "GPU-0", "sample_count": 10, "gpu_util_mean_pct": 45.0,
         "sm_clock_mean_mhz": 1000.0, "power_mean_w": 104.5, "temp_max_c": 59.0, "mem_used_peak_mib": 1009.0,
+        "mem_util_mean_pct": 22.5, "pcie_replay_count_increase": 3,
         "ecc_volatile_uncorrected_increase": 2, "clock_event_s": {"sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}}
     assert (g1.gpu_util_mean_pct, g1.sm_clock_mean_mhz, g1.power_mean_w, g1.temp_max_c,
             g1.ecc_volatile_uncorrected_increase, g1.clock_event_s) == (54.5, 1500.0, 200.0, 60.0, None,
@@ -237,3 +242,20 @@ def test_whole_attempt_after_a_backward_step_still_counts(store):
     store.insert_many("samples", [sample(gpu_index=0, at=100.0 + 10 * i, gpu_util_pct=50.0) for i in range(5)])
     s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=200.0)
     assert s.sample_count == 5
+
+
+def test_windows_in_the_declared_shape(store):
+    fill(store)
+    s = summarize_job(store, "7", "n1", exit_status_raw=0, collector_status="ok", ended_at=1500.0, window_s=5.0)
+    w = s.windows
+    # samples 1000..1009 -> windows [1000, 1005) and [1005, 1010)
+    assert (w["window_s"], w["start"], w["count"]) == (5.0, 1000.0, 2)
+    g0 = w["gpus"]["0"]
+    # GPU 0 util 0,10,..,40 then 50..90; memory peak 1004 then 1009
+    assert (g0["n"], g0["gpu_util_pct"], g0["mem_used_mib"]) == ([5, 5], [20.0, 70.0], [1004.0, 1009.0])
+    assert w["gpus"]["1"]["power_w"] == [200.0, 200.0]
+    # steps at t = 1001..1020: rank 0 in window 0 has steps 1-4 (0.1+0.2+0.3+0.4 s); 1005-1009 in window 1
+    r0 = w["ranks"]["n1/0"]
+    assert (r0["n"], r0["step_time_s_sum"]) == ([4, 5], [pytest.approx(1.0), pytest.approx(3.5)])
+    save_summary(store, s)
+    assert "windows" not in json.loads(store.query("select summary from job_summaries")[0]["summary"])

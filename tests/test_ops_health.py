@@ -265,3 +265,40 @@ def test_a_skipped_rate_limited_step_reports_its_last_findings(hc, monkeypatch):
     f = next(f for f, _ in out.result.decision.actions if f.code == "nvlink.link_down")
     assert "cached_at" in f.evidence
     assert out.result.decision.outcome == "drain"
+
+
+def test_a_second_fault_while_drained_blocks_the_resume(hc):
+    hot = node_snapshot(4, gpu1={"clock_event_reasons": ["hw_slowdown"]})
+    hc.config(health="resume_after_clean_runs = 1", snap=hot)
+    hc.run()
+    reason = hc.slurm.node("n1")["reason"]
+    assert reason.startswith("gpuguard: throttle.hw_slowdown_idle")
+    hc.kern.write_text(XID79)  # the GPU falls off the bus while the node is drained
+    hc.run()
+    assert hc.slurm.node("n1")["reason"] == reason  # the reason on the node stays the first one
+    hc.config(health="resume_after_clean_runs = 1")  # the slowdown clears
+    hc.run()
+    hc.run()
+    assert hc.slurm.node("n1")["state"] == "IDLE+DRAIN"
+    assert hc.actions()[-1] == ("resume", "health", "refused", "reboot")
+
+
+def test_console_script_as_slurmd_runs_it(hc, tmp_path):
+    """``gpuguard-health`` with only SLURMD_NODENAME (+ the config path) in the
+    environment, as slurmd runs HealthCheckProgram: drains, exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    hc.config()
+    hc.kern.write_text(XID79)
+    exe = os.path.join(os.path.dirname(sys.executable), "gpuguard-health")
+    env = {"SLURMD_NODENAME": "n1", "GPUGUARD_CONFIG": os.environ["GPUGUARD_CONFIG"]}
+    cp = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=120)
+    assert (cp.returncode, cp.stdout) == (0, "")
+    assert hc.slurm.node("n1")["reason"] == REASON79
+    # a broken config: nothing is drained or resumed on the defaults, still exit 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[health\n")
+    cp = subprocess.run([exe], env=dict(env, GPUGUARD_CONFIG=str(bad)), capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0

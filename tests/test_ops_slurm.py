@@ -82,10 +82,19 @@ def wait_for(pred, what, timeout=40, tb=None, root=None):
 
 
 def actions(root, node):
-    st = open_store(str(root / node / "node.db"), create=False)
+    """The node's actions; [] while the health run is still creating its store."""
+    from gpuguard.ops import schema  # noqa: F401  (the "ops" tables)
+    from gpuguard.store import StoreError
+
+    try:
+        st = open_store(str(root / node / "node.db"), create=False)
+    except StoreError:
+        return []
     try:
         return [(r["action"], r["by"], r["outcome"], r["recovery"])
                 for r in st.query("select * from node_actions where node = ? order by id", [node])]
+    except StoreError:
+        return []
     finally:
         st.close()
 

@@ -107,8 +107,10 @@ def test_every_report_json_has_one_time_format(tmp_path, name):
     assert doc["reports"][0]["since"] == "2025-03-01T00:00:00-05:00"  # --since read in the display zone
 
 
-#: Commands that print no data (they write a file, change state or print a config file).
-NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync"}
+#: Commands that print no data (they write a file, change state and say so in a line,
+#: or print a file in its own format: a config, Prometheus text).
+NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync", "node drain", "node resume",
+           "alert send", "metrics show", "metrics write"}
 
 
 def _leaf_commands(cmd, path=()):
@@ -125,3 +127,17 @@ def test_every_data_command_has_format_and_json():
     missing = [name for name, cmd in _leaf_commands(main) if name not in NO_DATA
                and not {"--format", "--json"} <= {o for p in cmd.params for o in getattr(p, "opts", [])}]
     assert missing == []
+
+
+def test_too_wide_table_splits_into_parts_repeating_the_label_columns():
+    headers = ["ACCOUNT", "USER", *[f"METRIC_{i}" for i in range(8)]]
+    rows = [["physics", "ann", *[1000.5 + i for i in range(8)]], ["bio", "bob", *range(8)]]
+    out = table(rows, headers, width=50, total=["TOTAL", "", *range(8)])
+    parts = out.split("\n\n")
+    assert len(parts) == 3 and all(len(line) <= 50 for line in out.splitlines())
+    for p in parts:
+        lines = p.splitlines()
+        assert lines[0].split()[:2] == ["ACCOUNT", "USER"] and lines[2].split()[:2] == ["physics", "ann"]
+        assert lines[-1].split()[0] == "TOTAL" and set(lines[-2].replace(" ", "")) == {"-"}
+    assert [h for p in parts for h in p.splitlines()[0].split()[2:]] == headers[2:]
+    assert table(rows, headers, width=None).count("\n") == 3  # piped: one table, no split

@@ -268,3 +268,24 @@ def test_readme_sacct_command_asks_for_every_field_sync_reads():
     (fmt,) = re.findall(r"--format=(\S+) \\\n  > jobs\.txt", readme)
     assert fmt.split(",") == list(SACCT_FIELDS)
     assert "sacct -a -X -D -P -S" in readme
+
+
+def test_every_index_path_gives_the_same_usage(cstore):
+    # 400 one-hour 1-GPU jobs, one every 6 h over 100 days, plus one 3-day job: a window
+    # early, in the middle and late in the history takes a different index each
+    from gpuguard.reports.queries import _usage_where
+
+    head = "JobIDRaw|Account|State|Start|End|ElapsedRaw|AllocTRES\n"
+    t0 = utc("2025-01-01T00:00:00")
+    rows = [f"{i}|a|COMPLETED|{int(t0 + i * 21600)}|{int(t0 + i * 21600 + 3600)}|3600|gres/gpu=1\n" for i in range(400)]
+    rows.append(f"999|b|COMPLETED|{int(t0 + 40 * 86400)}|{int(t0 + 43 * 86400)}|259200|gres/gpu=2\n")
+    import_text(cstore, head + "".join(rows), tz=UTC)
+    paths = set()
+    for day in (1, 41, 98):
+        a, b = t0 + day * 86400, t0 + (day + 1) * 86400
+        w = _usage_where(cstore, a, b, None)
+        paths.add(w.split(" AND ")[0])
+        got = {r["group"]: r["gpu_hours"] for r in cost(cstore, since=a, until=b).tables[0].rows}
+        expect = {"a": 4.0, **({"b": 48.0} if day == 41 else {})}
+        assert got == expect, (day, w)
+    assert len(paths) == 3, paths  # start_at bound, span bound and usage_end_at bound were all used

@@ -22,8 +22,9 @@ from gpuguard.store import NAMED_SETS_VERSION, MigrationSet, StoreError, open_st
 V5 = pathlib.Path(__file__).parent / "data" / "store-user-version-5.db"
 
 ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_idle"),
-             ("collector", "samples"), ("collector", "samples_by_gpu"),
-             ("epilog", "job_records"), ("epilog", "baselines"),
+             ("collector", "samples"), ("collector", "samples_by_gpu"), ("collector", "compact_samples"),
+             ("epilog", "job_records"), ("epilog", "baselines"), ("epilog", "baseline_relearn"),
+             ("epilog", "cluster_jobs"),
              ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}
 
 

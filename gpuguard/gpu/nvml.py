@@ -279,6 +279,7 @@ class NvmlSource:
         self._xid_set: Any = None
         #: Notes about the last snapshot that have no place in NodeSnapshot (budget).
         self.last_notes: list[str] = []
+        self._telemetry_gpus: Any = None  # the job's handles, resolved by the first telemetry()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -724,6 +725,13 @@ class NvmlSource:
                 return  # cut short: leave nvlinks None rather than a list missing links
             links.append(ls)
         rd.state.nvlinks = links or None
+
+    def telemetry(self, indices: list[int], uuids: list[str], slow: bool) -> NodeSnapshot:
+        """The collector's per-interval read of the job's GPUs only
+        (:func:`gpuguard.gpu.telemetry.read_job_gpus`)."""
+        from gpuguard.gpu.telemetry import read_job_gpus
+
+        return read_job_gpus(self, indices, uuids, slow)
 
     # -- XID events ------------------------------------------------------------
 

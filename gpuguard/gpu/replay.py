@@ -30,7 +30,12 @@ import os
 import time
 from typing import Any
 
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
 from gpuguard.model import GpuState, NodeSnapshot, check_field
+
+#: GpuState fields behind the metric table's sampled metrics (the mask is kept as names).
+TELEMETRY_FIELDS = tuple("clock_event_reasons" if m.name == "clock_event_mask" else m.name for m in GPU_SAMPLED)
+SLOW_FIELDS = tuple(m.name for m in GPU_SLOW)
 
 FORMAT = "gpuguard-snapshot/1"
 
@@ -141,6 +146,30 @@ class ReplaySource:
                 for k, v in changes.items():
                     setattr(g, k, v)
         return snap
+
+    def telemetry(self, indices: list[int], uuids: list[str], slow: bool, now: float | None = None) -> NodeSnapshot:
+        """The collector's per-interval read: the named GPUs only, only the sampled fields
+        (:data:`gpuguard.metrics.GPU_SAMPLED`; :data:`~gpuguard.metrics.GPU_SLOW` when
+        ``slow``), without copying the whole recorded snapshot."""
+        now = time.time() if now is None else now
+        want_u = {u.lower() for u in uuids}
+        fields = TELEMETRY_FIELDS + (SLOW_FIELDS if slow else ())
+        out = NodeSnapshot(taken_at=now, source="replay")
+        elapsed = now - self._t0
+        for base in self._base.gpus:
+            if base.index not in indices and (base.uuid or "").lower() not in want_u:
+                continue
+            g = GpuState(index=base.index, uuid=base.uuid, pci_bus_id=base.pci_bus_id)
+            for f in fields:
+                setattr(g, f, getattr(base, f))
+            for st in self._steps:
+                if st["after_s"] > elapsed:
+                    break
+                for k, v in ((st.get("gpus") or {}).get(str(base.index)) or {}).items():
+                    if k in fields:
+                        setattr(g, k, v)
+            out.gpus.append(g)
+        return out
 
     def close(self) -> None:
         """Nothing to release (interface parity with the NVML source)."""

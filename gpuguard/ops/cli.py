@@ -96,7 +96,7 @@ def node() -> None:
 def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
     """Nodes drained by gpuguard now (from ``sinfo -R``), with reason, time, who drained
     them and what it takes to bring them back (from the node's store, where readable)."""
-    from gpuguard.ops.nodes import last_drain
+    from gpuguard.ops.nodes import effective_recovery, last_drain
     from gpuguard.recovery import RECOVERY_TEXT
     from gpuguard.slurm import REASON_PREFIX, SlurmCli, SlurmError
     from gpuguard.store import StoreError
@@ -119,15 +119,21 @@ def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
             if ours:
                 try:
                     st = _store_for(cfg, n)
-                    rec = last_drain(st, n)
-                    st.close()
-                except (click.ClickException, StoreError):
-                    rec = None
-                if rec and rec["reason"] and r.reason.startswith(rec["reason"][:40]):
-                    row["by"] = rec["by"]
-                    row["recovery"] = RECOVERY_TEXT.get(rec["recovery"] or "manual", rec["recovery"])
-                    ev = json.loads(rec["evidence"] or "[]")
-                    row["evidence"] = "; ".join(f"{e['code']}: {e['message']}" for e in ev if isinstance(e, dict))[:200]
+                except click.ClickException:
+                    st = None
+                try:
+                    rec = last_drain(st, n) if st is not None else None
+                    if rec and rec["reason"] and r.reason.startswith(rec["reason"][:40]):
+                        row["by"] = rec["by"]
+                        row["recovery"] = RECOVERY_TEXT[effective_recovery(st, n, rec)]
+                        ev = json.loads(rec["evidence"] or "[]")
+                        row["evidence"] = "; ".join(f"{e['code']}: {e['message']}" for e in ev
+                                                    if isinstance(e, dict))[:200]
+                except StoreError:
+                    pass  # a node whose store cannot be read: Slurm's view only
+                finally:
+                    if st is not None:
+                        st.close()
             rows.append(row)
     emit(fmt, rows, headers=["node", "since", "by", "reason", "recovery"] + (["ours"] if show_all else []))
 
@@ -143,7 +149,7 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     import time
 
     from gpuguard.ops import maintenance
-    from gpuguard.ops.nodes import history, last_drain, read_node
+    from gpuguard.ops.nodes import effective_recovery, history, last_drain, read_node
     from gpuguard.recovery import RECOVERY_TEXT
     from gpuguard.slurm import SlurmCli, SlurmError
 
@@ -159,13 +165,14 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     try:
         rows = history(st, name, since=time.time() - since * 86400)
         rec = last_drain(st, name)
+        kind = effective_recovery(st, name, rec) if rec else None
     finally:
         st.close()
     for r in rows:
         r["at"] = _iso(cfg, r["at"])
     if fmt != "text":
         doc = {"node": name, "state": state, "reason": reason, "maintenance": maint.line(),
-               "drain": {"by": rec["by"], "at": _iso(cfg, rec["at"]), "recovery": rec["recovery"]}
+               "drain": {"by": rec["by"], "at": _iso(cfg, rec["at"]), "recovery": kind}
                if (info is not None and info.drained and info.ours and rec) else None,
                "history": rows}
         emit(fmt, doc, rows=rows, headers=["at", "kind", "what", "detail", "recovery"])
@@ -174,7 +181,7 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     click.echo(f"maintenance: {maint.line()}")
     if info is not None and info.drained and info.ours and rec:
         click.echo(f"drained by {rec['by']} at {_iso(cfg, rec['at'])}: "
-                   f"{RECOVERY_TEXT.get(rec['recovery'] or 'manual', rec['recovery'])}")
+                   f"{RECOVERY_TEXT[kind or 'manual']}")
     if rows:
         emit("text", rows, headers=["at", "kind", "what", "detail"])
     else:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.recovery import recovery_of, recovery_of_findings
+from gpuguard.recovery import RECOVERY_TEXT, recovery_of, recovery_of_findings
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 BUSY_FLAGS = {"ALLOCATED", "MIXED", "COMPLETING"}
@@ -165,7 +165,7 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     docstring). ``info``: the node's :class:`gpuguard.ops.nodes.NodeInfo` as it was
     before this run (None when Slurm could not be read: nothing is resumed). Returns the
     ``node_actions`` rows written."""
-    from gpuguard.ops.nodes import drain_run, record_action, run_findings
+    from gpuguard.ops.nodes import drain_run, effective_recovery, record_action, run_findings
 
     done: list[dict[str, Any]] = []
     for o in retried or []:
@@ -202,6 +202,12 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
     rec = _drain_record(store, node, info)
     if rec.get("recovery") != "auto" or not cfg.get("health", "resume"):
         return done
+    later = effective_recovery(store, node, rec)
+    if later != "auto":
+        r = _record_once(store, node, action="resume", by="health", outcome="refused",
+                         why=f"a later fault while drained needs: {RECOVERY_TEXT[later]}",
+                         reason=info.reason or "", recovery=later)
+        return done + ([r] if r else [])
     if rec.get("slurm_reason") and rec["slurm_reason"] != info.full_reason:
         r = _record_once(store, node, action="resume", by="health", outcome="refused",
                          why=f"the reason was set again since gpuguard's drain ({info.full_reason})",
@@ -348,9 +354,10 @@ def main_run(cfg: Any, log: Any, *, kernel_log: str | None = None) -> HealthOutc
 
 def main() -> int:
     """Console script for slurm.conf's ``HealthCheckProgram`` (a bare path, no
-    arguments): config, budget, always exit 0 (:mod:`gpuguard.hookrun`)."""
+    arguments): config, the hooks' watchdog at ``[health] time_budget_s``
+    (:func:`gpuguard.hookrun.run_watched`), always exit 0."""
     from gpuguard import log as log_mod
-    from gpuguard.hookrun import exit_hook, load_config, run_with_budget
+    from gpuguard.hookrun import exit_hook, load_config, run_watched
 
     os.environ.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     rc = 0
@@ -362,7 +369,10 @@ def main() -> int:
             log.error("tool error: config: %s (health run skipped)", config_error)
         else:
             budget = float(cfg.get("health", "time_budget_s"))
-            rc = run_with_budget(lambda: (main_run(cfg, log), 0)[1], budget, "health")
+            # forked under the hooks' watchdog: a store or scontrol stuck in
+            # uninterruptible sleep cannot keep slurmd's health check waiting
+            rc = run_watched(lambda: (main_run(cfg, log), 0)[1], budget, "health",
+                             log_file=cfg.get("paths", "log_file"))
     finally:
         exit_hook(0)
     return rc

@@ -136,6 +136,26 @@ def clean_runs_since(store: Any, node: str, since: float) -> int:
     return n
 
 
+def drain_recovery_since(store: Any, node: str, since: float) -> list[str]:
+    """Recovery kinds of every finding with action ``drain`` recorded for ``node`` (by
+    any hook) at or after ``since``: a second fault while the node was already drained
+    (XID 79 on a node drained for an idle slowdown) must block a resume the first fault
+    alone would allow."""
+    from gpuguard.recovery import recovery_of
+
+    rows = store.query("select distinct code from findings where node = ? and at >= ? and action = 'drain'",
+                       [node, since])
+    return [recovery_of(r["code"])[0] for r in rows]
+
+
+def effective_recovery(store: Any, node: str, rec: dict[str, Any]) -> str:
+    """What it takes to bring back a node drained by ``rec`` (a ``node_actions`` drain
+    row): the worst of its own recovery kind and those of later drain findings."""
+    from gpuguard.recovery import worst
+
+    return worst([rec.get("recovery") or "manual", *drain_recovery_since(store, node, rec["at"])])
+
+
 def drain_run(store: Any, node: str, reason_text: str) -> dict[str, Any] | None:
     """The newest health run (any hook) of ``node`` that decided to drain with exactly
     ``reason_text``: how a drain made by the Prolog/Epilog is traced to its findings."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -355,12 +356,15 @@ class Testbed:
         for node in NODES:
             self.wait_node(node, ("idle",), max(1.0, deadline - time.monotonic()))
 
-    def gpuguard_config_text(self, root: Path, *, store: str | None = None, cluster_store: str = "",
+    def gpuguard_config_text(self, root: Path, *, store: str | None = None, cluster_store: str | None = None,
                       extra: str = "") -> str:
         """gpuguard.toml for the testbed: per node ``{root}/{node}/`` holds the replay GPU
         snapshot ``gpus.json``, the kernel log ``kern.log``, the store (unless ``store``
-        names one shared file), state and job dirs; the spool and the log are shared.
+        names one shared file), state and job dirs; the spool and the log are shared; the
+        cluster store (the job judge's, written by EpilogSlurmctld's worker as SlurmUser)
+        is ``{root}/cluster/cluster.db`` unless ``cluster_store`` names another.
         ``extra`` adds further sections ([verdict], [reports], ...)."""
+        cluster_store = f"{root}/cluster/cluster.db" if cluster_store is None else cluster_store
         return f"""
 [paths]
 store = "{store or f'{root}/{{node}}/node.db'}"
@@ -385,7 +389,7 @@ slurmctld_wait_s = 10.0
 
     def install_gpuguard(self, root: Path, gpus_json: str, **toml) -> None:
         """Start ``root`` afresh (a replay snapshot ``gpus_json`` and an empty kernel log
-        per node, the spool) and install :meth:`gpuguard_config_text` (keywords pass through).
+        per node, the spool and the cluster store's directory, owned by SlurmUser) and install :meth:`gpuguard_config_text` (keywords pass through).
         Without a replay config the Prolog would, rightly, drain the fake-GPU nodes."""
         subprocess.run(["rm", "-rf", "--", str(root)], check=True)
         for node in NODES:
@@ -394,7 +398,13 @@ slurmctld_wait_s = 10.0
             (d / "kern.log").write_text("")
             (d / "gpus.json").write_text(gpus_json)
         (root / "spool").mkdir()
+        (root / "cluster").mkdir()
+        (root / "gpuguard.log").touch()
         root.chmod(0o755)
+        # the controller's worker runs as SlurmUser: it writes the cluster store, adds its
+        # manifest to the spool, removes judged jobs and logs (root writes anyway)
+        for p in (root / "spool", root / "cluster", root / "gpuguard.log"):
+            shutil.chown(p, "slurm", "slurm")
         self.write_toml(self.gpuguard_config_text(root, **toml))
 
     def write_toml(self, text: str) -> None:

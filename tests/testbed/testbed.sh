@@ -284,6 +284,9 @@ gen_config() {
     echo "KillWait=5"
     echo "MailProg=/bin/true"
     echo "ReturnToService=2"
+    # users see only their own jobs (squeue/scontrol here, sacct through slurmdbd.conf):
+    # gpuguard job show leaves who may see a job to Slurm
+    echo "PrivateData=jobs"
     for i in "${!NODES[@]}"; do
       n=${NODES[$i]}
       port=$((PORT_BASE + 21 + i))
@@ -319,7 +322,7 @@ gen_config() {
     "LogFile=$LOG/slurmdbd.log" "PidFile=$RUN/slurmdbd.pid" \
     "StorageType=accounting_storage/mysql" "StorageHost=127.0.0.1" \
     "StoragePort=$((PORT_BASE + 6))" "StorageUser=slurm" "StoragePass=$DB_PASS" \
-    "StorageLoc=$DB_NAME" >"$out/slurmdbd.conf"
+    "StorageLoc=$DB_NAME" "PrivateData=jobs" >"$out/slurmdbd.conf"
 }
 
 write_gpuguard_toml() {

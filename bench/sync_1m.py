@@ -1,0 +1,71 @@
+"""Benchmark: ``gpuguard report sync --from-file`` of N synthetic sacct -P jobs, against a
+pandas reference that parses the same file and writes it to a plain SQLite table.
+
+The trace is bench/reports_1m.py's (published GPU-cluster trace shapes). Prints seconds
+per 1,000 jobs at N/4, N/2 and N (is it linear?), both sides, and the ratio. A figure, not
+a test. Goal (issue 12): 1 M jobs <= 20 s.
+
+    .venv/bin/python bench/sync_1m.py [--jobs 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from zoneinfo import ZoneInfo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from reports_1m import SYNC_AT, generate  # noqa: E402
+
+from gpuguard.reports.sync import import_file  # noqa: E402
+from gpuguard.store import open_store  # noqa: E402
+
+
+def product(src: str, db: str) -> float:
+    store = open_store(db)
+    t = time.perf_counter()
+    res = import_file(store, src, tz=ZoneInfo("UTC"), synced_at=SYNC_AT)
+    dt = time.perf_counter() - t
+    store.close()
+    assert not res.malformed, res.malformed[:3]
+    return dt
+
+
+def pandas_ref(src: str, db: str) -> float:
+    import pandas as pd
+
+    t = time.perf_counter()
+    df = pd.read_csv(src, sep="|", dtype=str, keep_default_na=False)
+    for c in ("Submit", "Eligible", "Start", "End"):
+        df[c] = pd.to_datetime(df[c], errors="coerce", utc=True).astype("int64") / 1e9
+    conn = sqlite3.connect(db)
+    df.to_sql("jobs", conn, index=False, chunksize=2000)
+    conn.commit()
+    conn.close()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        for n in (a.jobs // 4, a.jobs // 2, a.jobs):
+            src = os.path.join(d, f"sacct-{n}.txt")
+            generate(src, n)
+            p = product(src, os.path.join(d, f"p{n}.db"))
+            r = pandas_ref(src, os.path.join(d, f"r{n}.db"))
+            print(f"{n:>9,} jobs: gpuguard sync {p:6.2f} s ({1000 * p / n:5.1f} ms per 1k) | "
+                  f"pandas parse+to_sql {r:6.2f} s ({1000 * r / n:5.1f} ms per 1k) | ratio {p / r:.2f}")
+            os.remove(src)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The controller side of cluster mode: the job manifest, waiting for parts, judging a
+job from the spool, and ``gpuguard cluster ingest``.
+
+Spool layout (``[paths] spool_dir``, a directory shared by the nodes and the controller,
+owned by SlurmUser)::
+
+    {spool_dir}/{job_id}/job.json              manifest: EpilogSlurmctld's view of the job
+    {spool_dir}/{job_id}/{node}.part.json.gz   one part per node (gpuguard.epilog.part)
+
+A job directory is removed once the job was judged with every node's part and its
+AdminComment is set; a job judged with parts missing keeps its directory (a late part
+makes ``cluster ingest`` judge it again) until ``[cluster] spool_keep_days``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+MANIFEST = "job.json"
+MAX_MANIFEST_BYTES = 1024 * 1024
+
+
+def write_manifest(spool_dir: str, job_id: str, meta: dict[str, Any]) -> str:
+    """Write the job's manifest atomically; returns its path. Raises ``OSError`` and
+    :class:`gpuguard.epilog.spool.SpoolError`."""
+    from gpuguard.epilog.part import job_dir, write_file_atomic
+
+    d = job_dir(spool_dir, job_id, create=True)
+    return write_file_atomic(d, MANIFEST, json.dumps(meta, separators=(",", ":"), default=str).encode())
+
+
+def read_manifest(spool_dir: str, job_id: str) -> dict[str, Any] | None:
+    """The manifest, or None when absent or unreadable (never follows a symlink)."""
+    from gpuguard.epilog.part import _read_bounded, job_dir
+
+    blob = _read_bounded(os.path.join(job_dir(spool_dir, job_id), MANIFEST), MAX_MANIFEST_BYTES)
+    if blob is None:
+        return None
+    try:
+        doc = json.loads(blob)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and str(doc.get("job_id")) == str(job_id) else None
+
+
+def wait_for_parts(spool_dir: str, job_id: str, nodes: list[str], timeout_s: float, log: Any = None,
+                   poll_s: float = 0.5) -> dict[str, dict[str, Any]]:
+    """Poll until every node in ``nodes`` has its part in the spool or ``timeout_s``
+    passes (EpilogSlurmctld starts with, or before, the node Epilogs: SLURM-FACTS §3).
+    Returns the parts there are. Only new files are decoded on each poll."""
+    from gpuguard.epilog.part import SUFFIX, job_dir, read_parts
+
+    deadline = time.monotonic() + timeout_s
+    d = job_dir(spool_dir, job_id)
+    while True:
+        try:
+            have = {n[: -len(SUFFIX)] for n in os.listdir(d) if n.endswith(SUFFIX) and not n.startswith(".")}
+        except OSError:
+            have = set()
+        if all(n in have for n in nodes) or time.monotonic() >= deadline:
+            return read_parts(spool_dir, job_id, log)
+        time.sleep(poll_s)
+
+
+def remove_job(spool_dir: str, job_id: str, log: Any = None) -> bool:
+    """Remove the job's spool directory (``shutil.rmtree`` works by file descriptor and
+    never follows a symlink out of it); returns whether it is gone."""
+    from gpuguard.epilog.part import job_dir
+
+    d = job_dir(spool_dir, job_id)
+    try:
+        shutil.rmtree(d)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        if log is not None:
+            log.warning("spool: cannot remove %s: %s", d, e)
+        return False
+
+
+def judge_from_spool(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
+                     parts: dict[str, dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
+                     retries: int = 3, retry_sleep_s: float = 2.0) -> Any:
+    """Judge one job from what the spool holds (or the ``parts``/``meta`` given), then
+    remove its spool directory when it was judged complete with its AdminComment set.
+    Returns the :class:`gpuguard.epilog.judge.JudgeResult`, or None without any part."""
+    from gpuguard.epilog.judge import judge_parts, meta_from_parts
+    from gpuguard.epilog.part import read_parts
+
+    spool = cfg.get("paths", "spool_dir")
+    parts = read_parts(spool, job_id, log) if parts is None else parts
+    if not parts:
+        return None
+    meta = meta or read_manifest(spool, job_id) or meta_from_parts(job_id, parts)
+    res = judge_parts(store, job_id, parts, cfg=cfg, meta=meta, slurm=slurm, log=log,
+                      set_comment=bool(cfg.get("cluster", "admin_comment")), retries=retries,
+                      retry_sleep_s=retry_sleep_s)
+    if res.missing:
+        log.warning("job %s judged without node(s) %s: no part in %s", job_id, ",".join(res.missing), spool)
+    if not res.skipped and res.verdict:
+        log.info("verdict %s (template %s) from %d node(s)%s: %s", res.verdict["cause"], res.verdict["template"],
+                 len(res.nodes), f", {len(res.missing)} missing" if res.missing else "", res.verdict["summary"])
+    done = not res.missing and (res.comment_set or res.skipped or not cfg.get("cluster", "admin_comment"))
+    if done:
+        row = store.query("select admin_comment_at from cluster_jobs where job_id = ?", [str(job_id)])
+        if not cfg.get("cluster", "admin_comment") or (row and row[0]["admin_comment_at"] is not None):
+            remove_job(spool, job_id, log)
+    return res
+
+
+@dataclass
+class IngestResult:
+    """What one ``cluster ingest`` pass did (counts of jobs)."""
+
+    judged: int = 0
+    unchanged: int = 0
+    waiting: int = 0
+    removed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.judged} judged, {self.unchanged} unchanged, {self.waiting} still within the "
+                f"worker's wait, {self.removed} old spool dir(s) removed, {len(self.errors)} error(s)")
+
+
+def _newest_mtime(d: str) -> float:
+    newest = 0.0
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                try:
+                    newest = max(newest, e.stat(follow_symlinks=False).st_mtime)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return newest
+
+
+def ingest(cfg: Any, store: Any, *, log: Any, slurm: Any, now: float | None = None,
+           max_jobs: int = 0, retry_sleep_s: float = 2.0) -> IngestResult:
+    """One pass over the spool: judge every job whose parts changed since its last
+    judgment (late parts) or that has no judgment yet (the worker died), once the
+    worker's own wait is over (``[epilog] slurmctld_wait_s`` + ``[cluster]
+    ingest_grace_s`` after the newest file of the job), so worker and ingest never judge
+    the same job at the same time. Removes job directories older than ``[cluster]
+    spool_keep_days``. ``max_jobs`` > 0 bounds the jobs judged in one pass."""
+    from gpuguard.hookrun import is_job_id
+    from gpuguard.store import StoreError
+
+    spool = cfg.get("paths", "spool_dir")
+    now = time.time() if now is None else now
+    res = IngestResult()
+    grace = float(cfg.get("epilog", "slurmctld_wait_s")) + float(cfg.get("cluster", "ingest_grace_s"))
+    keep_s = float(cfg.get("cluster", "spool_keep_days")) * 86400.0
+    try:
+        names = sorted((n for n in os.listdir(spool) if is_job_id(n)), key=int)
+    except OSError as e:
+        res.errors.append(f"spool {spool}: {e.strerror or e}")
+        return res
+    for name in names:
+        d = os.path.join(spool, name)
+        newest = _newest_mtime(d)
+        if now - newest < grace:
+            res.waiting += 1
+            continue
+        if newest and now - newest > keep_s:
+            if remove_job(spool, name, log):
+                res.removed += 1
+            continue
+        try:
+            r = judge_from_spool(cfg, store, name, log=log, slurm=slurm, retry_sleep_s=retry_sleep_s)
+        except (StoreError, OSError, ValueError) as e:
+            res.errors.append(f"job {name}: {e}")
+            log.error("tool error: cluster ingest: job %s: %s", name, e)
+            continue
+        if r is None or r.skipped:
+            res.unchanged += 1
+        else:
+            res.judged += 1
+            if max_jobs and res.judged >= max_jobs:
+                break
+    return res

@@ -1,0 +1,85 @@
+"""``gpuguard cluster ingest``: judge the jobs the EpilogSlurmctld worker could not.
+
+Run on the controller by a systemd timer as SlurmUser
+(``slurm-conf-examples/gpuguard-cluster-ingest.{service,timer}``): one pass over
+``[paths] spool_dir`` (:func:`gpuguard.epilog.cluster.ingest`). Registered in
+:mod:`gpuguard.cli`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"Error: {msg}", err=True)
+    sys.exit(2)
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """Cluster mode: the job judge on the controller."""
+
+
+@cluster.command("ingest")
+@click.option("--max-jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="judge at most this many jobs in this pass (0 = all)")
+@click.option("--json", "as_json", is_flag=True, help="print the pass's counts as JSON")
+@click.pass_obj
+def ingest_cmd(obj: Any, max_jobs: int, as_json: bool) -> None:
+    """Judge every job in the spool whose parts came late or whose EpilogSlurmctld
+    worker died, once the worker's wait is over; idempotent (a job whose parts did not
+    change is left alone). Must run as the owner of the cluster store, or of its
+    directory before it exists (SlurmUser): a root-owned store or WAL file would lock the
+    worker out. Exit 0; 2 for a bad config, a missing
+    spool_dir or the wrong user; 1 when a job could not be judged."""
+    cfg = obj.cfg
+    spool = cfg.get("paths", "spool_dir")
+    if not spool:
+        _fail("[paths] spool_dir is not set: cluster ingest has nothing to read")
+    path = cfg.cluster_store_path
+    # not there yet: whoever owns its directory (SlurmUser) is meant to create it
+    probe = path if os.path.exists(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        owner = os.stat(probe).st_uid
+    except FileNotFoundError:
+        owner = os.geteuid()
+    except OSError as e:
+        _fail(f"cluster store {path}: {e.strerror or e}")
+    if owner != os.geteuid():
+        import pwd
+
+        try:
+            name = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            name = str(owner)
+        _fail(f"cluster store {path} belongs to {name}: run cluster ingest as that user "
+              f"(e.g. runuser -u {name} -- gpuguard cluster ingest)")
+    from gpuguard import log as log_mod
+    from gpuguard.epilog.cluster import ingest
+    from gpuguard.slurm import SlurmCli
+    from gpuguard.store import StoreError, open_store
+
+    log = log_mod.setup(cfg.get("paths", "log_file"), "cluster-ingest")
+    try:
+        store = open_store(path)
+    except StoreError as e:
+        _fail(str(e))
+    try:
+        res = ingest(cfg, store, log=log, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), max_jobs=max_jobs)
+    finally:
+        store.close()
+    log.info("cluster ingest: %s", res.line())
+    if as_json:
+        click.echo(json.dumps({"judged": res.judged, "unchanged": res.unchanged, "waiting": res.waiting,
+                               "removed": res.removed, "errors": res.errors}))
+    else:
+        click.echo(res.line())
+        for e in res.errors:
+            click.echo(f"  {e}", err=True)
+    sys.exit(1 if res.errors else 0)

@@ -1,0 +1,84 @@
+"""Tiered retention (gpuguard.retention) and `gpuguard store prune`: exact folded minutes,
+what is deleted and what is kept."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gpuguard.cli import main
+from gpuguard.retention import DAY_S, prune
+from gpuguard.store import open_store
+
+NOW = 1_764_460_800.0  # 2025-11-30 00:00 UTC, a whole minute
+OLD = NOW - 20 * DAY_S  # past raw_days=14
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(str(tmp_path / "node.db"))
+    rows = []
+    for i in range(120):  # two minutes of 1 s samples, 20 days ago
+        rows.append({"job_id": "1", "node": "n1", "at": OLD + i, "gpu_index": 0, "gpu_uuid": "GPU-a",
+                     "gpu_util_pct": float(i % 60), "mem_util_pct": 10.0, "mem_used_mib": 1000.0 + i,
+                     "power_w": 300.0 + (i % 2) * 0.5, "temp_c": 50.0, "sm_clock_mhz": 1980.0,
+                     "clock_event_mask": 0x4 if i in (3, 70) else 0,
+                     "ecc_volatile_uncorrected": 0 if i == 0 else None})
+    rows += [{"job_id": "2", "node": "n1", "at": NOW - 100 + i, "gpu_index": 0, "gpu_util_pct": 50.0}
+             for i in range(10)]  # a recent job: kept raw
+    s.insert_many("samples", rows)
+    s.insert_many("host_samples", [{"job_id": "1", "node": "n1", "at": OLD, "cpu_pct": 1.0, "rss_mib": 1.0},
+                                   {"job_id": "2", "node": "n1", "at": NOW - 50, "cpu_pct": 1.0, "rss_mib": 1.0}])
+    s.insert("job_summaries", {"job_id": "1", "node": "n1", "created_at": OLD + 200, "summary": "{}"})
+    s.insert("events", {"node": "n1", "at": OLD, "kind": "xid", "code": 79})
+    yield s
+    s.close()
+
+
+def test_old_raw_samples_fold_into_minutes(store):
+    res = prune(store, now=NOW, raw_days=14, minutes_days=400)
+    assert res == {"samples_folded": 120, "series_done": 1, "series_left": 0, "host_samples": 1, "minutes": 0,
+                   "summaries": 0, "events": 0, "complete": True}
+    mins = store.query("select * from gpu_minutes order by minute")
+    assert [m["minute"] for m in mins] == [int(OLD // 60), int(OLD // 60) + 1]
+    m0 = mins[0]
+    # util 0..59 -> min 0, mean 29.5 rounds to 30 (half away from zero), max 59
+    assert (m0["n"], m0["gpu_util_pct_min"], m0["gpu_util_pct_mean"], m0["gpu_util_pct_max"]) == (60, 0, 30.0, 59)
+    # power in 0.1 W: 3000 and 3005 alternate -> mean 3002.5 -> 3003
+    assert (m0["power_w_x10_min"], m0["power_w_x10_mean"], m0["power_w_x10_max"]) == (3000, 3003.0, 3005)
+    assert (m0["mem_used_mib_min"], m0["mem_used_mib_max"], m0["clock_event_mask_or"]) == (1000, 1059, 4)
+    assert (mins[1]["mem_used_mib_max"], mins[1]["clock_event_mask_or"]) == (1119, 4)
+    assert store.query("select count(*) n from samples where job_id = '1'")[0]["n"] == 0
+    assert store.query("select count(*) n from gpu_slow")[0]["n"] == 0
+    assert store.query("select count(*) n from samples where job_id = '2'")[0]["n"] == 10
+    assert [r["job_id"] for r in store.query("select job_id from host_samples")] == ["2"]
+    # summaries and events stay until asked
+    assert store.query("select count(*) n from job_summaries")[0]["n"] == 1
+    assert store.query("select count(*) n from events")[0]["n"] == 1
+
+
+def test_minutes_expire_and_their_series_go(store):
+    prune(store, now=NOW, raw_days=14, minutes_days=400)
+    res = prune(store, now=NOW, raw_days=14, minutes_days=10, summaries_days=15, events_days=15)
+    assert (res["minutes"], res["summaries"], res["events"]) == (2, 1, 1)
+    assert [r["job_id"] for r in store.query("select job_id from gpu_series")] == ["2"]
+
+
+def test_budget_stops_between_series_and_the_next_run_goes_on(store):
+    res = prune(store, now=NOW, raw_days=14, minutes_days=400, budget_s=0)
+    assert (res["complete"], res["series_done"], res["series_left"]) == (False, 0, 1)
+    assert prune(store, now=NOW, raw_days=14, minutes_days=400)["samples_folded"] == 120
+
+
+def test_negative_age_is_refused(store):
+    with pytest.raises(ValueError, match="raw_days must be >= 0"):
+        prune(store, now=NOW, raw_days=-1, minutes_days=1)
+
+
+def test_cli_prune(store, tmp_path):
+    r = CliRunner().invoke(main, ["store", "prune", "--store", store.path, "--raw-days", "14", "--json"])
+    assert r.exit_code == 0, r.output
+    # the command prunes at the current time, long after NOW: both jobs' samples are past 14 days
+    assert json.loads(r.output)["samples_folded"] == 130
+    r = CliRunner().invoke(main, ["store", "prune", "--store", str(tmp_path / "missing.db")])
+    assert r.exit_code == 2 and "does not exist" in r.output
