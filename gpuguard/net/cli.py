@@ -6,12 +6,11 @@ Parsing saved outputs is ``gpuguard check --from-file`` (one way to triage a pas
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import click
 
-from gpuguard.output import emit, output_options
+from gpuguard.output import display_tz, emit, iso_time, isoify, output_options
 
 
 def _store(cfg: Any, create: bool) -> Any:
@@ -101,6 +100,7 @@ def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
         store.close()
     rows = [{"size_b": s, "median_gbs": m, "mad_gbs": d, "probes": n}
             for s, (m, d, n) in sorted(ref.by_size.items())] if ref else []
+    tz = display_tz(cfg)
 
     def text() -> str:
         if not last:
@@ -111,9 +111,9 @@ def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
         lines.append("last probes:")
         for r in last:
             ratio = "" if r["ratio"] is None else f"  {r['ratio']:.0%} of baseline"
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["at"]))
+            when = iso_time(r["at"], tz)
             lines.append(f"  {when}  {r['hook']:8} {r['state']}{ratio}")
         return "\n".join(lines)
 
-    emit(fmt, {"node": node, "baseline": rows, "last_probes": last}, rows=rows,
+    emit(fmt, {"node": node, "baseline": rows, "last_probes": isoify(last, tz)}, rows=rows,
          headers=["size_b", "median_gbs", "mad_gbs", "probes"], text=text)
