@@ -348,3 +348,20 @@ def test_fleet_median_read_from_a_separate_cluster_store(tmp_path):
     out = probe_node(cfg, store, hook="health")
     assert (out.state, out.judgement.against, out.tool_errors) == ("low", ["fleet"], [])
     store.close()
+
+
+def test_missing_or_broken_cluster_store_leaves_the_node_baseline_judging(env, tmp_path):
+    cfg0, store, fake = env
+    _seed(cfg0, store, fake)
+    low = scaled(healthy_text(), 0.6)
+    for cluster, errors in ((tmp_path / "absent.db", []), (tmp_path / "bad.db", ["nccl fleet baseline"])):
+        if cluster.name == "bad.db":
+            cluster.write_text("not a database " * 100)
+        cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8},
+                                    "nccl": {"binary": str(fake.binary), "timeout_s": 30.0},
+                                    "paths": {"cluster_store": str(cluster)}})
+        fake.push(low)
+        fake.push(low)
+        out = probe_node(cfg, store, hook="health")
+        assert (out.state, out.judgement.against) == ("low", ["node"])
+        assert [e.split(":")[0] for e in out.tool_errors] == errors
