@@ -146,3 +146,13 @@ def test_nvml_recovery_action_field_read_and_judged():
                                                settings={}, gpu_nodes_expected=True), [])
     rec = [(f.code, f.gpu_index) for f in findings if f.code.startswith("gpu.recovery_action")]
     assert (rec, errors) == ([("gpu.recovery_action.node_reboot", 1)], [])
+
+
+def test_handle_error_with_the_drivers_advice_sentence_keeps_its_name():
+    # nvidia-smi's full text for a lost GPU carries a second sentence after the error name
+    # (NVIDIA developer forums, "GPU is lost. Reboot the system to recover this GPU")
+    snap = parse_nvidia_smi("Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  "
+                            "Reboot the system to recover this GPU\n")
+    assert [(g.index, g.pci_bus_id, g.read_errors) for g in snap.gpus] == [
+        (0, "0000:3b:00.0", {"device_handle": "GpuIsLost"})]
+

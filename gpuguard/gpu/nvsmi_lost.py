@@ -47,10 +47,12 @@ def split_lost_lines(text: str) -> tuple[str, list[tuple[int, GpuState]]]:
 
     Returns ``(remaining text, [(offset in the dump, lost GpuState), ...])``. The error
     text after the bus id becomes the NVML error name (``Unknown Error`` -> ``Unknown``,
-    ``GPU is lost`` -> ``GpuIsLost``; anything else -> ``Unknown``)."""
+    ``GPU is lost`` -> ``GpuIsLost``, read from the first sentence; anything else ->
+    ``Unknown``)."""
     lost: list[tuple[int, GpuState]] = []
     for m in _LOST_RE.finditer(text):
-        err = READ_ERROR_NAMES.get(m["err"].strip().rstrip(".").lower(), "Unknown")
+        # the name is the first sentence: "GPU is lost.  Reboot the system to recover this GPU"
+        err = READ_ERROR_NAMES.get(m["err"].split(".", 1)[0].strip().lower(), "Unknown")
         try:
             bus = norm_pci(m["bus"])
         except ValueError:
