@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from gpuguard.xid import kernel_log
+from gpuguard.xid import kernel_log, records
 from gpuguard.xid.kernel_log import KernelLogError, read_since
 from gpuguard.xid.parse import parse_lines
 
@@ -233,7 +233,7 @@ def test_journalctl_overflow_continues_from_last_entry(bindir):
 
 
 def test_journal_message_as_byte_array():
-    assert kernel_log._journal_lines({"MESSAGE": list(b"NVRM: Xid (PCI:0000:01:00): 13, \xff"),
+    assert records.journal_lines({"MESSAGE": list(b"NVRM: Xid (PCI:0000:01:00): 13, \xff"),
                                       "__MONOTONIC_TIMESTAMP": "7000000"}) == [
         "[    7.000000] NVRM: Xid (PCI:0000:01:00): 13, \ufffd"]
 
