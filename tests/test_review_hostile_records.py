@@ -6,7 +6,7 @@ import json
 import pytest
 from test_epilog_hook import ENV, EPILOG_ENV, needs_collector, node, step, summary  # noqa: F401
 
-from gpuguard.collector.ingest import MAX_DURATION_S
+from gpuguard.collector.ingest import INT_MAX, MAX_COUNT, MAX_DURATION_S
 from gpuguard.epilog import hook
 from gpuguard.prolog import hook as prolog_hook
 
@@ -35,3 +35,13 @@ def test_huge_durations_are_malformed_lines_not_nan_shares(node, monkeypatch, ba
     assert (s["step_records"], s["malformed_records"]) == (2, 2)
     assert (s["data_wait_share_pct"], s["comm_share_pct"]) == (25.0, 12.5)
 
+
+@needs_collector
+def test_huge_sample_counts_are_malformed_lines_not_a_lost_summary(node, monkeypatch):  # noqa: F811
+    # INT_MAX samples twice overflowed SQLite's integer sum(): "job summary read failed"
+    lines = [step(0, 1, 0.5, samples=INT_MAX), step(0, 2, 0.5, tokens=INT_MAX),
+             step(0, 3, 0.5, samples=MAX_COUNT + 1), step(0, 4, 0.5, samples=MAX_COUNT),
+             step(0, 5, 0.5, samples=MAX_COUNT)]
+    s = run_epilog(node, monkeypatch, lines)
+    assert (s["step_records"], s["malformed_records"]) == (2, 3)
+    assert s["throughput_samples_per_s"] == 2 * MAX_COUNT / 1.0
