@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -49,7 +50,7 @@ def _read_lines(path: str) -> list[str]:
             raise FileError(f"cannot read {path}: more than {MAX_INPUT_BYTES} bytes decompressed")
     # a syslog file written through a crash holds runs of NUL bytes where unflushed blocks
     # were; they end a line, they do not hide the lines after them
-    return data.replace(b"\x00", b"\n").decode("utf-8", errors="replace").splitlines()
+    return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines()
 
 
 def _time_text(event: XidEvent) -> str:
