@@ -8,7 +8,7 @@ import pytest
 
 from gpuguard import config as config_mod
 from gpuguard.net.nccl_baseline import config_key, node_reference
-from gpuguard.net.nccl_check import probe_node, prolog_wants_probe
+from gpuguard.net.nccl_check import errors_finding, probe_node, prolog_wants_probe
 from gpuguard.net.nccl_probe import build_argv
 from gpuguard.policy import decide
 from gpuguard.store import open_store
@@ -115,12 +115,28 @@ def test_wrong_nonzero_is_nccl_errors(env):
     assert decide(out.findings).reason == "gpuguard: nccl.errors NCCL probe: #wrong 475896"
 
 
-def test_nccl_failure_exit_3_is_nccl_errors(env):
+def test_nccl_failure_exit_3_alerts_without_draining(env):
+    """'unhandled system error' (shared memory, container setup) is no evidence against
+    the hardware: nccl.failure alerts, the fabric checks drain on link evidence."""
     cfg, store, fake = env
     fake.push((DATA / "nccl-tests-failure-unhandled-system-error-2020.txt").read_text(), rc=3)
     out = probe_node(cfg, store, hook="health")
-    assert _codes(out) == ["nccl.errors"]
+    assert _codes(out) == ["nccl.failure"]
     assert out.findings[0].evidence["returncode"] == 3
+    assert decide(out.findings).outcome == "proceed"
+    assert [a for _f, a in decide(out.findings).actions] == ["alert"]
+
+
+@pytest.mark.parametrize("name", ["nccl-warn-nvls-bind-timestamped-2026.txt",
+                                  "nccl-ib-completion-error-vendor-err-2024.txt"])
+def test_setup_faults_in_saved_logs_alert(name):
+    """NVLS bind failures (IMEX / fabric manager) and IBV_WC_LOC_PROT_ERR (memory
+    registration) are setup faults: nccl.failure, alert, never a drain."""
+    from gpuguard.net.nccl_parse import parse
+
+    f = errors_finding(parse((DATA / name).read_text()))
+    assert (f.code, f.severity) == ("nccl.failure", "warning")
+    assert decide([f]).outcome == "proceed"
 
 
 def test_hang_is_a_tool_fault_within_budget(env):

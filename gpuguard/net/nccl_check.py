@@ -6,8 +6,12 @@ Findings (codes in :data:`gpuguard.policy.DEFAULT_ACTIONS`):
 
 * ``nccl.probe_failed`` (info): the probe could not run, hung, or printed nothing
   readable. gpuguard's own fault (or the install's): recorded, never drains.
-* ``nccl.errors`` (critical): ``#wrong`` > 0 or out-of-bounds values (data corruption),
-  a ``Test NCCL/CUDA failure``, an IB completion error, or an NCCL WARN without results.
+* ``nccl.errors`` (critical): ``#wrong`` > 0 or out-of-bounds values (data corruption).
+* ``nccl.failure`` (warning): a ``Test NCCL/CUDA failure``, an IB completion error, or an
+  NCCL WARN without results and without wrong data. Most of these are setup faults
+  (shared memory in a container, IMEX/fabric manager for NVLS, memory registration:
+  ``IBV_WC_LOC_PROT_ERR``), so they alert; a failing link shows in the InfiniBand and
+  NVLink checks, which drain on their own evidence.
 * ``nccl.warn`` (warning): NCCL WARN lines in an otherwise complete, healthy probe.
 * ``nccl.busbw_low_pending`` (warning): a low reading, re-measured low, not yet
   ``[nccl] consecutive_low`` in a row (or low once with no time left to re-measure).
@@ -38,6 +42,9 @@ CODES = declare_codes("nccl", {
     "nccl.errors": ("critical", "drain",
         "#wrong > 0 is data corruption on the GPU/NVLink/NIC path; a failed NCCL test fails the node in Azure HPC "
         "health checks"),
+    "nccl.failure": ("warning", "alert",
+        "NCCL/CUDA failures and IB completion errors without wrong data are mostly setup faults (shm, IMEX, "
+        "memory registration); the fabric checks drain on link evidence"),
     "nccl.warn": ("warning", "alert", "NCCL warned but the probe completed with correct data: look, do not drain"),
     "nccl.output_unreadable": ("warning", "alert",
         "a saved nccl-tests log that cannot be read is not evidence of health"),
@@ -68,8 +75,9 @@ def _error_finding(run: ProbeRun) -> Finding | None:
 
 
 def errors_finding(log: NcclLog, returncode: int | None = None, what: str = "NCCL probe") -> Finding | None:
-    """``nccl.errors`` for data corruption, failures, IB completion errors, or WARN lines
-    without results; None when the output shows none of them. ``what`` starts the
+    """``nccl.errors`` (critical) for data corruption (``#wrong`` > 0, out-of-bounds
+    values); else ``nccl.failure`` (warning) for failures, IB completion errors, or WARN
+    lines without results; None when the output shows none of them. ``what`` starts the
     message (the probe, or the name of a saved log)."""
     bad = log.wrong_total or log.out_of_bounds_total or log.failures or log.ib_errors
     if not bad and not (log.warnings and not log.readable):
@@ -86,7 +94,9 @@ def errors_finding(log: NcclLog, returncode: int | None = None, what: str = "NCC
         parts.append(log.failures[0])
     if log.warnings and not log.ib_errors:
         parts.append("NCCL WARN " + log.warnings[0])
-    return Finding("nccl.errors", "critical", f"{what}: " + "; ".join(parts)[:160], evidence={
+    corrupt = bool(log.wrong_total or log.out_of_bounds_total)
+    code, severity = ("nccl.errors", "critical") if corrupt else ("nccl.failure", "warning")
+    return Finding(code, severity, f"{what}: " + "; ".join(parts)[:160], evidence={
         "wrong": log.wrong_total, "out_of_bounds": log.out_of_bounds_total, "failures": log.failures[:5],
         "warnings": log.warnings[:5], "ib_errors": log.ib_errors[:5], "returncode": returncode})
 
