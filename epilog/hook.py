@@ -384,11 +384,13 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         if restarts:
             summary.collector_restarts = int(restarts.get("restarts") or 0)
             summary.collector_down_s = float(restarts.get("down_s") or 0.0)
-            store.insert("events", {
-                "node": node, "at": time.time(), "kind": "collector_restarted", "job_id": job_id,
-                "source": "epilog", "process": "gpuguard-collector",
-                "message": f"collector restarted {summary.collector_restarts} time(s), down "
-                           f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"})
+            from gpuguard.rows import event_row
+
+            store.insert("events", event_row(
+                node=node, at=time.time(), kind="collector_restarted", job_id=job_id, source="epilog",
+                process="gpuguard-collector",
+                message=f"collector restarted {summary.collector_restarts} time(s), down "
+                        f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"))
         save_summary(store, summary)
         log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,
                  summary.collector_status, summary.sample_count, summary.step_records)

@@ -45,6 +45,20 @@ def test_file_cursor_returns_only_new_lines(tmp_path):
     assert lines == ["four-unfinished"]
 
 
+def test_file_zero_filled_block_after_a_crash_does_not_hide_the_next_kernel_line(tmp_path):
+    # after a hard reset a syslog file holds a block of NUL bytes where unflushed data was;
+    # the kernel line written after the reboot must still be its own line (an XID 79)
+    log = tmp_path / "kern.log"
+    xid = (b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
+           b"name=<unknown>, GPU has fallen off the bus.\n")
+    log.write_bytes(b"Nov 30 12:00:00 n1 kernel: usb 1-1: new device" + b"\x00" * 4096 + xid)
+    lines, cur = read_since(str(log), None, 5)
+    res = parse_lines(lines)
+    assert [(e.xid, e.pci_bus_id) for e in res.events] == [(79, "0000:06:00")]
+    assert res.unparsed == 0
+    assert cur == f"file:{log.stat().st_dev}:{log.stat().st_ino}:{log.stat().st_size}"
+
+
 def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("a much longer first line\nsecond\n")

@@ -372,7 +372,10 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES)
         data = data[: data.rindex(b"\n") + 1]
     elif len(data) < max_bytes:
         data = b""  # an unfinished last line: wait for its newline
-    lines = data.decode("utf-8", "replace").splitlines()
+    # a file written through a hard reset holds zero-filled blocks: a run of NUL bytes ends
+    # a line, so the kernel line after the block is not glued to junk and rejected (the
+    # cursor counts the bytes read)
+    lines = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace").splitlines()
     return lines, f"file:{st.st_dev}:{st.st_ino}:{offset + len(data)}"
 
 
