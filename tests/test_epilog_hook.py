@@ -125,7 +125,7 @@ def test_healthy_no_scontrol_summary_records_and_dir_removed(node, monkeypatch):
 
 def test_store_unwritable_exit_0_nothing_drained(node, monkeypatch):
     p = node["tmp"] / "broken-store.toml"
-    p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['log']}"
+    p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['log']}"\nrun_dir = "{node['tmp']}/run"
 job_dir_root = "{node['jobs']}"\nstate_dir = "{node['tmp']}/state"
 [gpu]\nsource = "replay"\nreplay_path = "{node['replay']}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n""")

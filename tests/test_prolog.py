@@ -71,7 +71,7 @@ def test_xid_policy_override(node, tmp_path, make_config, write_replay):
 def test_store_unwritable_still_decides_from_live_checks(node, write_replay, monkeypatch):
     replay = write_replay(node_snapshot(4, gpu1={"read_errors": {"temp_c": "GpuIsLost"}}))
     p = node["tmp"] / "broken-store.toml"
-    p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['tmp']}/g.log"
+    p.write_text(f"""[node]\nname = "n1"\n[paths]\nstore = "/proc/nope/node.db"\nlog_file = "{node['tmp']}/g.log"\nstate_dir = "{node['tmp']}/state"\nrun_dir = "{node['tmp']}/run"
 [gpu]\nsource = "replay"\nreplay_path = "{replay}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n[prolog]\nstart_collector = false\n""")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
