@@ -34,6 +34,7 @@ def product(ticks: int, gpus: int, d: str) -> dict:
 
     import fake_pynvml as fp
 
+    import gpuguard.collector.schema  # noqa: F401  (the collector's store tables, as its process registers them)
     from gpuguard.collector.host import HostSampler
     from gpuguard.collector.run import Collector
     from gpuguard.gpu.nvml import NvmlSource
@@ -58,14 +59,14 @@ def product(ticks: int, gpus: int, d: str) -> dict:
     tele.time = type("Clock", (), {"time": staticmethod(one_second_later)})
     fake = fp.FakeNvml(fp.h100_node())
     src = NvmlSource(pynvml_module=fake.module)
-    store = open_store(os.path.join(d, "p.db"))
+    db = os.path.join(d, "p.db")
 
     class Alive:
         def check(self):
             return True, "bench"
 
     c = Collector(job_id="1", node="n1", source=src, gpus=",".join(str(i) for i in range(gpus)),
-                  host=HostSampler("1", "n1", dirs=[cg]), liveness=Alive(), open_store=lambda: store,
+                  host=HostSampler("1", "n1", dirs=[cg]), liveness=Alive(), open_store=lambda: open_store(db),
                   interval_s=1.0, flush_s=10.0, log=logging.getLogger("bench"))
     c.sample_once()
     c.flush()
@@ -77,7 +78,7 @@ def product(ticks: int, gpus: int, d: str) -> dict:
             c.flush()
     c.flush()
     return {"cpu_s": time.process_time() - t, "wall_s": time.perf_counter() - w,
-            "rows": store.query("select count(*) n from gpu_samples")[0]["n"]}
+            "rows": open_store(db).query("select count(*) n from gpu_samples")[0]["n"]}
 
 
 def reference(ticks: int, gpus: int, d: str) -> dict:

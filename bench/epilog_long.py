@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import gpuguard.collector.schema
+import gpuguard.epilog.schema  # noqa: F401  (steps, summaries, verdicts)
 T0 = 1_764_460_800.0
 GPUS = 8
 

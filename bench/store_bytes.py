@@ -22,6 +22,8 @@ import sqlite3
 import sys
 import tempfile
 
+import gpuguard.collector.schema
+import gpuguard.epilog.schema  # noqa: F401  (steps, summaries, verdicts)
 from gpuguard.retention import prune
 from gpuguard.store import open_store
 

@@ -46,3 +46,13 @@ def _compact_samples(db: sqlite_utils.Database) -> None:
     from gpuguard import samples
 
     samples.migrate(db.conn)
+
+
+@MIGRATIONS(name="compact_minutes")
+def _compact_minutes(db: sqlite_utils.Database) -> None:
+    """Narrower per-minute tier (:func:`gpuguard.samples.migrate_minutes`): minutes counted
+    from the series' start, min/max as distances from the mean; 64 -> ~50 B per GPU-minute,
+    under 1 B per GPU-second. Existing minute rows are converted."""
+    from gpuguard import samples
+
+    samples.migrate_minutes(db.conn)

@@ -8,15 +8,17 @@ records them in ``findings``.
 
 from __future__ import annotations
 
+import json
+
 import time
 from typing import TYPE_CHECKING, Any
 
 from gpuguard import policy as policy_mod
 from gpuguard.config import Config
-from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog.compare import Settings
 from gpuguard.epilog.decide import FINDING_SEVERITY
 from gpuguard.model import Finding
+from gpuguard.rows import finding_row
 
 if TYPE_CHECKING:
     from gpuguard.epilog.verdict import Verdict
@@ -48,16 +50,33 @@ def _node_of(f: Finding) -> str | None:
     return f.evidence.get("node")
 
 
+#: Straggler evidence that may escalate to a drain: NVML telemetry the collector reads as
+#: root. Per-rank phase times come from the job's own training records, which its user
+#: writes; they name a straggler for the user but never drain a node, or any user could
+#: drain any GPU by reporting one rank as slow three times.
+MACHINE_METRICS = frozenset({"sm_clock_mhz"})
+
+
+def machine_evidence(evidence: dict[str, Any]) -> bool:
+    """Whether a straggler finding's ``evidence`` rests on machine telemetry only
+    (:data:`MACHINE_METRICS`); a node verdict made of several GPUs needs every GPU's."""
+    if evidence.get("metric") == "gpus_straggling":
+        gpus = evidence.get("gpus") or []
+        return bool(gpus) and all(machine_evidence(g) for g in gpus)
+    return evidence.get("metric") in MACHINE_METRICS
+
+
 def escalation(store: Any, f: Finding, *, s: Settings, now: float) -> dict[str, Any] | None:
     """Whether ``f`` repeats: the same code on the same GPU (UUID, else node and index;
     node-level codes: the same node) in at least ``escalate_count`` distinct jobs, this
-    one included, within ``escalate_window_s``. Returns ``{"jobs": [...], "window_s"}``
-    or ``None``. Raises :class:`gpuguard.store.StoreError`."""
-    if f.code not in s.escalate_codes:
+    one included, within ``escalate_window_s``, each time on machine telemetry
+    (:func:`machine_evidence`). Returns ``{"jobs": [...], "window_s"}`` or ``None``.
+    Raises :class:`gpuguard.store.StoreError`."""
+    if f.code not in s.escalate_codes or not machine_evidence(f.evidence):
         return None
     node = _node_of(f)
     job = f.evidence.get("job_id")
-    sql = "select distinct job_id from findings where code = ? and at >= ? and job_id is not null"
+    sql = ("select distinct job_id, evidence from findings where code = ? and at >= ? and job_id is not null")
     params: list[Any] = [f.code, now - s.escalate_window_s]
     if f.gpu_uuid:
         sql += " and gpu_uuid = ?"
@@ -68,10 +87,18 @@ def escalation(store: Any, f: Finding, *, s: Settings, now: float) -> dict[str, 
         if f.gpu_index is not None:
             sql += " and gpu_index = ?"
             params.append(f.gpu_index)
-    jobs = {r["job_id"] for r in store.query(sql, params)} - {job}
+    jobs = {r["job_id"] for r in store.query(sql, params) if machine_evidence(_evidence(r["evidence"]))} - {job}
     if len(jobs) + 1 >= s.escalate_count:
         return {"jobs": [*sorted(jobs), job], "window_s": s.escalate_window_s}
     return None
+
+
+def _evidence(text: str | None) -> dict[str, Any]:
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def act_on_verdict(store: Any, v: Verdict, *, cfg: Config | None, node: str | None = None,
@@ -93,10 +120,8 @@ def act_on_verdict(store: Any, v: Verdict, *, cfg: Config | None, node: str | No
             action = "drain"
         acts.append((f, action))
     if record and acts:
-        store.insert_many("findings", [
-            {"run_id": None, "node": _node_of(f) or node, "at": now, "job_id": v.job_id, "code": f.code,
-             "severity": f.severity, "action": a, "gpu_index": f.gpu_index, "gpu_uuid": f.gpu_uuid,
-             "message": f.message, "evidence": baseline_mod.dumps(f.evidence)} for f, a in acts])
+        store.insert_many("findings", [finding_row(f, a, node=_node_of(f) or node, at=now, job_id=v.job_id)
+                                       for f, a in acts])
     mine = [(f, a) for f, a in acts if node is None or _node_of(f) in (None, node)]
     drains = [f for f, a in mine if a == "drain"]
     if drains:

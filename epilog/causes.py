@@ -23,9 +23,10 @@ from gpuguard.epilog import peers
 from gpuguard.epilog.compare import Comparison, Settings, Windows
 from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
 from gpuguard.epilog.metrics import METRICS, REASON_SHARES, sustained
+from gpuguard.model import HARD_SLOWDOWN_REASONS
 
 #: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
-HARD_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+HARD_REASONS = HARD_SLOWDOWN_REASONS
 #: Step-time metrics shown as the performance evidence.
 PERF_UP = ("step_time_p50_s", "step_time_p95_s")
 #: A clock-event reason group counts as evidence of throttling when its share of GPU

@@ -6,7 +6,8 @@ bounded by ``[store] prune_budget_s``):
 
 1. raw GPU samples older than ``[store] raw_days`` are folded into ``gpu_minutes`` (per GPU
    per UTC minute: count, min/mean/max of each sampled metric, integer-scaled as the raw
-   rows; the OR of the clock-event masks) and deleted with their slow counters, one GPU
+   rows; the OR of the clock-event masks; layout in :mod:`gpuguard.samples`, real units
+   through the ``minutes_view`` view) and deleted with their slow counters, one GPU
    series at a time, so a budget can stop between series and the next run goes on;
 2. ``host_samples`` older than ``raw_days`` are deleted;
 3. ``gpu_minutes`` older than ``[store] minutes_days`` are deleted, and GPU series left
@@ -14,7 +15,7 @@ bounded by ``[store] prune_budget_s``):
 4. only when asked (``summaries_days``/``events_days`` not None): ``job_summaries``,
    ``verdicts``/``comparisons`` and ``events``/``findings`` older than that.
 
-Measured (``bench/store_bytes.py``): a GPU-minute row costs under 60 B, i.e. < 1 B per
+Measured (``bench/store_bytes.py``): a GPU-minute row costs about 50 B, i.e. < 1 B per
 GPU-second against ~30 B per raw sample.
 """
 
@@ -39,7 +40,8 @@ def _minute_select() -> str:
             bits = " | ".join(f"max({c} & {bit})" for bit, _label in CLOCK_EVENT_REASONS.values())
             parts.append(f"({bits})")
         else:
-            parts += [f"min({c})", f"round(avg({c}))", f"max({c})"]
+            mean = f"cast(round(avg({c})) as integer)"
+            parts += [mean, f"{mean} - min({c})", f"max({c}) - {mean}"]
     return ", ".join(parts)
 
 
@@ -52,9 +54,9 @@ def _fold_series(conn: Any, sid: int, t0: float, cutoff: float) -> int:
     # an existing minute (folded before, then more raw rows of it arrived) is recomputed
     # only from the raw rows still present; the boundary minute is rare and small
     conn.execute(
-        f"insert or replace into gpu_minutes select sid, cast((? + t_ms / 1000.0) / 60 as integer) as minute, "
+        f"insert or replace into gpu_minutes select sid, cast((? + t_ms / 1000.0) / 60 as integer) - ? as minute, "
         f"count(*), {_minute_select()} from gpu_samples where sid = ? and t_ms < ? group by minute",
-        (t0, sid, hi))
+        (t0, int(t0 // 60), sid, hi))
     conn.execute("delete from gpu_samples where sid = ? and t_ms < ?", (sid, hi))
     conn.execute("delete from gpu_slow where sid = ? and t_ms < ?", (sid, hi))
     return n
@@ -95,7 +97,9 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
         with store.tx():
             out["host_samples"] = conn.execute("delete from host_samples where at < ?", (raw_cut,)).rowcount
             minute_cut = int((now - minutes_days * DAY_S) // 60)
-            out["minutes"] = conn.execute("delete from gpu_minutes where minute < ?", (minute_cut,)).rowcount
+            out["minutes"] = conn.execute(
+                "delete from gpu_minutes where minute < ? - (select cast(g.t0 / 60 as integer) from gpu_series g "
+                "where g.id = gpu_minutes.sid)", (minute_cut,)).rowcount
             conn.execute("delete from gpu_series where t0 < ? and not exists (select 1 from gpu_samples s "
                          "where s.sid = gpu_series.id) and not exists (select 1 from gpu_minutes m "
                          "where m.sid = gpu_series.id)", (raw_cut,))

@@ -14,8 +14,11 @@ Tables (created by the store migration :func:`migrate`):
 * ``gpu_slow``: the same key, cumulative counters (:data:`gpuguard.metrics.GPU_SLOW`),
   written when the collector's slow path read them (once a minute).
 * ``gpu_minutes``: per-minute aggregates kept after raw samples are pruned:
-  ``(sid, minute, n, <metric>_min/_mean/_max)`` for each GPU_SAMPLED metric but the mask
-  (for which the OR of the minute's masks is kept), integer-scaled like the raw table.
+  ``(sid, minute, n, <metric>_mean, <metric>_dmin, <metric>_dmax)`` for each GPU_SAMPLED
+  metric but the mask (for which the OR of the minute's masks is kept), integer-scaled
+  like the raw table; ``minute`` counts whole minutes from the series' ``t0`` minute, and
+  min/max are stored as distances below/above the rounded mean (small numbers: a few
+  bytes fewer per row, :func:`minutes_ddl`). ``minutes_view`` gives real units.
 * ``samples``: a read-only VIEW with the old row shape (``job_id, node, at, gpu_index,
   gpu_uuid, <metric> ...`` in real units) for ad-hoc SQL; hot paths read the tables.
 
@@ -59,6 +62,7 @@ def migrate(conn: sqlite3.Connection) -> None:
         c = stored_column(m)
         agg += [f"{c}_or integer"] if m.name == "clock_event_mask" else [
             f"{c}_min integer", f"{c}_mean real", f"{c}_max integer"]
+    # (the first layout of gpu_minutes; migrate_minutes replaces it)
     ddl = f"""
         create table gpu_series (id integer primary key, job_id text not null, node text not null,
             gpu_index integer not null, gpu_uuid text, t0 real not null, unique (job_id, node, gpu_index));
@@ -87,6 +91,54 @@ def migrate(conn: sqlite3.Connection) -> None:
                      f"where {' or '.join(f'o.{m.name} is not null' for m in GPU_SLOW if m.name in old) or '0'}")
         conn.execute("drop table samples")
     conn.execute(_view_sql())
+
+
+def minute_columns() -> list[str]:
+    """Columns of ``gpu_minutes`` after ``sid, minute, n``, from the metric table."""
+    out = []
+    for m in GPU_SAMPLED:
+        c = stored_column(m)
+        out += [f"{c}_or"] if m.name == "clock_event_mask" else [f"{c}_mean", f"{c}_dmin", f"{c}_dmax"]
+    return out
+
+
+def migrate_minutes(conn: sqlite3.Connection) -> None:
+    """Second layout of ``gpu_minutes`` (module docstring): minutes relative to the series,
+    min/max as distances from the mean. Rows of the first layout are converted."""
+    cols = ", ".join(f"{c} integer" for c in minute_columns())
+    conn.execute(f"create table gpu_minutes_new (sid integer not null, minute integer not null, "
+                 f"n integer not null, {cols}, primary key (sid, minute)) without rowid")
+    old = {r[1] for r in conn.execute("pragma table_info(gpu_minutes)")}
+    if old:
+        sel = []
+        for m in GPU_SAMPLED:
+            c = stored_column(m)
+            if m.name == "clock_event_mask":
+                sel.append(f"o.{c}_or")
+            else:
+                mean = f"cast(round(o.{c}_mean) as integer)"
+                sel += [mean, f"{mean} - o.{c}_min", f"o.{c}_max - {mean}"]
+        conn.execute(f"insert into gpu_minutes_new select o.sid, o.minute - cast(g.t0 / 60 as integer), o.n, "
+                     f"{', '.join(sel)} from gpu_minutes o join gpu_series g on g.id = o.sid")
+        conn.execute("drop table gpu_minutes")
+    conn.execute("alter table gpu_minutes_new rename to gpu_minutes")
+    conn.execute("drop view if exists minutes_view")
+    conn.execute(_minutes_view_sql())
+
+
+def _minutes_view_sql() -> str:
+    parts = []
+    for m in GPU_SAMPLED:
+        c = stored_column(m)
+        if m.name == "clock_event_mask":
+            parts.append(f"m.{c}_or as {m.name}_or")
+            continue
+        div = f" / {float(m.scale)!r}" if m.scale != 1 else ""
+        parts += [f"(m.{c}_mean - m.{c}_dmin){div} as {m.name}_min", f"m.{c}_mean{div} as {m.name}_mean",
+                  f"(m.{c}_mean + m.{c}_dmax){div} as {m.name}_max"]
+    return ("create view minutes_view as select g.job_id as job_id, g.node as node, g.gpu_index as gpu_index, "
+            "(cast(g.t0 / 60 as integer) + m.minute) * 60 as minute_at, m.n as n, "
+            f"{', '.join(parts)} from gpu_minutes m join gpu_series g on g.id = m.sid")
 
 
 class SeriesCache:
@@ -353,16 +405,15 @@ def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
     added = []
     want = {"gpu_samples": [stored_column(m) for m in GPU_SAMPLED],
             "gpu_slow": [stored_column(m) for m in GPU_SLOW],
-            "gpu_minutes": [c for m in GPU_SAMPLED for c in
-                            ([f"{stored_column(m)}_or"] if m.name == "clock_event_mask" else
-                             [f"{stored_column(m)}_min", f"{stored_column(m)}_mean", f"{stored_column(m)}_max"])]}
+            "gpu_minutes": minute_columns()}
     for table, cols in want.items():
         have = {r[1] for r in conn.execute(f"pragma table_info({table})")}
         for c in cols:
             if c not in have:
-                kind = "real" if c.endswith("_mean") else "integer"
-                conn.execute(f"alter table {table} add column {c} {kind}")
+                conn.execute(f"alter table {table} add column {c} integer")
                 added.append(f"{table}.{c}")
     conn.execute("drop view if exists samples")
     conn.execute(_view_sql())
+    conn.execute("drop view if exists minutes_view")
+    conn.execute(_minutes_view_sql())
     return added

@@ -39,13 +39,17 @@ def test_old_raw_samples_fold_into_minutes(store):
     res = prune(store, now=NOW, raw_days=14, minutes_days=400)
     assert res == {"samples_folded": 120, "series_done": 1, "series_left": 0, "host_samples": 1, "minutes": 0,
                    "summaries": 0, "events": 0, "complete": True}
-    mins = store.query("select * from gpu_minutes order by minute")
-    assert [m["minute"] for m in mins] == [int(OLD // 60), int(OLD // 60) + 1]
+    raw = store.query("select * from gpu_minutes order by minute")
+    assert [m["minute"] for m in raw] == [0, 1]  # minutes from the series' first minute
+    # util 0..59 -> mean 29.5 rounds to 30 (half away from zero), 30 below it, 29 above
+    assert (raw[0]["n"], raw[0]["gpu_util_pct_mean"], raw[0]["gpu_util_pct_dmin"], raw[0]["gpu_util_pct_dmax"]) == (
+        60, 30, 30, 29)
+    mins = store.query("select * from minutes_view order by minute_at")
+    assert [m["minute_at"] for m in mins] == [int(OLD // 60) * 60, int(OLD // 60) * 60 + 60]
     m0 = mins[0]
-    # util 0..59 -> min 0, mean 29.5 rounds to 30 (half away from zero), max 59
-    assert (m0["n"], m0["gpu_util_pct_min"], m0["gpu_util_pct_mean"], m0["gpu_util_pct_max"]) == (60, 0, 30.0, 59)
-    # power in 0.1 W: 3000 and 3005 alternate -> mean 3002.5 -> 3003
-    assert (m0["power_w_x10_min"], m0["power_w_x10_mean"], m0["power_w_x10_max"]) == (3000, 3003.0, 3005)
+    assert (m0["n"], m0["gpu_util_pct_min"], m0["gpu_util_pct_mean"], m0["gpu_util_pct_max"]) == (60, 0, 30, 59)
+    # power in 0.1 W: 3000 and 3005 alternate -> mean 3002.5 -> 3003; in W through the view
+    assert (m0["power_w_min"], m0["power_w_mean"], m0["power_w_max"]) == (300.0, 300.3, 300.5)
     assert (m0["mem_used_mib_min"], m0["mem_used_mib_max"], m0["clock_event_mask_or"]) == (1000, 1059, 4)
     assert (mins[1]["mem_used_mib_max"], mins[1]["clock_event_mask_or"]) == (1119, 4)
     assert store.query("select count(*) n from samples where job_id = '1'")[0]["n"] == 0
@@ -82,3 +86,33 @@ def test_cli_prune(store, tmp_path):
     assert json.loads(r.output)["samples_folded"] == 130
     r = CliRunner().invoke(main, ["store", "prune", "--store", str(tmp_path / "missing.db")])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_first_minute_layout_converts(tmp_path):
+    """gpu_minutes rows of the first layout (absolute minute, min/mean/max) convert to the
+    second (minutes from the series' start, distances from the mean), same real values."""
+    import sqlite3
+
+    from gpuguard import samples
+
+    conn = sqlite3.connect(str(tmp_path / "m.db"), isolation_level=None)
+    conn.execute("begin")
+    samples.migrate(conn)
+    conn.execute("insert into gpu_series (id, job_id, node, gpu_index, t0) values (1, '1', 'n1', 0, ?)", (OLD,))
+    cols = ", ".join(c for m in samples.GPU_SAMPLED for c in (
+        [f"{samples.stored_column(m)}_or"] if m.name == "clock_event_mask" else
+        [f"{samples.stored_column(m)}_{x}" for x in ("min", "mean", "max")]))
+    vals = {"gpu_util_pct": (0, 30.0, 59), "power_w_x10": (3000, 3003.0, 3005)}
+    row = []
+    for m in samples.GPU_SAMPLED:
+        c = samples.stored_column(m)
+        row += [4] if m.name == "clock_event_mask" else list(vals.get(c, (None, None, None)))
+    conn.execute(f"insert into gpu_minutes (sid, minute, n, {cols}) values (1, ?, 60, {', '.join('?' * len(row))})",
+                 (int(OLD // 60) + 2, *row))
+    samples.migrate_minutes(conn)
+    conn.execute("commit")
+    got = conn.execute("select minute, gpu_util_pct_mean, gpu_util_pct_dmin, gpu_util_pct_dmax, power_w_x10_dmax, "
+                       "clock_event_mask_or from gpu_minutes").fetchall()
+    assert got == [(2, 30, 30, 29, 2, 4)]
+    assert conn.execute("select minute_at, power_w_min, power_w_max from minutes_view").fetchall() == [
+        ((int(OLD // 60) + 2) * 60, 300.0, 300.5)]

@@ -131,7 +131,7 @@ def test_add_missing_columns_follows_the_metric_table(tmp_path, monkeypatch):
     monkeypatch.setattr(samples, "GPU_SAMPLED", (*samples.GPU_SAMPLED, new))
     with s.tx():
         assert samples.add_missing_columns(s.db.conn) == [
-            "gpu_samples.enc_util_pct", "gpu_minutes.enc_util_pct_min", "gpu_minutes.enc_util_pct_mean",
-            "gpu_minutes.enc_util_pct_max"]
+            "gpu_samples.enc_util_pct", "gpu_minutes.enc_util_pct_mean", "gpu_minutes.enc_util_pct_dmin",
+            "gpu_minutes.enc_util_pct_dmax"]
     assert s.query("select gpu_util_pct, enc_util_pct from samples") == [{"gpu_util_pct": 50, "enc_util_pct": None}]
     s.close()

@@ -23,6 +23,7 @@ V5 = pathlib.Path(__file__).parent / "data" / "store-user-version-5.db"
 
 ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_idle"),
              ("collector", "samples"), ("collector", "samples_by_gpu"), ("collector", "compact_samples"),
+             ("collector", "compact_minutes"),
              ("epilog", "job_records"), ("epilog", "baselines"), ("epilog", "baseline_relearn"),
              ("epilog", "cluster_jobs"),
              ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}

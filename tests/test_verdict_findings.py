@@ -313,3 +313,28 @@ def test_exit_code_from_env_is_range_checked(raw, expected):
     from gpuguard.epilog.verdict import exit_code_from_env
 
     assert exit_code_from_env({"SLURM_JOB_EXIT_CODE": raw}) == expected
+
+
+def rank_straggler_verdict(job_id, uuid="GPU-n1-02", node="n1"):
+    """A straggler named from the job's own training records (per-rank fwd_bwd time)."""
+    return Verdict(job_id=job_id, template="t", cause="straggler-gpu", state="judged", summary="s",
+                   evidence={"gpus": [{"node": node, "gpu_index": 2, "gpu_uuid": uuid, "rank": 2,
+                                       "metric": "fwd_bwd_s", "value": 2.0, "peer_median": 1.0,
+                                       "rel_change": 1.0, "z": 20.0}]},
+                   nodes=[node])
+
+
+def test_straggler_from_training_records_never_drains(store):
+    """A user who reports one rank slow in 3 jobs within 24 h gets an alert each time,
+    never a drain: training records are the user's own words."""
+    cfg = config_mod.from_dict({})
+    now = 1767225600.0
+    for k, job in enumerate(["1", "2", "3", "4"]):
+        d = act_on_verdict(store, rank_straggler_verdict(job), cfg=cfg, node="n1", now=now + 60 * k)
+        assert (d.outcome, d.actions[0][1]) == ("proceed", "alert")
+    # record-named stragglers do not count towards a later telemetry-named one either
+    d = act_on_verdict(store, straggler_verdict("5"), cfg=cfg, node="n1", now=now + 600)
+    assert (d.outcome, d.actions[0][1]) == ("proceed", "alert")
+    act_on_verdict(store, straggler_verdict("6"), cfg=cfg, node="n1", now=now + 700)
+    d = act_on_verdict(store, straggler_verdict("7"), cfg=cfg, node="n1", now=now + 800)
+    assert d.outcome == "drain" and d.actions[0][0].evidence["escalated"]["jobs"] == ["5", "6", "7"]
