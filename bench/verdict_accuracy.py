@@ -49,7 +49,7 @@ DETECTION_LIMITS = {
     "memory-leak": 0.05,
     "data-pipeline": 0.10,
     "communication": 0.10,
-    "job-changed": 0.12,
+    "job-changed": 0.15,
 }
 
 

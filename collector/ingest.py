@@ -33,8 +33,10 @@ nodes, files of other users, gigabyte lines, non-JSON. So :func:`read_job_record
 * validates each line against schema version 1 (see :mod:`gpuguard.collector.train`);
   a line that fails is counted in ``malformed`` and skipped. Required keys: ``v`` (== 1),
   ``kind`` (``step``/``checkpoint``), ``rank`` (int >= 0), ``t`` (finite number), and for a
-  step ``step`` (int >= 0) and ``step_time_s`` (finite >= 0); for a checkpoint
-  ``duration_s`` (finite >= 0). Optional keys default to the writer's null values;
+  step ``step`` (int >= 0) and ``step_time_s``; for a checkpoint ``duration_s``
+  (durations, phases included: finite, 0 .. :data:`MAX_DURATION_S`; ``samples`` and
+  ``tokens``: 0 .. :data:`MAX_COUNT`). Optional keys
+  default to the writer's null values;
   unknown keys are dropped. Booleans are not accepted as numbers.
 
   Range rules (valid JSON is not enough: the values go into SQLite and into the
@@ -68,6 +70,15 @@ from typing import Any
 MIB = 1024 * 1024
 #: Largest integer accepted: SQLite's INTEGER is a signed 64-bit value.
 INT_MAX = 2**63 - 1
+#: Longest step, phase or checkpoint duration accepted, seconds (366 days). Our choice: no
+#: step outlasts a job, and Slurm time limits are far below a year; the bound keeps the
+#: summary's sums over the record cap finite (``1e308 + 1e308`` is inf, inf/inf is NaN).
+MAX_DURATION_S = 366 * 86400.0
+#: Largest ``samples``/``tokens`` of one step (2**40, about 1.1e12). Our choice: real steps
+#: are below 2**30 tokens; the bound keeps SQLite's integer ``sum()`` over the record cap
+#: (:data:`MAX_RECORDS` * 2**40 < 2**63) from raising "integer overflow", which lost the
+#: whole job summary.
+MAX_COUNT = 2**40
 #: Earliest accepted ``t``: 2000-01-01T00:00:00Z.
 T_MIN = 946684800.0
 #: How far ahead of the reader's clock a ``t`` may be (clock skew between nodes).
@@ -105,7 +116,7 @@ class _Bad(Exception):
 
 
 def _num(d: dict[str, Any], key: str, *, required: bool = True, minimum: float | None = None,
-         allow_nonfinite: bool = False) -> float | None:
+         maximum: float | None = None, allow_nonfinite: bool = False) -> float | None:
     if key not in d or d[key] is None:
         if required:
             raise _Bad(key)
@@ -121,18 +132,18 @@ def _num(d: dict[str, Any], key: str, *, required: bool = True, minimum: float |
         if allow_nonfinite:
             return f
         raise _Bad(key)
-    if minimum is not None and f < minimum:
+    if (minimum is not None and f < minimum) or (maximum is not None and f > maximum):
         raise _Bad(key)
     return f
 
 
-def _int(d: dict[str, Any], key: str, *, required: bool = True) -> int | None:
+def _int(d: dict[str, Any], key: str, *, required: bool = True, maximum: int = INT_MAX) -> int | None:
     if key not in d or d[key] is None:
         if required:
             raise _Bad(key)
         return None
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT_MAX:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= maximum:
         raise _Bad(key)
     return v
 
@@ -167,20 +178,21 @@ def validate_record(obj: Any, *, now: float | None = None) -> dict[str, Any]:
                 raise _Bad("phases")
             phases = {}
             for k in _PHASE_KEYS:
-                v = _num(phases_in, k, required=False, minimum=0.0)
+                v = _num(phases_in, k, required=False, minimum=0.0, maximum=MAX_DURATION_S)
                 if v is not None:
                     phases[k] = v
             return {
                 "v": 1, "kind": "step", "rank": rank, "t": t, "step": _int(obj, "step"),
-                "step_time_s": _num(obj, "step_time_s", minimum=0.0),
-                "samples": _int(obj, "samples", required=False), "tokens": _int(obj, "tokens", required=False),
+                "step_time_s": _num(obj, "step_time_s", minimum=0.0, maximum=MAX_DURATION_S),
+                "samples": _int(obj, "samples", required=False, maximum=MAX_COUNT),
+                "tokens": _int(obj, "tokens", required=False, maximum=MAX_COUNT),
                 "loss": loss, "loss_nonfinite": flag,
                 "grad_norm": gn if gn is not None and math.isfinite(gn) else None,
                 "phases": phases,
             }
         if kind == "checkpoint":
             return {"v": 1, "kind": "checkpoint", "rank": rank, "t": t, "step": _int(obj, "step", required=False),
-                    "duration_s": _num(obj, "duration_s", minimum=0.0)}
+                    "duration_s": _num(obj, "duration_s", minimum=0.0, maximum=MAX_DURATION_S)}
         raise _Bad("kind")
     except _Bad as e:
         raise ValueError(f"bad or missing {e}") from None

@@ -13,8 +13,11 @@ followed: the directory is opened with ``O_NOFOLLOW`` and files relative to it).
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+from collections.abc import Callable
+from typing import Any
 
 
 def enforce_cap(job_dir: str, max_bytes: int) -> tuple[int, list[str]]:
@@ -56,3 +59,17 @@ def enforce_cap(job_dir: str, max_bytes: int) -> tuple[int, list[str]]:
         return total, cut
     finally:
         os.close(dfd)
+
+
+def job_dir_cap_check(cfg: Any, job_id: str, log: logging.Logger) -> Callable[[], None]:
+    """The cap of ``{job_dir_root}/{job_id}`` at ``[paths] job_dir_max_mib`` as a callable
+    the collector runs every liveness period (logs what it cut)."""
+    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
+    cap = int(cfg.get("paths", "job_dir_max_mib") * 2**20)
+
+    def check() -> None:
+        total, cut = enforce_cap(job_dir, cap)
+        if cut:
+            log.warning("job directory %s held %d bytes, over the %d-byte cap: cut %s", job_dir, total, cap,
+                        ", ".join(cut))
+    return check

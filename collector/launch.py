@@ -127,12 +127,6 @@ def pid_file_path(cfg: Any, job_id: str) -> str:
     return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.pid")
 
 
-def restart_file_path(cfg: Any, job_id: str) -> str:
-    """``{state_dir}/collector.{job_id}.restarts.json``: the supervisor's restart record
-    (:mod:`gpuguard.collector.supervise`)."""
-    return os.path.join(cfg.get("paths", "state_dir"), f"collector.{_check_job_id(job_id)}.restarts.json")
-
-
 def job_dir_path(cfg: Any, job_id: str) -> str:
     """``{paths.job_dir_root}/{job_id}`` (the value the TaskProlog exports)."""
     return os.path.join(cfg.get("paths", "job_dir_root"), _check_job_id(job_id))
@@ -318,6 +312,8 @@ def _remove(path: str) -> None:
 def collector_argv(cfg: Any, job_id: str, *, gpus: str | None, uid: int | None,
                    extra: list[str] | None = None) -> list[str]:
     """The collector's command line (an argument list; no shell)."""
+    from gpuguard.collector.supervise import restart_file_path
+
     argv = [sys.executable, "-m", RUN_MODULE, "--supervise", "--restart-file", restart_file_path(cfg, job_id),
             "--job-id", _check_job_id(job_id), "--node", cfg.node_name]
     if cfg.path:
@@ -525,66 +521,3 @@ def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> str | None:
             return None
         raise
     return sig.name
-
-
-def _argv(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def _arg_value(argv: list[bytes], name: bytes) -> bytes | None:
-    try:
-        return argv[argv.index(name) + 1]
-    except (ValueError, IndexError):
-        return None
-
-
-def find_collector_pids(job_id: str, *, node: str | None = None, config: str | None = None) -> list[int]:
-    """Pids of the live collectors (and collector supervisors) of ``job_id`` on this host,
-    found through ``/proc/PID/cmdline`` (:func:`is_collector`), without any config: the
-    epilog stops them even when the config broke after the prolog. ``node`` / ``config``
-    narrow it to collectors started with that ``--node`` / ``--config`` (several slurmd
-    on one host run the same job id's collectors side by side)."""
-    out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not (name.isdigit() and is_collector(int(name), job_id)):
-            continue
-        argv = _argv(int(name))
-        if node is not None and _arg_value(argv, b"--node") != node.encode():
-            continue
-        if config is not None and _arg_value(argv, b"--config") != os.path.abspath(config).encode():
-            continue
-        out.append(int(name))
-    return sorted(out)
-
-
-def stop_collector_by_scan(job_id: str, timeout_s: float = 5.0, *, node: str | None = None,
-                           config: str | None = None) -> list[StopResult]:
-    """SIGTERM, wait, SIGKILL every collector of ``job_id`` found by
-    :func:`find_collector_pids` (same ``node`` / ``config`` filters). Never raises for a
-    process that is already gone."""
-    results = []
-    for pid in find_collector_pids(job_id, node=node, config=config):
-        pidfd = None
-        with contextlib.suppress(OSError, AttributeError, OverflowError, ValueError):
-            pidfd = os.pidfd_open(pid)
-        try:
-            if not is_collector(pid, job_id):
-                continue
-            sent = _signal(pid, pidfd, signal.SIGTERM)
-            exited = _wait_gone(pid, job_id, pidfd, timeout_s)
-            if not exited:
-                sent = _signal(pid, pidfd, signal.SIGKILL) or sent
-                exited = _wait_gone(pid, job_id, pidfd, 1.0)
-            results.append(StopResult(pid, True, exited, sent))
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-    return results

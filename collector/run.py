@@ -514,21 +514,6 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BUSY_TIMEOUT_MS = 500
 
 
-def _job_dir_check(cfg: Any, job_id: str, log: logging.Logger) -> Callable[[], None]:
-    """The job directory's size cap as a callable for :class:`Collector`."""
-    from gpuguard.collector.jobdir_cap import enforce_cap
-
-    job_dir = os.path.join(cfg.get("paths", "job_dir_root"), job_id)
-    cap = int(cfg.get("paths", "job_dir_max_mib") * 2**20)
-
-    def check() -> None:
-        total, cut = enforce_cap(job_dir, cap)
-        if cut:
-            log.warning("job directory %s held %d bytes, over the %d-byte cap: cut %s", job_dir, total, cap,
-                        ", ".join(cut))
-    return check
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--supervise" in argv:  # the prolog starts the collector under its supervisor
@@ -549,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
+    from gpuguard.collector.jobdir_cap import job_dir_cap_check
     from gpuguard import config as config_mod
     from gpuguard import log as log_mod
 
@@ -593,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_s=args.flush_s or cfg.get("collector", "flush_s"),
         liveness_s=args.liveness_s, max_runtime_s=args.max_runtime_s,
         xid_source_factory=make_source if kind == "nvml" else None, log=log,
-        job_dir_check=_job_dir_check(cfg, args.job_id, log),
+        job_dir_check=job_dir_cap_check(cfg, args.job_id, log),
         spill_path=os.path.join(cfg.get("paths", "state_dir"), f"collector.{args.job_id}.spill.jsonl"),
     )
 

@@ -43,6 +43,13 @@ MAX_QUICK_DEATHS = 3
 RUN_MODULE = "gpuguard.collector.run"
 
 
+def restart_file_path(cfg: Any, job_id: str) -> str:
+    """``{state_dir}/collector.{job_id}.restarts.json``: the restart record."""
+    if not (job_id.isascii() and job_id.isdigit()):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return os.path.join(cfg.get("paths", "state_dir"), f"collector.{job_id}.restarts.json")
+
+
 def _pop_option(argv: list[str], name: str) -> str | None:
     """Remove ``name VALUE`` from ``argv``; return VALUE (None when absent)."""
     if name in argv:

@@ -49,13 +49,13 @@ Values are checked before they are written, with the rules the epilog's ingest a
 so a record this module writes is never dropped there and a bad value never raises into
 training code. ``loss``/``grad_norm`` are anything ``float()`` takes (a Python or NumPy
 number, a one-element tensor); anything else (a list, ``"nan?"``, a bool) is written as
-``null``. ``samples``/``tokens`` must be integers in ``0 .. 2**63-1`` (an integral float
+``null``. ``samples``/``tokens`` must be integers in ``0 .. 2**40`` (an integral float
 or numeric string is converted; ``inf``, ``-1``, ``3.5``, ``"many"`` become ``null``). A
-phase time that is not a finite number >= 0 is left out. A record whose *required* value
+phase time outside ``0 .. MAX_DURATION_S`` is left out. A record whose *required* value
 is unusable is not written: ``step`` not an integer in ``0 .. 2**63-1`` (``"epoch1"``,
 ``-1``), or a ``log_step`` ``step_time_s`` / ``log_checkpoint`` ``duration_s`` that is not a
-finite number >= 0. Each kind of problem is reported once per recorder with one line on
-stderr. Only an unknown phase *name* raises (``ValueError``): that is a typo in the
+number in ``0 .. 366 days`` (:data:`MAX_DURATION_S`). Each kind of problem is reported
+once per recorder with one line on stderr. Only an unknown phase *name* raises (``ValueError``): that is a typo in the
 code, found on the first call whether the recorder is enabled or not.
 
 Cost: records are buffered and written with one ``write`` every :data:`FLUSH_RECORDS`
@@ -94,6 +94,11 @@ _live: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 #: Largest integer the ingest (and SQLite's INTEGER) accepts.
 INT_MAX = 2**63 - 1
+#: Largest ``samples``/``tokens`` and duration (seconds) the ingest accepts (the same
+#: bounds as ``gpuguard.collector.ingest.MAX_COUNT`` / ``MAX_DURATION_S``; this module
+#: imports nothing of gpuguard, so training code loads it alone).
+MAX_COUNT = 2**40
+MAX_DURATION_S = 366 * 86400.0
 _INF = math.inf
 _BAD: Any = object()  # "this value is unusable" (distinct from None, "not given")
 
@@ -143,9 +148,9 @@ def _real(x: Any) -> Any:
 
 
 def _seconds(x: Any) -> Any:
-    """``x`` as a finite float >= 0, else :data:`_BAD` (``None`` included)."""
+    """``x`` as a float in ``0 .. MAX_DURATION_S``, else :data:`_BAD` (``None`` included)."""
     f = x if type(x) is float else _real(x)
-    if f is None or f is _BAD or not 0.0 <= f < _INF:
+    if f is None or f is _BAD or not 0.0 <= f <= MAX_DURATION_S:
         return _BAD
     return f
 
@@ -212,7 +217,7 @@ class Step:
         sec = _seconds(seconds)
         if sec is _BAD:
             self._rec._problem(f"phase {name}", f"add_phase({name!r}, {_safe_repr(seconds)}) ignored: "
-                               "not a finite number of seconds >= 0")
+                               "not a number of seconds in 0..366 days")
             return
         self.phases[key] = self.phases.get(key, 0.0) + sec
 
@@ -345,7 +350,7 @@ class Recorder:
             st = _seconds(step_time_s)
             if st is _BAD:
                 self._problem("step_time_s", f"step {_safe_repr(step)} not recorded: step_time_s "
-                              f"{_safe_repr(step_time_s)} is not a finite number of seconds >= 0")
+                              f"{_safe_repr(step_time_s)} is not a number of seconds in 0..366 days")
                 return
             self._emit_step(step, st, samples, tokens, loss, grad_norm, ph)
         except Exception as e:  # a bug of ours: never into the training loop
@@ -360,7 +365,7 @@ class Recorder:
             d = _seconds(duration_s)
             if d is _BAD:
                 self._problem("duration_s", f"checkpoint not recorded: duration_s {_safe_repr(duration_s)} "
-                              "is not a finite number of seconds >= 0")
+                              "is not a number of seconds in 0..366 days")
                 return
             n = _count(step)
             if n is _BAD:
@@ -411,22 +416,22 @@ class Recorder:
         elif gn is not None and not -_INF < gn < _INF:
             gn = None
         ns = _count(samples)
-        if ns is _BAD:
-            self._problem("samples", f"samples {_safe_repr(samples)} written as null: not an integer in 0..{INT_MAX}")
+        if ns is _BAD or (ns is not None and ns > MAX_COUNT):
+            self._problem("samples", f"samples {_safe_repr(samples)} written as null: not an integer in 0..{MAX_COUNT}")
             ns = None
         nt = _count(tokens)
-        if nt is _BAD:
-            self._problem("tokens", f"tokens {_safe_repr(tokens)} written as null: not an integer in 0..{INT_MAX}")
+        if nt is _BAD or (nt is not None and nt > MAX_COUNT):
+            self._problem("tokens", f"tokens {_safe_repr(tokens)} written as null: not an integer in 0..{MAX_COUNT}")
             nt = None
         ordered = {}
         for k in _PHASE_ORDER:
             if k in phases:
                 v = phases[k]
-                if type(v) is not float or not 0.0 <= v < _INF:
+                if type(v) is not float or not 0.0 <= v <= MAX_DURATION_S:
                     v = _seconds(v)
                     if v is _BAD:
                         self._problem("phase " + k, f"phase {k} {_safe_repr(phases[k])} left out: "
-                                      "not a finite number of seconds >= 0")
+                                      "not a number of seconds in 0..366 days")
                         continue
                 ordered[k] = v
         self._append(_dumps({

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpuguard import policy as policy_mod
 from gpuguard.config import Config
-from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog.compare import Settings
 from gpuguard.epilog.decide import FINDING_SEVERITY
 from gpuguard.model import Finding
+from gpuguard.rows import finding_row
 
 if TYPE_CHECKING:
     from gpuguard.epilog.verdict import Verdict
@@ -93,10 +93,8 @@ def act_on_verdict(store: Any, v: Verdict, *, cfg: Config | None, node: str | No
             action = "drain"
         acts.append((f, action))
     if record and acts:
-        store.insert_many("findings", [
-            {"run_id": None, "node": _node_of(f) or node, "at": now, "job_id": v.job_id, "code": f.code,
-             "severity": f.severity, "action": a, "gpu_index": f.gpu_index, "gpu_uuid": f.gpu_uuid,
-             "message": f.message, "evidence": baseline_mod.dumps(f.evidence)} for f, a in acts])
+        store.insert_many("findings", [finding_row(f, a, node=_node_of(f) or node, at=now, job_id=v.job_id)
+                                       for f, a in acts])
     mine = [(f, a) for f, a in acts if node is None or _node_of(f) in (None, node)]
     drains = [f for f, a in mine if a == "drain"]
     if drains:

@@ -23,9 +23,10 @@ from gpuguard.epilog import peers
 from gpuguard.epilog.compare import Comparison, Settings, Windows
 from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
 from gpuguard.epilog.metrics import METRICS, REASON_SHARES, sustained
+from gpuguard.model import HARD_SLOWDOWN_REASONS
 
 #: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
-HARD_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+HARD_REASONS = HARD_SLOWDOWN_REASONS
 #: Step-time metrics shown as the performance evidence.
 PERF_UP = ("step_time_p50_s", "step_time_p95_s")
 #: A clock-event reason group counts as evidence of throttling when its share of GPU
@@ -214,13 +215,18 @@ def gpu_throttling(ctx: Context) -> Found | None:
     """A clock-event reason's share flagged up against the template's own history
     (:func:`reason_shares_up`) with the run slower or its SM clock down; or the SM clock
     flagged down with slowdown reasons active in at least ``throttle_active_share`` of
-    GPU samples (or with a slower run when no reason is reported); or, baseline-free,
+    GPU samples (or with a slower run when no reason is reported and the utilisation did
+    not fall with the clock: idle readings between steps lower the median clock); or,
+    baseline-free,
     hard reasons (thermal, HW slowdown, power brake) active in that share over a long
     window."""
     reasons = named_reasons(ctx)
     rose = reason_shares_up(ctx)
     slow_share = max((v for r, v in reasons.items() if r in SLOWDOWN_REASONS), default=0.0)
-    if ctx.down("sm_clock_mhz") and (slow_share >= ctx.s.throttle_active_share or ctx.perf_worse()):
+    # a clock that fell with the utilisation is an idling GPU's (data waits, pauses), not a throttled one's
+    idle_clock = ctx.down("gpu_util_pct") and slow_share < ctx.s.throttle_active_share
+    if ctx.down("sm_clock_mhz") and not idle_clock and (slow_share >= ctx.s.throttle_active_share
+                                                        or ctx.perf_worse()):
         c = ctx.comps["sm_clock_mhz"]
         rs = ", ".join(f"{r} {v:.0%}" for r, v in reasons.items()) or "no reason reported (application clocks?)"
         return Found(f"SM clock down: {fmt(c)}; active: {rs}",

@@ -8,12 +8,13 @@ Run on the controller by a systemd timer as SlurmUser
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
 
 import click
+
+from gpuguard.output import emit, output_options
 
 
 def _fail(msg: str) -> None:
@@ -29,9 +30,9 @@ def cluster() -> None:
 @cluster.command("ingest")
 @click.option("--max-jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="judge at most this many jobs in this pass (0 = all)")
-@click.option("--json", "as_json", is_flag=True, help="print the pass's counts as JSON")
+@output_options(formats=("text", "json"))
 @click.pass_obj
-def ingest_cmd(obj: Any, max_jobs: int, as_json: bool) -> None:
+def ingest_cmd(obj: Any, max_jobs: int, fmt: str) -> None:
     """Judge every job in the spool whose parts came late or whose EpilogSlurmctld
     worker died, once the worker's wait is over; idempotent (a job whose parts did not
     change is left alone). Must run as the owner of the cluster store, or of its
@@ -75,11 +76,8 @@ def ingest_cmd(obj: Any, max_jobs: int, as_json: bool) -> None:
     finally:
         store.close()
     log.info("cluster ingest: %s", res.line())
-    if as_json:
-        click.echo(json.dumps({"judged": res.judged, "unchanged": res.unchanged, "waiting": res.waiting,
-                               "removed": res.removed, "errors": res.errors}))
-    else:
-        click.echo(res.line())
-        for e in res.errors:
-            click.echo(f"  {e}", err=True)
+    emit(fmt, {"judged": res.judged, "unchanged": res.unchanged, "waiting": res.waiting, "removed": res.removed,
+               "errors": res.errors}, text=res.line)
+    for e in res.errors:
+        click.echo(f"  {e}", err=True)
     sys.exit(1 if res.errors else 0)

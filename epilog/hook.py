@@ -190,7 +190,24 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     deadline = started + budget * DEADLINE_SHARE
     node = cfg.node_name
 
-    # 2. the collector
+    stop, status, restarts = _stop_job_collector(cfg, job_id, budget, node, log)
+    live, pend = _post_job_checks(cfg, env, job_id, henv.job_gpus, node, deadline, log)
+
+    # 4. one epilog at a time per job: a second or concurrent one never undoes the first
+    from gpuguard.epilog.joblock import job_lock
+
+    with job_lock(cfg, job_id, deadline) as locked:
+        if job_id and not locked:
+            log.error("tool error: another epilog of job %s holds its lock; records left to it", job_id)
+            return EXIT_OK
+        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, henv.job_gpus, exit_raw, log, restarts,
+                     henv.job_uid)
+    return EXIT_OK
+
+
+def _stop_job_collector(cfg: Any, job_id: str | None, budget: float, node: str, log: Any) -> tuple:
+    """Step 2: stop the job's collector (pid file, then any left in /proc for this node and
+    config). Returns ``(StopResult or None, collector status, restart record or None)``."""
     stop = None
     if job_id:
         try:
@@ -201,13 +218,15 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             log.error("tool error: collector stop: %s: %s", type(e).__name__, e)
         # a collector left behind (its supervisor killed, a pid file lost) is found in /proc
         _stop_without_config(job_id, log, node=node, config=cfg.path)
-    status = collector_status(stop)
     restarts = _collector_restarts(cfg, job_id, log) if job_id else None
+    return stop, collector_status(stop), restarts
 
-    # 3. post-job checks and the drain, on live state, before any store I/O
+
+def _post_job_checks(cfg: Any, env: dict[str, str], job_id: str | None, job_gpus: Any, node: str,
+                     deadline: float, log: Any) -> tuple:
+    """Step 3: pending drains, the post-job checks on live state and the drain, before any
+    store I/O; alerts queued. Returns ``(LiveCheck, PendingDrains)``."""
     from gpuguard.nodecheck import live_check, pending_drains
-
-    job_gpus = henv.job_gpus
     from gpuguard.ops.maintenance import cached as maintenance_now
 
     maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
@@ -232,17 +251,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
 
     enqueue_from_hook(cfg, node, res.decision.actions, source="epilog", job_id=job_id, log=log)
     job_ended(cfg, env, log)  # exporters' GPU -> job files; fails open
-
-    # 4. one epilog at a time per job: a second or concurrent one never undoes the first
-    from gpuguard.epilog.joblock import job_lock
-
-    with job_lock(cfg, job_id, deadline) as locked:
-        if job_id and not locked:
-            log.error("tool error: another epilog of job %s holds its lock; records left to it", job_id)
-            return EXIT_OK
-        _bookkeeping(cfg, env, job_id, node, stop, status, live, pend, job_gpus, exit_raw, log, restarts,
-                     henv.job_uid)
-    return EXIT_OK
+    return live, pend
 
 
 #: Share of ``[epilog] time_budget_s`` the work plans with (the rest: exit margin).
@@ -251,8 +260,7 @@ DEADLINE_SHARE = 0.9
 
 def _collector_restarts(cfg: Any, job_id: str, log: Any) -> dict | None:
     """The supervisor's restart record of the job (and the file removed), or None."""
-    from gpuguard.collector.launch import restart_file_path
-    from gpuguard.collector.supervise import read_restart_file
+    from gpuguard.collector.supervise import read_restart_file, restart_file_path
 
     path = restart_file_path(cfg, job_id)
     doc = read_restart_file(path)
@@ -287,7 +295,7 @@ def _stop_without_config(job_id: str, log: Any, *, node: str | None, config: str
     if not node:
         return  # without a node name the scan could hit another slurmd's collector
     try:
-        from gpuguard.collector.launch import stop_collector_by_scan
+        from gpuguard.collector.scan import stop_collector_by_scan
 
         for r in stop_collector_by_scan(job_id, COLLECTOR_STOP_MAX_S, node=node, config=config):
             log.warning("collector pid %s of job %s stopped without a config (%s)", r.pid, job_id,
@@ -365,30 +373,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
             log.error("tool error: %s", e)
 
     # 5. training records
-    ingest = None
-    keep_dir = False
-    if uid is None:
-        log.error("tool error: SLURM_JOB_UID unset: training records not read")
-        keep_dir = True
-    else:
-        try:
-            ingest = read_job_records(job_dir, uid)
-            for path, why in ingest.rejected_files:
-                log.warning("training records: %s rejected: %s", path, why)
-            if ingest.malformed:
-                log.warning("training records: %d malformed line(s) skipped", ingest.malformed)
-            if ingest.truncated:
-                log.warning("training records: truncated at the ingest caps; the summary covers the "
-                            "first %d step and %d checkpoint record(s)", len(ingest.steps),
-                            len(ingest.checkpoints))
-            n_steps, n_ckpt = save_training_records(store, job_id, node, ingest)
-            # a rejected file (symlink, FIFO, hard link: planted by the user) is logged and
-            # in the summary; it does not keep the directory (users could pin dirs forever)
-            if n_steps or n_ckpt:
-                log.info("ingested %d step and %d checkpoint record(s)", n_steps, n_ckpt)
-        except Exception as e:  # StoreError, a bug in the reader: keep the dir for a look
-            log.error("tool error: training records: %s: %s", type(e).__name__, e)
-            keep_dir = True
+    ingest, keep_dir = _ingest(store, job_dir, job_id, node, uid, log)
 
     # 6. the summary
     from gpuguard.epilog.summary import save_summary, summarize_job
@@ -399,11 +384,13 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         if restarts:
             summary.collector_restarts = int(restarts.get("restarts") or 0)
             summary.collector_down_s = float(restarts.get("down_s") or 0.0)
-            store.insert("events", {
-                "node": node, "at": time.time(), "kind": "collector_restarted", "job_id": job_id,
-                "source": "epilog", "process": "gpuguard-collector",
-                "message": f"collector restarted {summary.collector_restarts} time(s), down "
-                           f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"})
+            from gpuguard.rows import event_row
+
+            store.insert("events", event_row(
+                node=node, at=time.time(), kind="collector_restarted", job_id=job_id, source="epilog",
+                process="gpuguard-collector",
+                message=f"collector restarted {summary.collector_restarts} time(s), down "
+                        f"{summary.collector_down_s:.1f} s in all (last: {restarts.get('last_death')})"))
         save_summary(store, summary)
         log.info("summary: %s, collector %s, %d sample(s), %d step record(s)", summary.exit_text,
                  summary.collector_status, summary.sample_count, summary.step_records)
@@ -428,6 +415,36 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
             pass  # no job_dir_root: the job never had a directory
         except Exception as e:
             log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+
+
+def _ingest(store: Any, job_dir: str, job_id: str, node: str, uid: int | None, log: Any) -> tuple:
+    """Step 5: read the job's training records into the store. Returns ``(IngestResult or
+    None, keep the job directory)``."""
+    ingest = None
+    keep_dir = False
+    if uid is None:
+        log.error("tool error: SLURM_JOB_UID unset: training records not read")
+        keep_dir = True
+    else:
+        try:
+            ingest = read_job_records(job_dir, uid)
+            for path, why in ingest.rejected_files:
+                log.warning("training records: %s rejected: %s", path, why)
+            if ingest.malformed:
+                log.warning("training records: %d malformed line(s) skipped", ingest.malformed)
+            if ingest.truncated:
+                log.warning("training records: truncated at the ingest caps; the summary covers the "
+                            "first %d step and %d checkpoint record(s)", len(ingest.steps),
+                            len(ingest.checkpoints))
+            n_steps, n_ckpt = save_training_records(store, job_id, node, ingest)
+            # a rejected file (symlink, FIFO, hard link: planted by the user) is logged and
+            # in the summary; it does not keep the directory (users could pin dirs forever)
+            if n_steps or n_ckpt:
+                log.info("ingested %d step and %d checkpoint record(s)", n_steps, n_ckpt)
+        except Exception as e:  # StoreError, a bug in the reader: keep the dir for a look
+            log.error("tool error: training records: %s: %s", type(e).__name__, e)
+            keep_dir = True
+    return ingest, keep_dir
 
 
 def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:

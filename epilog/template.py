@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.hookenv import read_hook_env
+
 NAME_MAX = 64
 _KEY_RE = re.compile(r"(?:^|[\s,;])gpuguard:template=(\S+)")
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -112,28 +114,28 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
 
     Never raises: a template is always returned.
     """
-    comment = env.get("SLURM_JOB_COMMENT")
-    named = from_comment(comment)
+    henv = read_hook_env(env)
+    named = from_comment(henv.job_comment)
     if named:
         return Template(named, "comment")
     info: Mapping[str, str] = job_info or {}
-    if not info and slurm is not None and env.get("SLURM_JOB_ID"):
+    if not info and slurm is not None and henv.job_id:
         try:
-            info = slurm.show_job(env["SLURM_JOB_ID"])
+            info = slurm.show_job(henv.job_id)
         except Exception:  # Slurm unreachable: derive from what the environment has
             info = {}
     named = from_comment(info.get("Comment"))
     if named:
         return Template(named, "comment")
-    partition = env.get("SLURM_JOB_PARTITION") or info.get("Partition")
+    partition = henv.job_partition or info.get("Partition")
     gres_type, gres_count = _gpus_from_tres(info.get("TresPerNode"))
-    job_gpus = [x for x in (env.get("SLURM_JOB_GPUS") or "").split(",") if x.strip()]
+    job_gpus = [x for x in (henv.job_gpus_raw or "").split(",") if x.strip()]  # indices or UUIDs
     gpus = len(job_gpus) if job_gpus else gres_count
-    nodes_s = env.get("SLURM_JOB_NUM_NODES") or info.get("NumNodes")
+    nodes_s = henv.job_num_nodes or info.get("NumNodes")
     try:
         nodes = int(str(nodes_s).split("-")[0]) if nodes_s else None
     except ValueError:
         nodes = None
     gtype = sanitize(gres_type.lower()) if gres_type else gpu_type_of(gpu_name)
-    return Template(derive(partition, gtype, gpus, nodes, info.get("JobName") or env.get("SLURM_JOB_NAME")),
+    return Template(derive(partition, gtype, gpus, nodes, info.get("JobName") or henv.job_name),
                     "derived")

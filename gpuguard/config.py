@@ -1,5 +1,9 @@
 """gpuguard configuration: one TOML file, read with :mod:`tomllib`, every key defaulted.
 
+Size: over 500 lines because most of it is :data:`SCHEMA`, one entry per config key with
+its default, type and documented source — the single table the README reference and the
+example config are generated from; splitting it would split that table.
+
 Where the file is looked for, first match wins:
 
 1. ``--config PATH`` on the command line;

@@ -46,13 +46,22 @@ MIN_CALL_S = 0.2
 MAX_AGE_S = 7 * 86400.0
 #: At most this many nodes pending (one per slurmd on this host; more is not ours).
 MAX_ENTRIES = 64
+#: Share of the time left that retrying earlier drains may take, so a slurmctld that
+#: hangs cannot eat the budget the run's own checks need (our choice).
+RETRY_SHARE = 0.5
+#: Reasons Slurm itself sets when a hook exits non-zero (SLURM-FACTS.md §5): the node is
+#: drained because of our own Prolog/Epilog exit, so a pending drain counts as done.
+SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
 
 
 @dataclass
 class Outcome:
     """What happened to one node's drain: ``status`` ``confirmed`` (the node shows a
-    gpuguard reason), ``pending`` (kept for the next run, ``why`` says why), ``refused``
-    (someone else's reason is on the node; kept) or ``dry-run``."""
+    gpuguard reason, or was drained by Slurm for our hook's exit, or was resumed after a
+    drain of ours that Slurm had accepted), ``applied`` (``scontrol`` accepted it but the
+    node could not be read back yet: kept, never re-drained after a resume), ``pending``
+    (kept for the next run, ``why`` says why), ``refused`` (someone else's reason is on
+    the node; kept) or ``dry-run``."""
 
     node: str
     reason: str
@@ -116,7 +125,10 @@ class PendingDrains:
         except Exception as e:  # SlurmError, a timeout: the drain stays pending
             return None, str(e)
 
-    def _drain_one(self, node: str, reason: str) -> Outcome:
+    def _drain_one(self, node: str, reason: str, applied: bool = False) -> Outcome:
+        """One attempt. ``applied``: an earlier run's ``scontrol update`` returned 0 but
+        could not be confirmed (time ran out); a node that now shows no reason was then
+        resumed by someone after our drain, and is not drained again."""
         from gpuguard.slurm import REASON_PREFIX
 
         if self.dry_run:
@@ -124,6 +136,11 @@ class PendingDrains:
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")  # an earlier attempt went through
+        if current and current.startswith(SLURM_HOOK_REASONS):
+            # our Prolog exited 1 before its drain went through: Slurm drained the node
+            return Outcome(node, reason, "confirmed", f"drained by Slurm as {current!r}")
+        if applied and not current and not err:
+            return Outcome(node, reason, "confirmed", "applied earlier; the node has been resumed since")
         res = self.actuator.drain(node, reason)
         if res.status == "refused" and "someone else's reason" in res.why:
             return Outcome(node, reason, "refused", res.why)
@@ -132,7 +149,8 @@ class PendingDrains:
         current, err = self._current_reason(node)
         if current and current.startswith(REASON_PREFIX):
             return Outcome(node, reason, "confirmed")
-        return Outcome(node, reason, "pending", f"not confirmed: {err or f'node reason is {current!r}'}")
+        # scontrol accepted it (exit 0) but the node could not be read back yet
+        return Outcome(node, reason, "applied", f"not confirmed: {err or f'node reason is {current!r}'}")
 
     def drain(self, node: str, reason: str) -> Outcome:
         """Record the decision (if not already pending), drain, confirm, and remove the
@@ -150,9 +168,25 @@ class PendingDrains:
         return self._settle(node, self.entries().get(node) or {"reason": reason})
 
     def retry(self) -> list[Outcome]:
-        """Retry every pending drain (oldest first); returns their outcomes."""
-        out = []
+        """Retry every pending drain (oldest first) within :data:`RETRY_SHARE` of the time
+        left; returns their outcomes."""
         entries = self.entries()
+        if not entries:
+            return []
+        saved = self.deadline
+        if saved is not None:
+            self.deadline = time.monotonic() + max(0.0, saved - time.monotonic()) * RETRY_SHARE
+            if self.actuator is not None:
+                self.actuator.deadline = self.deadline
+        try:
+            return self._retry(entries)
+        finally:
+            self.deadline = saved
+            if self.actuator is not None:
+                self.actuator.deadline = saved
+
+    def _retry(self, entries: dict[str, dict[str, Any]]) -> list[Outcome]:
+        out = []
         for node in sorted(entries, key=lambda n: entries[n].get("since", 0)):
             e = entries[node]
             if time.time() - float(e.get("since", 0)) > MAX_AGE_S:
@@ -165,9 +199,9 @@ class PendingDrains:
 
     def _settle(self, node: str, entry: dict[str, Any]) -> Outcome:
         reason = str(entry.get("reason", ""))
-        res = self._drain_one(node, reason)
+        res = self._drain_one(node, reason, applied=bool(entry.get("applied_at")))
         if res.status == "confirmed":
-            self.log.info("drain of %s confirmed: the node shows a gpuguard reason", node)
+            self.log.info("drain of %s confirmed: %s", node, res.why or "the node shows a gpuguard reason")
             self._forget(node)
         else:
             self.log.error("tool error: drain of %s %s (%s); it stays pending for the next hook run",
@@ -176,6 +210,8 @@ class PendingDrains:
             if node in entries:
                 entries[node]["attempts"] = int(entries[node].get("attempts", 0)) + 1
                 entries[node]["last_error"] = res.why[:300]
+                if res.status == "applied":
+                    entries[node]["applied_at"] = time.time()
                 self._save(entries)
         return res
 

@@ -70,7 +70,7 @@ class HookEnv:
 
     ``job_id`` (str), ``job_uid`` / ``job_gid`` / ``exit_status_raw`` (int),
     ``job_user`` / ``node_name`` / ``job_comment`` / ``job_partition`` /
-    ``job_nodelist`` / ``job_name`` (str), ``job_gpus`` (GRES indices),
+    ``job_nodelist`` / ``job_name`` (str), ``job_num_nodes`` (int), ``job_gpus`` (GRES indices),
     ``job_gpus_raw`` / ``cuda_visible_devices`` (as given), ``problems`` (one line per
     rejected value, naming the variable and the value)."""
 
@@ -87,6 +87,7 @@ class HookEnv:
     job_partition: str | None = None
     job_nodelist: str | None = None
     job_name: str | None = None
+    job_num_nodes: int | None = None
     problems: tuple[str, ...] = field(default=())
 
     @property
@@ -119,6 +120,8 @@ def read_hook_env(env: Mapping[str, str] | None = None) -> HookEnv:
     checked("SLURM_JOB_USER", user, "a user name")
     node = _name(env.get("SLURMD_NODENAME"))
     checked("SLURMD_NODENAME", node, "a node name")
+    num_nodes = parse_uint(env.get("SLURM_JOB_NUM_NODES"), UINT32_MAX)
+    checked("SLURM_JOB_NUM_NODES", num_nodes, "a node count")
     gpus_raw = env.get("SLURM_JOB_GPUS") or None
     return HookEnv(
         job_id=job_id, job_uid=uid, job_gid=gid, job_user=user, node_name=node,
@@ -126,5 +129,5 @@ def read_hook_env(env: Mapping[str, str] | None = None) -> HookEnv:
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES") or None, exit_status_raw=exit_raw,
         job_comment=env.get("SLURM_JOB_COMMENT") or None, job_partition=env.get("SLURM_JOB_PARTITION") or None,
         job_nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or None,
-        job_name=env.get("SLURM_JOB_NAME") or None, problems=tuple(problems),
+        job_name=env.get("SLURM_JOB_NAME") or None, job_num_nodes=num_nodes, problems=tuple(problems),
     )

@@ -196,7 +196,7 @@ def config_broken_between_hooks(n: Node) -> str | None:
     n.write_config(n.root.joinpath("etc", "gpuguard.toml").read_text().replace("start_collector = false",
                                                                                 "start_collector = true"))
     a = n.hook("prolog", "1")
-    from gpuguard.collector.launch import find_collector_pids
+    from gpuguard.collector.scan import find_collector_pids
 
     started = bool(find_collector_pids("1", config=_cfg(n)))
     (n.root / "etc" / "gpuguard.toml").write_text("[gpu\nsource = 'cuda'\n")  # broken TOML
@@ -221,7 +221,7 @@ def config_dangling(n: Node) -> str | None:
 def collector_sigkill(n: Node) -> str | None:
     import signal
 
-    from gpuguard.collector.launch import find_collector_pids
+    from gpuguard.collector.scan import find_collector_pids
 
     n.write_config(n.root.joinpath("etc", "gpuguard.toml").read_text().replace("start_collector = false",
                                                                                 "start_collector = true"))
@@ -369,7 +369,7 @@ def eight_concurrent_jobs(n: Node) -> str | None:
     time.sleep(1.5)
     epi = n.concurrently([("epilog", j) for j in jobs])
     rows = n.query("select count(distinct job_id) from job_summaries")
-    from gpuguard.collector.launch import find_collector_pids
+    from gpuguard.collector.scan import find_collector_pids
 
     left = [j for j in jobs if find_collector_pids(j, config=_cfg(n))]
     return _first(_expect([r.rc for r in pro + epi] == [0] * 16, f"rcs {[r.rc for r in pro + epi]}"),

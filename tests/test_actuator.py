@@ -133,7 +133,10 @@ def test_slurmcli_backend_argv(fake_slurm_bin):
     ({"SLURM_JOB_USER": "a b"}, "job_user", None, "SLURM_JOB_USER 'a b' is not a user name"),
     ({"SLURMD_NODENAME": "gpu-n1"}, "node_name", "gpu-n1", None),
     ({"SLURM_JOB_GPUS": "0,2,GPU-ab"}, "job_gpus", [0, 2], None),
+    ({"SLURM_JOB_NUM_NODES": "2"}, "job_num_nodes", 2, None),
+    ({"SLURM_JOB_NUM_NODES": "2-4"}, "job_num_nodes", None, "SLURM_JOB_NUM_NODES '2-4' is not a node count"),
 ])
+
 def test_hook_env_checks(env, field, value, problem):
     h = read_hook_env(env)
     assert getattr(h, field) == value
@@ -152,3 +155,16 @@ def test_slurmcli_deadline_caps_and_refuses(fake_slurm_bin):
     assert fake_slurm_bin(include_reads=True) == []
     SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 5).show_job("42")
     assert fake_slurm_bin(include_reads=True) == [["scontrol", "show", "job", "-o", "42"]]
+
+
+def test_template_reads_the_checked_environment():
+    """A bad SLURM_JOB_ID never reaches scontrol; the node count comes from the env."""
+    from gpuguard.epilog.template import job_template
+
+    class NoSlurm:
+        def show_job(self, job_id):
+            raise AssertionError(f"scontrol called for {job_id!r}")
+
+    t = job_template({"SLURM_JOB_ID": "١٢٣", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_GPUS": "0,1",
+                      "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NAME": "train"}, slurm=NoSlurm(), gpu_name="NVIDIA H100")
+    assert (t.source, t.name.split(".")[0], ".x2.n2." in t.name) == ("derived", "gpu", True)

@@ -35,7 +35,10 @@ def invoke(*args):
     return CliRunner().invoke(main, list(args))
 
 
-def test_json_fields(db):
+def test_json_fields(db, tmp_path, monkeypatch):
+    cfg = tmp_path / "noslurm.toml"
+    cfg.write_text(f'[slurm]\nbin_dir = "{tmp_path}/no-slurm-here"\n')  # the host's sacct is not asked
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(cfg))
     r = invoke("job", "show", "7", "--json", "--store", db)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
@@ -43,7 +46,7 @@ def test_json_fields(db):
                       "source", "sacct_error"}
     # no Slurm to ask here: the header from the store, which is the source
     assert (d["source"], d["job"]["source"]) == (f"store {db}", "gpuguard summaries")
-    assert d["sacct_error"].startswith("sacct ")
+    assert d["sacct_error"] == f"{tmp_path}/no-slurm-here/sacct: not found (set [slurm] bin_dir)"
     assert d["verdict"] is None  # no verdict stored for this hand-made job
     assert (d["job_id"], d["nodes"]) == ("7", ["n1", "n2"])
     assert d["gpus"] == [{"node": "n1", "gpu_index": 0, "gpu_uuid": "GPU-0"},

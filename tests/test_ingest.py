@@ -189,7 +189,8 @@ NOW = 1764460800.0 + 3600  # the reader's clock in these tests
     {"step": 2**63}, {"step": 10**30}, {"samples": 10**30}, {"samples": 2**63}, {"tokens": 2**64},
     {"rank": 2**63}, {"t": 1.0}, {"t": 0}, {"t": 946684799.0}, {"t": 1e12}, {"t": 1e300}, {"t": -1e300},
     {"t": NOW + 86400.5}, {"t": 10**400}, {"step_time_s": 10**400}, {"loss": 10**400},
-    {"phases": {"comm_s": 10**400}},
+    {"phases": {"comm_s": 10**400}}, {"samples": 2**40 + 1}, {"tokens": 2**63 - 1},
+    {"step_time_s": 366 * 86400.0 + 1}, {"phases": {"data_wait_s": 1e308}},
 ])
 def test_out_of_range_value_makes_only_its_line_malformed(job_dir, over):
     text = jl(step(0)) + json.dumps(step(1, **over)) + "\n" + jl(step(2), ckpt(2))
@@ -199,12 +200,14 @@ def test_out_of_range_value_makes_only_its_line_malformed(job_dir, over):
 
 
 def test_range_edges_are_accepted(job_dir):
-    edge = [step(0, step=2**63 - 1, samples=2**63 - 1, tokens=0, rank=2**63 - 1, t=946684800.0),
+    edge = [step(0, step=2**63 - 1, samples=2**40, tokens=0, rank=2**63 - 1, t=946684800.0,
+                 step_time_s=366 * 86400.0),
             step(1, t=NOW + 86400.0)]
     put(job_dir, "train.rank0.jsonl", jl(*edge))
     res = read_job_records(str(job_dir), UID, now=NOW)
     assert (res.malformed, [s["t"] for s in res.steps]) == (0, [946684800.0, NOW + 86400.0])
-    assert res.steps[0]["step"] == res.steps[0]["samples"] == res.steps[0]["rank"] == 2**63 - 1
+    assert res.steps[0]["step"] == res.steps[0]["rank"] == 2**63 - 1
+    assert (res.steps[0]["samples"], res.steps[0]["step_time_s"]) == (2**40, 366 * 86400.0)
 
 
 def test_validate_record_t_window_defaults_to_the_clock():

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from gpuguard.xid import kernel_log
+from gpuguard.xid import kernel_log, records
 from gpuguard.xid.kernel_log import KernelLogError, read_since
 from gpuguard.xid.parse import parse_lines
 
@@ -43,6 +43,20 @@ def test_file_cursor_returns_only_new_lines(tmp_path):
         f.write("\n")
     lines, _ = read_since(str(log), cur3, 5)
     assert lines == ["four-unfinished"]
+
+
+def test_file_zero_filled_block_after_a_crash_does_not_hide_the_next_kernel_line(tmp_path):
+    # after a hard reset a syslog file holds a block of NUL bytes where unflushed data was;
+    # the kernel line written after the reboot must still be its own line (an XID 79)
+    log = tmp_path / "kern.log"
+    xid = (b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
+           b"name=<unknown>, GPU has fallen off the bus.\n")
+    log.write_bytes(b"Nov 30 12:00:00 n1 kernel: usb 1-1: new device" + b"\x00" * 4096 + xid)
+    lines, cur = read_since(str(log), None, 5)
+    res = parse_lines(lines)
+    assert [(e.xid, e.pci_bus_id) for e in res.events] == [(79, "0000:06:00")]
+    assert res.unparsed == 0
+    assert cur == f"file:{log.stat().st_dev}:{log.stat().st_ino}:{log.stat().st_size}"
 
 
 def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
@@ -233,7 +247,7 @@ def test_journalctl_overflow_continues_from_last_entry(bindir):
 
 
 def test_journal_message_as_byte_array():
-    assert kernel_log._journal_lines({"MESSAGE": list(b"NVRM: Xid (PCI:0000:01:00): 13, \xff"),
+    assert records.journal_lines({"MESSAGE": list(b"NVRM: Xid (PCI:0000:01:00): 13, \xff"),
                                       "__MONOTONIC_TIMESTAMP": "7000000"}) == [
         "[    7.000000] NVRM: Xid (PCI:0000:01:00): 13, \ufffd"]
 

@@ -252,10 +252,14 @@ def test_cli_probe_and_baseline(tmp_path, make_config):
 
     doc = json.loads(r.output)
     assert doc["state"] == "low" and doc["consecutive_low"] == 1
+    assert doc["busbw_gbs_by_size"]["8589934592"] == pytest.approx(338.09 * 0.6, abs=0.01)
     assert [f["code"] for f in doc["findings"]] == ["nccl.busbw_low_pending"]
     r = CliRunner().invoke(main, ["--config", path, "nccl", "baseline"])
     assert r.exit_code == 0
-    assert "  8589934592 B  median   338.09 GB/s  MAD   0.00  (3 probes)" in r.output
+    assert "  8589934592 B  median  338.085 GB/s  MAD  0.000  (3 probes)" in r.output
+    r = CliRunner().invoke(main, ["--config", path, "nccl", "baseline", "--format", "csv"])
+    assert r.exit_code == 0 and r.output.splitlines()[0] == "size_b,median_gbs,mad_gbs,probes"
+    assert r.output.splitlines()[-1] == "8589934592,338.085,0.0,3"
     fake.push_hang()
     r = CliRunner().invoke(main, ["--config", path, "nccl", "probe", "--timeout", "5", "--no-record"])
     assert r.exit_code == 1 and "nccl.probe_failed  NCCL probe failed: timed out after 5 s" in r.output
@@ -281,12 +285,14 @@ def test_health_step_probes_idle_gpus_only(env):
     from conftest import node_snapshot
 
     from gpuguard.net.health_step import gpus_busy, nccl_probe
+    from gpuguard.ops.steps import Skip
 
     cfg, store, fake = env
     busy = node_snapshot(4, gpu2={"gpu_util_pct": 97.0}, gpu3={"mem_used_mib": 40000.0})
     assert gpus_busy(busy, cfg) == [2, 3]
     fake.push(healthy_text())
-    assert nccl_probe(_step_ctx(cfg, store, busy)) == []
+    with pytest.raises(Skip):
+        nccl_probe(_step_ctx(cfg, store, busy))
     assert fake.pending() == 1  # a job's GPUs are never taken
     assert nccl_probe(_step_ctx(cfg, store, node_snapshot(4))) == []
     assert fake.pending() == 0
@@ -297,9 +303,11 @@ def test_health_step_off_when_nccl_tests_is_not_installed(tmp_path):
     from conftest import node_snapshot
 
     from gpuguard.net.health_step import nccl_probe
+    from gpuguard.ops.steps import Skip
 
     cfg = config_mod.from_dict({"nccl": {"binary": str(tmp_path / "none" / "all_reduce_perf")}})
-    assert nccl_probe(_step_ctx(cfg, None, node_snapshot(2))) == []
+    with pytest.raises(Skip):
+        nccl_probe(_step_ctx(cfg, None, node_snapshot(2)))
     cfg = config_mod.from_dict({"nccl": {"command": [str(tmp_path / "none" / "all_reduce_perf"), "-g", "{gpus}"]}})
     (f,) = nccl_probe(_step_ctx(cfg, None, node_snapshot(2)))
     assert f.code == "nccl.probe_failed"
@@ -320,3 +328,40 @@ def test_store_opened_before_the_net_set_gets_its_tables(tmp_path):
     cols = [r["name"] for r in store.query("select name from pragma_table_info('nccl_probes')")]
     assert cols[:3] == ["id", "node", "at"]
     store.close()
+
+
+def test_fleet_median_read_from_a_separate_cluster_store(tmp_path):
+    fake = FakeProbe(tmp_path / "fake")
+    cluster_path = str(tmp_path / "cluster.db")
+    for node in ("gn2", "gn3", "gn4"):  # rows the cluster store holds for other nodes
+        other = config_mod.from_dict({"node": {"name": node, "gpu_count": 8}, "nccl": {"binary": str(fake.binary)}})
+        cs = open_store(cluster_path)
+        fake.push(healthy_text())
+        assert probe_node(other, cs, hook="health").state == "ok"
+        cs.close()
+    cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8}, "nccl": {"binary": str(fake.binary)},
+                                "paths": {"store": str(tmp_path / "node.db"), "cluster_store": cluster_path}})
+    store = open_store(cfg.store_path)
+    low = scaled(healthy_text(), 0.7)
+    fake.push(low)
+    fake.push(low)
+    out = probe_node(cfg, store, hook="health")
+    assert (out.state, out.judgement.against, out.tool_errors) == ("low", ["fleet"], [])
+    store.close()
+
+
+def test_missing_or_broken_cluster_store_leaves_the_node_baseline_judging(env, tmp_path):
+    cfg0, store, fake = env
+    _seed(cfg0, store, fake)
+    low = scaled(healthy_text(), 0.6)
+    for cluster, errors in ((tmp_path / "absent.db", []), (tmp_path / "bad.db", ["nccl fleet baseline"])):
+        if cluster.name == "bad.db":
+            cluster.write_text("not a database " * 100)
+        cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8},
+                                    "nccl": {"binary": str(fake.binary), "timeout_s": 30.0},
+                                    "paths": {"cluster_store": str(cluster)}})
+        fake.push(low)
+        fake.push(low)
+        out = probe_node(cfg, store, hook="health")
+        assert (out.state, out.judgement.against) == ("low", ["node"])
+        assert [e.split(":")[0] for e in out.tool_errors] == errors

@@ -146,3 +146,37 @@ def test_nvml_recovery_action_field_read_and_judged():
                                                settings={}, gpu_nodes_expected=True), [])
     rec = [(f.code, f.gpu_index) for f in findings if f.code.startswith("gpu.recovery_action")]
     assert (rec, errors) == ([("gpu.recovery_action.node_reboot", 1)], [])
+
+
+def test_handle_error_with_the_drivers_advice_sentence_keeps_its_name():
+    # nvidia-smi's full text for a lost GPU carries a second sentence after the error name
+    # (NVIDIA developer forums, "GPU is lost. Reboot the system to recover this GPU")
+    snap = parse_nvidia_smi("Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  "
+                            "Reboot the system to recover this GPU\n")
+    assert [(g.index, g.pci_bus_id, g.read_errors) for g in snap.gpus] == [
+        (0, "0000:3b:00.0", {"device_handle": "GpuIsLost"})]
+
+
+@pytest.mark.parametrize("text", [
+    "No devices were found\n",
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+    "the latest NVIDIA driver is installed and running.\n\n",
+    "Failed to initialize NVML: Driver/library version mismatch\n",
+    "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 535.183\n",
+    "Failed to initialize NVML: Unknown Error\n",
+])
+def test_whole_node_nvidia_smi_failure_is_an_unusable_driver_not_bad_input(tmp_path, text):
+    # what nvidia-smi prints instead of any dump when the driver or every GPU is gone: the
+    # dump of a dead node, judged like NVML failing on a node configured for GPUs
+    dump = tmp_path / "dump.txt"
+    dump.write_text(text)
+    first = text.splitlines()[0]
+    snap = parse_nvidia_smi(text)
+    assert (snap.gpus, snap.error) == ([], f"nvidia-smi: {first}")
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[node]\ngpu_count = 8\n")
+    r = CliRunner().invoke(main, ["--config", str(cfg), "check", "--json", "--from-nvidia-smi", str(dump)])
+    doc = json.loads(r.output)
+    assert (r.exit_code, doc["outcome"]) == (2, "drain")
+    assert [(f["code"], f["severity"], f["action"], f["message"]) for f in doc["findings"]] == [
+        ("gpu.driver_unusable", "critical", "drain", f"GPU driver/NVML unusable: nvidia-smi: {first}")]

@@ -107,10 +107,11 @@ def test_every_report_json_has_one_time_format(tmp_path, name):
     assert doc["reports"][0]["since"] == "2025-03-01T00:00:00-05:00"  # --since read in the display zone
 
 
-#: Commands that print no data (they write a file, change state and say so in a line,
-#: or print a file in its own format: a config, Prometheus text).
-NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync", "node drain", "node resume",
-           "alert send", "metrics show", "metrics write"}
+#: Commands that print no data (they write a file, change state or print a config file;
+#: ``cluster ingest`` judges the spooled jobs and says how many),
+#: or print a format of their own (Prometheus/OpenMetrics text).
+NO_DATA = {"gpu snapshot", "config example", "baseline reset", "report sync", "metrics show", "metrics write",
+           "cluster ingest"}
 
 
 def _leaf_commands(cmd, path=()):

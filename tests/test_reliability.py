@@ -18,6 +18,7 @@ from conftest import node_snapshot
 from gpuguard import durable
 from gpuguard.collector import launch
 from gpuguard.collector.jobdir_cap import enforce_cap
+from gpuguard.collector.scan import find_collector_pids
 from gpuguard.actuator import Actuator
 from gpuguard.drainq import PendingDrains
 from gpuguard.hookrun import announce, run_watched
@@ -106,6 +107,54 @@ def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
     assert "drain" not in [c[0] for c in slurm.calls]
 
 
+def test_accepted_but_unconfirmed_drain_is_not_repeated_after_a_resume(cfg):
+    from gpuguard.slurm import SlurmError
+
+    class SlowShow(FakeSlurm):
+        blind = False
+
+        def node_reason(self, node, timeout_s=None):
+            if self.blind:
+                self.calls.append(("show", node, timeout_s))
+                raise SlurmError("scontrol show node timed out")
+            return super().node_reason(node, timeout_s)
+
+        def drain_node(self, node, reason, timeout_s=None):
+            super().drain_node(node, reason, timeout_s)
+            self.blind = True  # slurmctld accepted the drain, then stopped answering
+
+    slurm = SlowShow()
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert out.status == "applied"
+    assert PendingDrains(cfg, None).entries()["n1"]["applied_at"] > 0
+    slurm.blind = False
+    slurm.reasons.clear()  # an administrator resumed the node
+    [again] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert (again.status, again.why) == ("confirmed", "applied earlier; the node has been resumed since")
+    assert [c[0] for c in slurm.calls].count("drain") == 1
+    assert PendingDrains(cfg, None).entries() == {}
+
+
+def test_node_drained_by_slurm_for_our_prolog_exit_counts_as_drained(cfg):
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "Prolog error"
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x")
+    assert (out.status, out.why) == ("confirmed", "drained by Slurm as 'Prolog error'")
+    assert PendingDrains(cfg, Actuator(slurm)).entries() == {}
+
+
+def test_retry_takes_only_its_share_of_the_budget(cfg):
+    from gpuguard import drainq
+
+    slurm = FakeSlurm()
+    PendingDrains(cfg, Actuator(slurm)).add("n1", "gpuguard: x")
+    deadline = time.monotonic() + 10.0
+    act = Actuator(slurm, deadline=deadline)
+    PendingDrains(cfg, act).retry()
+    assert max(c[2] for c in slurm.calls) <= 10.0 * drainq.RETRY_SHARE + 0.01
+    assert act.deadline == deadline  # restored for the run's own drain
+
+
 def test_every_call_timeout_is_capped_by_the_deadline(cfg):
     slurm = FakeSlurm()
     PendingDrains(cfg, Actuator(slurm, deadline=time.monotonic() + 2.0)).drain("n1", "gpuguard: x")
@@ -189,20 +238,20 @@ def test_killed_collector_is_restarted_and_the_downtime_reported(tmp_path, make_
                                  extra_args=["--job-cgroup", str(cg), "--no-scontrol"])
     try:
         def children():
-            return [p for p in launch.find_collector_pids("77", config=cfg.path) if p != sup]
+            return [p for p in find_collector_pids("77", config=cfg.path) if p != sup]
         assert _wait(lambda: len(children()) == 1)
         first = children()[0]
         os.kill(first, signal.SIGKILL)
         t = time.monotonic()
-        assert _wait(lambda: children() and children()[0] != first, timeout=5.0)
+        assert _wait(lambda: any(p != first for p in children()), timeout=5.0)
         assert time.monotonic() - t < 2 * 0.5 + 1.0  # within two intervals (+ start-up slack)
         doc = json.loads((tmp_path / "state" / "collector.77.restarts.json").read_text())
         assert doc["restarts"] == 1 and doc["last_death"] == "killed by SIGKILL" and 0 < doc["down_s"] < 1.0
         res = launch.stop_collector(cfg, "77", timeout_s=10)
         assert res.was_running and res.exited
-        assert _wait(lambda: launch.find_collector_pids("77", config=cfg.path) == [], timeout=10)
+        assert _wait(lambda: find_collector_pids("77", config=cfg.path) == [], timeout=10)
     finally:
-        for p in launch.find_collector_pids("77", config=cfg.path):
+        for p in find_collector_pids("77", config=cfg.path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):

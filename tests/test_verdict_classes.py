@@ -172,3 +172,11 @@ def test_rank_imbalance_by_role_is_no_straggler(tmp_path):
     role = R.Case(confuser="rank-role", detail={"gpu": 7})
     causes = [wd.run(w, role, 90 + k).cause for k in range(6)]
     assert causes == ["learning"] * 3 + ["healthy"] * 3
+
+
+def test_heavy_data_wait_is_not_throttling(world):
+    """Half the step waiting for data idles the GPUs between steps: the all-sample SM clock
+    median falls with the utilisation. That is the data pipeline, not a throttled GPU."""
+    for seed in (17, 18):
+        v = world.run(world.pair, R.Case("data-pipeline", 0.6, None, {"stalls": False}), seed, record=False)
+        assert v.cause == "data-pipeline", v.summary

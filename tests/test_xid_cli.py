@@ -91,3 +91,30 @@ def test_scan_missing_file_exit_2(tmp_path):
     result = runner().invoke(xid, ["scan", str(missing)])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"Error: cannot read {missing}: cannot open: No such file or directory"
+
+
+def test_scan_reads_a_rotated_gzip_log(tmp_path):
+    # logrotate compresses kern.log.2.gz: read like zgrep, never "no XID events" on it
+    import gzip
+
+    gz = tmp_path / "kern.log.2.gz"
+    gz.write_bytes(gzip.compress((DATA / "xid-79-no-pid-serial-zero-595.txt").read_bytes()))
+    r = runner().invoke(xid, ["scan", "--json", str(gz)])
+    assert r.exit_code == 0
+    assert [(e["xid"], e["pci_bus_id"], e["action"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00", "drain")]
+
+
+def test_scan_broken_gzip_is_one_line_and_nul_runs_hide_nothing(tmp_path):
+    bad = tmp_path / "cut.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 12)
+    r = runner().invoke(xid, ["scan", str(bad)])
+    assert r.exit_code == 2
+    assert r.stderr.strip().startswith(f"Error: cannot read {bad}: broken gzip data")
+    # a syslog file after a hard reset: a zero-filled block, then the kernel's lines
+    crash = tmp_path / "syslog"
+    crash.write_bytes(b"Nov 30 12:00:00 n1 systemd[1]: ok" + b"\x00" * 4096
+                      + b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
+                        b"name=<unknown>, GPU has fallen off the bus.\n")
+    r = runner().invoke(xid, ["scan", "--json", str(crash)])
+    assert r.exit_code == 0
+    assert [(e["xid"], e["pci_bus_id"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00")]

@@ -60,6 +60,9 @@ def test_every_real_prefix_layout_gives_the_event(prefix, tokens):
     ('[ 5013.2] audit: name="/tmp/', "not a kernel-log prefix: 'audit: name=\"/tmp/'"),
     ("[user] ", "not a kernel-log prefix: '[user]'"),
     ("echo ", "not a kernel-log prefix: 'echo'"),
+    # `logger -i -t kernel`: the kernel is pid 0, a tag with another pid is a user process
+    ("Nov 30 03:40:01 node01 kernel[4242]: ", "not a kernel-log prefix: 'node01 kernel[4242]:'"),
+    ("kernel[4242]: ", "not a kernel-log prefix: 'kernel[4242]:'"),
 ])
 def test_user_text_before_the_marker_is_rejected_with_its_reason(prefix, reason):
     res = parse_lines([prefix + MSG])

@@ -33,6 +33,10 @@ def parse_nvidia_smi(
 
     if nvsmi_lost.looks_like_recovery_csv(text):
         return nvsmi_lost.parse_recovery_csv(text, where, taken_at if taken_at is not None else time.time())
+    failure = nvsmi_lost.node_failure(text)
+    if failure:
+        return NodeSnapshot(taken_at=taken_at if taken_at is not None else time.time(),
+                            source="nvidia-smi-q", error=f"nvidia-smi: {failure}")
     # nvidia-smi's own per-GPU error line stands in for a dead GPU's section, or is the
     # whole output of `nvidia-smi -q -i N`: a lost GPU, not bad input
     rest, lost = nvsmi_lost.split_lost_lines(text)

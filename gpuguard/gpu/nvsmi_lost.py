@@ -42,15 +42,40 @@ _HEADER_RE = re.compile(
     re.MULTILINE,
 )
 
+#: What nvidia-smi prints *instead of* any dump when the driver or every GPU is gone
+#: (nvidia-smi's own messages: no GPU enumerated; the kernel module not loaded; NVML not
+#: initialised, e.g. "Driver/library version mismatch" after an upgrade without reboot).
+_NODE_FAILURE_RE = re.compile(
+    r"^(?:No devices were found"
+    r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\b.*"
+    r"|Failed to initialize NVML: .+)$"
+)
+
+
+def node_failure(text: str) -> str | None:
+    """nvidia-smi's whole-node failure message when that is what the dump holds (its first
+    non-empty line; a following ``NVML library version: ...`` line is allowed), else
+    ``None``. The caller records it as the snapshot's ``error``: the driver check then
+    judges it like NVML failing on the node."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or not _NODE_FAILURE_RE.match(lines[0]):
+        return None
+    if any(not ln.startswith("NVML library version") for ln in lines[1:]):
+        return None
+    return lines[0]
+
+
 def split_lost_lines(text: str) -> tuple[str, list[tuple[int, GpuState]]]:
     """Remove nvidia-smi's per-GPU "Unable to determine the device handle" lines.
 
     Returns ``(remaining text, [(offset in the dump, lost GpuState), ...])``. The error
     text after the bus id becomes the NVML error name (``Unknown Error`` -> ``Unknown``,
-    ``GPU is lost`` -> ``GpuIsLost``; anything else -> ``Unknown``)."""
+    ``GPU is lost`` -> ``GpuIsLost``, read from the first sentence; anything else ->
+    ``Unknown``)."""
     lost: list[tuple[int, GpuState]] = []
     for m in _LOST_RE.finditer(text):
-        err = READ_ERROR_NAMES.get(m["err"].strip().rstrip(".").lower(), "Unknown")
+        # the name is the first sentence: "GPU is lost.  Reboot the system to recover this GPU"
+        err = READ_ERROR_NAMES.get(m["err"].split(".", 1)[0].strip().lower(), "Unknown")
         try:
             bus = norm_pci(m["bus"])
         except ValueError:

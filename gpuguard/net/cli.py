@@ -33,11 +33,11 @@ def nccl() -> None:
 @click.option("--record/--no-record", default=True, show_default=True,
               help="store the reading (part of the baseline when healthy) like gpuguard health does")
 @click.option("--timeout", "timeout_s", type=float, help="seconds (default: [nccl] timeout_s)")
-@output_options(formats=("text", "json"))
+@output_options()
 @click.pass_obj
 def probe(obj: Any, record: bool, timeout_s: float | None, fmt: str) -> None:
     """Run the configured probe (default ``all_reduce_perf``) once, judge it against the
-    node's baseline and the fleet, print the findings.
+    node's baseline and the fleet, print the findings (csv: busbw per message size).
 
     Exit status: 0 healthy, 1 warning (a low reading not yet confirmed N times, a tool
     fault), 2 critical (``nccl.busbw_low``, ``nccl.errors``). Drains nothing: the
@@ -51,20 +51,22 @@ def probe(obj: Any, record: bool, timeout_s: float | None, fmt: str) -> None:
     out = probe_node(cfg, store, hook="cli", budget_left_s=None if timeout_s is None else timeout_s + 2.0,
                      record=record)
     d = decide(out.findings, cfg.policy, cfg.xid_policy)
-    if fmt == "json":
-        emit(fmt, {"state": out.state, "gpu_model": out.gpu_model, "consecutive_low": out.consecutive,
-                   "busbw_gbs_by_size": {str(k): v for k, v in sorted(out.reading.items())},
-                   "judgement": out.judgement.__dict__ if out.judgement else None,
-                   "findings": [dict(f.to_dict(), action=a) for f, a in d.actions],
-                   "tool_errors": out.tool_errors})
-    else:
-        click.echo(f"state: {out.state}" + (f" ({out.gpu_model})" if out.gpu_model else ""))
-        for size, bw in sorted(out.reading.items()):
-            click.echo(f"  {size:>12} B  busbw {bw:8.2f} GB/s")
+    rows = [{"size_b": size, "busbw_gbs": bw} for size, bw in sorted(out.reading.items())]
+
+    def text() -> str:
+        lines = [f"state: {out.state}" + (f" ({out.gpu_model})" if out.gpu_model else "")]
+        lines += [f"  {r['size_b']:>12} B  busbw {r['busbw_gbs']:8.2f} GB/s" for r in rows]
         if out.judgement and out.judgement.ratio:
-            click.echo("vs baseline: " + ", ".join(f"{k} {v:.0%}" for k, v in out.judgement.ratio.items()))
-        for f, a in d.actions:
-            click.echo(f"{f.severity:8} {a:6} {f.code}  {f.message}")
+            lines.append("vs baseline: " + ", ".join(f"{k} {v:.0%}" for k, v in out.judgement.ratio.items()))
+        lines += [f"{f.severity:8} {a:6} {f.code}  {f.message}" for f, a in d.actions]
+        return "\n".join(lines)
+
+    emit(fmt, {"state": out.state, "gpu_model": out.gpu_model, "consecutive_low": out.consecutive,
+               "busbw_gbs_by_size": {str(r["size_b"]): r["busbw_gbs"] for r in rows},
+               "judgement": out.judgement.__dict__ if out.judgement else None,
+               "findings": [dict(f.to_dict(), action=a) for f, a in d.actions], "tool_errors": out.tool_errors},
+         rows=rows, headers=["size_b", "busbw_gbs"], text=text)
+    if fmt != "json":
         for e in out.tool_errors:
             click.echo(f"tool error: {e}", err=True)
     if store is not None:
@@ -75,11 +77,11 @@ def probe(obj: Any, record: bool, timeout_s: float | None, fmt: str) -> None:
 
 @nccl.command("baseline")
 @click.option("--node", "node_name", help="node (default: this node)")
-@output_options(formats=("text", "json"))
+@output_options()
 @click.pass_obj
 def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
     """Show a node's NCCL baseline (median/MAD busbw per message size over its last
-    healthy probes) and its last probes."""
+    healthy probes) and its last probes (csv: the baseline rows)."""
     from gpuguard.net.nccl_baseline import node_reference
 
     cfg = obj.cfg
@@ -87,23 +89,31 @@ def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
     if store is None:
         raise click.ClickException(f"no store at {cfg.store_path}")
     node = node_name or cfg.node_name
-    last = store.query("select at, hook, state, ratio, config_key, gpu_model from nccl_probes where node = ? "
-                       "order by at desc, id desc limit 10", [node])
-    if not last:
-        click.echo(f"{node}: no NCCL probes recorded")
-        return
-    ref = node_reference(store, node, last[0]["config_key"], cfg.get("nccl", "baseline_probes"))
+    try:
+        from gpuguard.net.schema import ensure
+
+        ensure(store)
+        last = store.query("select at, hook, state, ratio, config_key, gpu_model from nccl_probes where node = ? "
+                           "order by at desc, id desc limit 10", [node])
+        ref = node_reference(store, node, last[0]["config_key"], cfg.get("nccl", "baseline_probes")) if last else None
+    finally:
+        store.close()
+    rows = [{"size_b": s, "median_gbs": m, "mad_gbs": d, "probes": n}
+            for s, (m, d, n) in sorted(ref.by_size.items())] if ref else []
     tz = display_tz(cfg)
-    if fmt == "json":
-        emit(fmt, {"node": node, "baseline": {str(s): {"median_gbs": m, "mad_gbs": d, "probes": n}
-                                              for s, (m, d, n) in sorted(ref.by_size.items())},
-                   "last_probes": isoify(last, tz)})
-        return
-    click.echo(f"{node}: {last[0]['gpu_model'] or 'GPU model unknown'}")
-    for s, (m, d, n) in sorted(ref.by_size.items()):
-        click.echo(f"  {s:>12} B  median {m:8.2f} GB/s  MAD {d:6.2f}  ({n} probes)")
-    click.echo("last probes:")
-    for r in last:
-        ratio = "" if r["ratio"] is None else f"  {r['ratio']:.0%} of baseline"
-        when = iso_time(r["at"], tz)
-        click.echo(f"  {when}  {r['hook']:8} {r['state']}{ratio}")
+
+    def text() -> str:
+        if not last:
+            return f"{node}: no NCCL probes recorded"
+        lines = [f"{node}: {last[0]['gpu_model'] or 'GPU model unknown'}"]
+        lines += [f"  {r['size_b']:>12} B  median {r['median_gbs']:8.3f} GB/s  MAD {r['mad_gbs']:6.3f}  "
+                  f"({r['probes']} probes)" for r in rows]
+        lines.append("last probes:")
+        for r in last:
+            ratio = "" if r["ratio"] is None else f"  {r['ratio']:.0%} of baseline"
+            when = iso_time(r["at"], tz)
+            lines.append(f"  {when}  {r['hook']:8} {r['state']}{ratio}")
+        return "\n".join(lines)
+
+    emit(fmt, {"node": node, "baseline": rows, "last_probes": isoify(last, tz)}, rows=rows,
+         headers=["size_b", "median_gbs", "mad_gbs", "probes"], text=text)

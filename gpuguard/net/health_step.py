@@ -9,7 +9,10 @@ reading stays unclean until a probe passes). The probe runs only when:
   report); an explicitly configured ``command`` that cannot run is ``nccl.probe_failed``;
 * the node's GPUs are idle (utilisation under ``[checks] idle_util_pct`` and under 5 %
   of their memory in use, our choice): a probe must never take the GPUs of a job
-  (slurmd runs the HealthCheckProgram on allocated nodes too);
+  (slurmd runs the HealthCheckProgram on allocated nodes too).
+
+Otherwise the step raises :class:`gpuguard.ops.steps.Skip`: its last findings stand
+and it tries again at the next health run, not an interval later.
 * there is time left in the health run's budget (the probe's timeout is capped by it).
 """
 
@@ -19,7 +22,7 @@ import os
 from typing import Any
 
 from gpuguard.model import Finding
-from gpuguard.ops.steps import StepContext, step
+from gpuguard.ops.steps import Skip, StepContext, step
 
 #: A GPU using more than this share of its memory is busy (our choice: an idle GPU holds
 #: a few hundred MiB of context at most).
@@ -48,12 +51,12 @@ def nccl_probe(ctx: StepContext) -> list[Finding]:
     if not cfg.get("nccl", "health"):
         return []
     if not cfg.get("nccl", "command") and not os.access(cfg.get("nccl", "binary"), os.X_OK):
-        return []
+        raise Skip("nccl-tests not installed")
     busy = gpus_busy(ctx.snapshot, cfg)
     if busy:
         if ctx.log is not None:
             ctx.log.info("nccl probe skipped: GPU(s) %s in use", ",".join(map(str, busy)))
-        return []
+        raise Skip(f"GPU(s) {','.join(map(str, busy))} in use")
     from gpuguard.net.nccl_check import probe_node
 
     out = probe_node(cfg, ctx.store, hook="health", budget_left_s=ctx.time_left_s() - 1.0)

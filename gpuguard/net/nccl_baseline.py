@@ -38,8 +38,9 @@ def config_key(argv: list[str]) -> str:
 def judged_sizes(log: NcclLog, min_bytes: int) -> dict[int, float]:
     """``size_b -> busbw_gbs`` for rows at least ``min_bytes`` large (size-0 rows and
     latency-bound small messages say nothing about bandwidth). When a size repeats (two
-    tables), the last reading wins."""
-    return {r.size_b: r.busbw_gbs for r in log.rows if r.size_b >= max(1, min_bytes)}
+    tables), the last reading wins. Rounded to 0.1 MB/s: nccl-tests prints 0.01 GB/s, the
+    mean of two placements needs one more digit, the rest is float noise."""
+    return {r.size_b: round(r.busbw_gbs, 4) for r in log.rows if r.size_b >= max(1, min_bytes)}
 
 
 @dataclass

@@ -17,6 +17,7 @@ Findings (codes in :data:`gpuguard.policy.DEFAULT_ACTIONS`):
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +160,27 @@ def probe_node(cfg: Any, store: Any, *, hook: str, job_id: str | None = None, bu
     return out
 
 
+def _fleet(cfg: Any, store: Any, gpu_model: str | None, key: str, node: str) -> nb.Reference:
+    """The fleet reference from ``[paths] cluster_store`` when it is a separate file
+    (probes of many nodes), else from the node store (single host: the same file). A
+    cluster store that does not exist on this node gives no fleet reference."""
+    path = cfg.cluster_store_path
+    if path == cfg.store_path:
+        return nb.fleet_reference(store, gpu_model, key, node, time.time(), cfg.get("nccl", "fleet_min_nodes"))
+    if not os.path.exists(path):
+        return nb.Reference("fleet")  # no cluster store here (not created yet, not mounted): no fleet
+    from gpuguard.store import open_store
+
+    cluster = open_store(path, create=False)
+    try:
+        from gpuguard.net.schema import ensure
+
+        ensure(cluster)
+        return nb.fleet_reference(cluster, gpu_model, key, node, time.time(), cfg.get("nccl", "fleet_min_nodes"))
+    finally:
+        cluster.close()
+
+
 def _judge_reading(cfg: Any, store: Any, node: str, key: str, run: ProbeRun, out: ProbeOutcome,
                    deadline: float | None, env: dict[str, str] | None) -> None:
     min_b = cfg.get("nccl", "judge_min_bytes")
@@ -167,12 +189,15 @@ def _judge_reading(cfg: Any, store: Any, node: str, key: str, run: ProbeRun, out
     if store is None or not out.reading:
         return
     try:
-        refs = [nb.node_reference(store, node, key, cfg.get("nccl", "baseline_probes")),
-                nb.fleet_reference(store, out.gpu_model, key, node, time.time(), cfg.get("nccl", "fleet_min_nodes"))]
+        refs = [nb.node_reference(store, node, key, cfg.get("nccl", "baseline_probes"))]
         prior_low = nb.consecutive_low(store, node, key, cfg.get("nccl", "consecutive_low"))
     except Exception as e:
         out.tool_errors.append(f"nccl baseline: {type(e).__name__}: {e}")
         return
+    try:
+        refs.append(_fleet(cfg, store, out.gpu_model, key, node))
+    except Exception as e:  # the fleet is context: judge against the node alone
+        out.tool_errors.append(f"nccl fleet baseline: {type(e).__name__}: {e}")
     judge = lambda reading: nb.judge(reading, refs, cfg.get("nccl", "low_frac"),  # noqa: E731
                                      cfg.get("nccl", "fleet_low_frac"), cfg.get("nccl", "min_probes"))
     j = judge(out.reading)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -191,8 +192,9 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
 @node.command("drain")
 @click.argument("name")
 @click.option("--reason", required=True, help="why (stored; the Slurm reason becomes 'gpuguard: manual: REASON')")
+@output_options()
 @click.pass_context
-def node_drain(ctx: click.Context, name: str, reason: str) -> None:
+def node_drain(ctx: click.Context, name: str, reason: str, fmt: str) -> None:
     """Drain a node by hand through gpuguard: recorded as by hand, never resumed by
     ``gpuguard health`` (recovery ``manual``). Exit 1 when Slurm refused or failed."""
     from gpuguard.ops import act
@@ -211,15 +213,16 @@ def node_drain(ctx: click.Context, name: str, reason: str) -> None:
                       recovery="manual", evidence={"reason": clean})
     finally:
         st.close()
-    click.echo(f"drain {name}: {status}" + (f" ({why})" if why else ""))
+    _result(fmt, {"node": name, "action": "drain", "status": status, "why": why, "reason": full})
     sys.exit(0 if status == "done" else 1)
 
 
 @node.command("resume")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="resume even a node drained by someone else (an admin, NHC, Slurm)")
+@output_options()
 @click.pass_context
-def node_resume(ctx: click.Context, name: str, force: bool) -> None:
+def node_resume(ctx: click.Context, name: str, force: bool, fmt: str) -> None:
     """Resume a node by hand. Without --force only a gpuguard drain is resumed (any
     recovery kind: a human has decided). Recorded as by hand. Exit 1 when refused or
     failed."""
@@ -233,8 +236,9 @@ def node_resume(ctx: click.Context, name: str, force: bool) -> None:
         prior = read_node(SlurmCli(cfg.get("slurm", "bin_dir")), name)
     except (SlurmError, ValueError):
         pass
-    if force and prior is not None and not prior.ours:
-        click.echo(f"--force: resuming {name} although its reason is not gpuguard's: {prior.full_reason}")
+    forced = bool(force and prior is not None and not prior.ours)
+    if forced:
+        click.echo(f"--force: resuming {name} although its reason is not gpuguard's: {prior.full_reason}", err=True)
         status, why = act.force_resume(cfg, name)
     else:
         status, why = act.resume(cfg, name)
@@ -242,11 +246,18 @@ def node_resume(ctx: click.Context, name: str, force: bool) -> None:
     try:
         record_action(st, node=name, action="resume", by="hand", outcome=status, why=why,
                       reason=(prior.full_reason if prior else "") or "",
-                      evidence={"forced": bool(force and prior is not None and not prior.ours)})
+                      evidence={"forced": forced})
     finally:
         st.close()
-    click.echo(f"resume {name}: {status}" + (f" ({why})" if why else ""))
+    _result(fmt, {"node": name, "action": "resume", "status": status, "why": why, "forced": forced,
+                  "reason": (prior.full_reason if prior else None)})
     sys.exit(0 if status == "done" else 1)
+
+
+def _result(fmt: str, doc: dict[str, Any]) -> None:
+    """One action's outcome: ``ACTION NODE: STATUS (WHY)`` or the dict as JSON/CSV."""
+    emit(fmt, doc, rows=[doc], text=lambda: f"{doc['action']} {doc['node']}: {doc['status']}"
+         + (f" ({doc['why']})" if doc["why"] else ""))
 
 
 # --- alert ------------------------------------------------------------------------------
@@ -258,8 +269,9 @@ def alert() -> None:
 @alert.command("send")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
               help="stop sending after this many seconds (the rest waits for the next run)")
+@output_options()
 @click.pass_context
-def alert_send(ctx: click.Context, timeout_s: float) -> None:
+def alert_send(ctx: click.Context, timeout_s: float, fmt: str) -> None:
     """Take the spool, de-duplicate, and deliver due alerts with retries (run by
     ``gpuguard health`` and by the ``gpuguard-alert-send`` timer)."""
     import logging
@@ -275,8 +287,8 @@ def alert_send(ctx: click.Context, timeout_s: float) -> None:
         rep = send(cfg, st, deadline=time.monotonic() + timeout_s, log=log)
     finally:
         st.close()
-    click.echo(f"ingested {rep.ingested}, notified {rep.notified}, sent {rep.sent}, retrying {rep.retrying}, "
-               f"given up {rep.given_up}, held {rep.held}")
+    doc = dataclasses.asdict(rep)
+    emit(fmt, doc, rows=[doc], text=lambda: ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in doc.items()))
 
 
 @alert.command("list")

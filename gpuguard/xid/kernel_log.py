@@ -66,6 +66,8 @@ import tempfile
 import threading
 import time
 
+from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines
+
 log = logging.getLogger(__name__)
 
 #: Most bytes of new log text returned by one call (16 MiB).
@@ -250,35 +252,6 @@ def read_kmsg(
 # --------------------------------------------------------------- journalctl
 
 
-def _journal_message(value: object) -> str | None:
-    """journald's MESSAGE: a string, or a list of byte values when it is not UTF-8."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
-        return bytes(value).decode("utf-8", "replace")
-    return None
-
-
-def _journal_lines(entry: dict) -> list[str]:
-    """The canonical lines of one kernel journal entry (see :func:`canonical_lines`)."""
-    message = _journal_message(entry.get("MESSAGE"))
-    if message is None:
-        return []
-    usec: int | None = None
-    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):
-        v = entry.get(key)
-        if isinstance(v, str) and v.isdigit():
-            usec = int(v)
-            break
-    realtime = entry.get("__REALTIME_TIMESTAMP")
-    iso = None
-    if isinstance(realtime, str) and realtime.isdigit():
-        from datetime import UTC, datetime
-
-        iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
-    return canonical_lines(message, usec, iso)
-
-
 def read_journalctl(
     cursor: str | None, timeout_s: float, *, max_bytes: int = MAX_READ_BYTES
 ) -> tuple[list[str], str | None]:
@@ -317,47 +290,13 @@ def read_journalctl(
             new_cursor = entry["__CURSOR"]
         if entry.get("_TRANSPORT") != "kernel":
             continue
-        lines.extend(_journal_lines(entry))
+        lines.extend(journal_lines(entry))
     if overflow:
         log.warning("journalctl output over %d bytes; continuing from the last entry read", max_bytes)
     return lines, (f"journal:{new_cursor}" if new_cursor else None)
 
 
 # -------------------------------------------------------------------- dmesg
-
-
-def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> list[str]:
-    """One kernel record as the lines :func:`gpuguard.xid.parse.parse_lines` reads with
-    ``structured=True``: ``[<seconds since boot>] <message>`` (prefixed by the ISO 8601
-    UTC time when the source knows it), continuation lines of a multi-line record
-    indented. The message text is kept exactly, so a marker must start it."""
-    parts = message.split("\n")
-    stamp = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] " if usec is not None else "[    0.000000] "
-    if iso:
-        stamp = f"{iso} {stamp}"
-    return [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
-
-
-_DMESG_RAW_RE = re.compile(r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<msg>.*)$")
-
-
-def _dmesg_canonical(raw_lines: list[str]) -> list[str]:
-    """``dmesg -r`` lines (``<pri>[stamp] message``) -> canonical lines of the kernel
-    facility only (``pri >> 3 == 0``; a userspace write to /dev/kmsg has facility user)."""
-    out: list[str] = []
-    keep = False
-    for line in raw_lines:
-        m = _DMESG_RAW_RE.match(line)
-        if not m:
-            if keep and line[:1] in (" ", "\t") and out:
-                out.append(line)  # continuation of a multi-line kernel record
-            continue
-        keep = int(m["pri"]) >> 3 == 0
-        if not keep:
-            continue
-        usec = int(m["sec"]) * 1_000_000 + int((m["frac"] + "000000")[:6]) if m["sec"] else None
-        out.extend(canonical_lines(m["msg"], usec))
-    return out
 
 
 def _line_hash(line: str) -> str:
@@ -398,7 +337,7 @@ def read_dmesg(
     end = start + len(out)
     if end == 0:
         return [], "dmesg:0:"
-    return _dmesg_canonical(out), f"dmesg:{end}:{_line_hash(all_lines[end - 1])}"
+    return dmesg_canonical(out), f"dmesg:{end}:{_line_hash(all_lines[end - 1])}"
 
 
 # --------------------------------------------------------------------- file
@@ -433,7 +372,10 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES)
         data = data[: data.rindex(b"\n") + 1]
     elif len(data) < max_bytes:
         data = b""  # an unfinished last line: wait for its newline
-    lines = data.decode("utf-8", "replace").splitlines()
+    # a file written through a hard reset holds zero-filled blocks: a run of NUL bytes ends
+    # a line, so the kernel line after the block is not glued to junk and rejected (the
+    # cursor counts the bytes read)
+    lines = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace").splitlines()
     return lines, f"file:{st.st_dev}:{st.st_ino}:{offset + len(data)}"
 
 

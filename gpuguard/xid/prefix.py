@@ -65,8 +65,9 @@ TOKENS: tuple[tuple[str, str], ...] = (
     ("syslog_date", rf"(?:{_W},?\s+)?(?:{_W}\s+\d{{1,2}}\.?|\d{{1,2}}\.?\s+{_W}|{_CJK_MONTH}\s*\d{{1,2}}\s*[日일]?)"
                     rf"\s+{_TIME}(?:\s+\d{{4}}(?=\s))?"),
     ("rfc5424_kernel", r"(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|\[[^\]]*\])"),
-    ("host_kernel", r"[\w.-]+\s+kernel(?:\[\d*\])?:"),
-    ("kernel", r"kernel(?:\[\d*\])?:"),
+    # `kernel[0]:` only: the kernel logs as pid 0; `kernel[4242]:` is `logger -i -t kernel`
+    ("host_kernel", r"[\w.-]+\s+kernel(?:\[0?\])?:"),
+    ("kernel", r"kernel(?:\[0?\])?:"),
     ("nvswitch", r"nvidia-nvswitch\d+:"),
 )
 _COMPILED = tuple((name, re.compile(pat + r"\s*")) for name, pat in TOKENS)

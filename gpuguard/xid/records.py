@@ -1,0 +1,77 @@
+"""Structured kernel-log records -> the canonical lines the XID parser reads.
+
+A structured source (``/dev/kmsg``, ``journalctl -k -o json``, ``dmesg -r``) gives each
+kernel message exactly as the kernel printed it; :func:`canonical_lines` turns one into
+``[<seconds since boot>] <message>`` (with the UTC time in front when the source knows
+it), continuation lines of a multi-line record indented. With those lines
+:func:`gpuguard.xid.parse.parse_lines` ``(structured=True)`` requires ``NVRM:`` /
+``nvidia-nvswitchN:`` to start the message (:mod:`gpuguard.xid.prefix`).
+"""
+
+from __future__ import annotations
+
+import re
+
+def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> list[str]:
+    """One kernel record as the lines :func:`gpuguard.xid.parse.parse_lines` reads with
+    ``structured=True``: ``[<seconds since boot>] <message>`` (prefixed by the ISO 8601
+    UTC time when the source knows it), continuation lines of a multi-line record
+    indented. The message text is kept exactly, so a marker must start it."""
+    parts = message.split("\n")
+    stamp = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] " if usec is not None else "[    0.000000] "
+    if iso:
+        stamp = f"{iso} {stamp}"
+    return [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
+
+
+_DMESG_RAW_RE = re.compile(r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<msg>.*)$")
+
+
+def dmesg_canonical(raw_lines: list[str]) -> list[str]:
+    """``dmesg -r`` lines (``<pri>[stamp] message``) -> canonical lines of the kernel
+    facility only (``pri >> 3 == 0``; a userspace write to /dev/kmsg has facility user)."""
+    out: list[str] = []
+    keep = False
+    for line in raw_lines:
+        m = _DMESG_RAW_RE.match(line)
+        if not m:
+            if keep and line[:1] in (" ", "\t") and out:
+                out.append(line)  # continuation of a multi-line kernel record
+            continue
+        keep = int(m["pri"]) >> 3 == 0
+        if not keep:
+            continue
+        usec = int(m["sec"]) * 1_000_000 + int((m["frac"] + "000000")[:6]) if m["sec"] else None
+        out.extend(canonical_lines(m["msg"], usec))
+    return out
+
+
+def _journal_message(value: object) -> str | None:
+    """journald's MESSAGE: a string, or a list of byte values when it is not UTF-8."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def journal_lines(entry: dict) -> list[str]:
+    """The canonical lines of one kernel journal entry (see :func:`canonical_lines`)."""
+    message = _journal_message(entry.get("MESSAGE"))
+    if message is None:
+        return []
+    usec: int | None = None
+    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):
+        v = entry.get(key)
+        if isinstance(v, str) and v.isdigit():
+            usec = int(v)
+            break
+    realtime = entry.get("__REALTIME_TIMESTAMP")
+    iso = None
+    if isinstance(realtime, str) and realtime.isdigit():
+        from datetime import UTC, datetime
+
+        iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
+    return canonical_lines(message, usec, iso)
+
+
