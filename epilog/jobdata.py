@@ -321,7 +321,7 @@ def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[s
     ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
     for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
         g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
-        b = samples.read_buckets(conn, sid, t0)
+        b = samples.read_buckets(conn, sid, t0, cache=getattr(store, "memo", None))
         if not b.n:
             continue
         g.t = [t0 + x / 1000.0 for x in b.t_min]

@@ -120,6 +120,17 @@ def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | Non
 #: computed from its points (our choice: three buckets).
 BUCKET_S = 60.0
 MIN_BUCKETS = 3
+#: Jobs with fewer loaded points (GPU points plus step records) than this are computed
+#: window by window from their points: exact, and cheap at that size (our choice: about
+#: an hour of 8 GPUs and one rank at 1 s; the per-minute combination is for day-long jobs).
+MIN_POINTS_FOR_BUCKETS = 40_000
+
+
+def _points(data: JobData) -> int:
+    n = data.window_cache.get("points")
+    if n is None:
+        n = data.window_cache["points"] = sum(len(g.t) for g in data.gpus) + len(data.steps)
+    return n
 
 
 def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
@@ -130,8 +141,9 @@ def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     once per job (:func:`exact_window_metrics` over the minute) and cached on ``data``:
     percentiles are the median of the buckets' values, throughput and shares their mean.
     A day-long job's 1,400 long windows thus cost 1,440 one-minute computations instead of
-    1,400 ten-minute ones. Shorter windows are computed from their points."""
-    if data.start is None or t1 - t0 < (MIN_BUCKETS + 1) * BUCKET_S:
+    1,400 ten-minute ones. Shorter windows, and jobs of fewer than
+    :data:`MIN_POINTS_FOR_BUCKETS` points, are computed from their points."""
+    if data.start is None or t1 - t0 < (MIN_BUCKETS + 1) * BUCKET_S or _points(data) < MIN_POINTS_FOR_BUCKETS:
         return exact_window_metrics(data, t0, t1)
     first = math.ceil((t0 - data.start) / BUCKET_S - 1e-9)
     last = math.floor((t1 - data.start) / BUCKET_S + 1e-9)  # exclusive

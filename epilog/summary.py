@@ -315,7 +315,8 @@ def _slow_increase(conn: Any, sid: int, lo: int, hi: int) -> dict[str, int | Non
     return out
 
 
-def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None) -> None:
+def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None,
+              memo: dict[Any, Any] | None = None) -> None:
     """Fill the GPU fields from the compact sample store: one bucketed pass per GPU
     (:func:`gpuguard.samples.read_buckets`, reused by the verdict) plus one ``GROUP BY``
     per percentile metric, all in SQLite over integer-scaled columns, so memory does not
@@ -332,7 +333,7 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
         lo, hi = samples.t_range(t0, start, end)
         if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
             lo = -(2**62)  # nothing stamped after the start: the clock stepped back before the first sample
-        b = samples.read_buckets(conn, sid, t0, lo, hi)
+        b = samples.read_buckets(conn, sid, t0, lo, hi, cache=memo)
         n = sum(b.n)
         if not n:
             continue
@@ -542,11 +543,11 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     # window (the store's per-GPU timeline stays monotonic: gpuguard.samples.write).
     conn = store.db.conn
     try:
-        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None)
+        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None, getattr(store, "memo", None))
         _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
         _step_part(s, conn, job_id, node)
         if window_s is not None:
-            s.windows = _windows_part(s, conn, job_id, node, window_s, max_windows)
+            s.windows = _windows_part(s, conn, job_id, node, window_s, max_windows, getattr(store, "memo", None))
     except sqlite3.Error as e:
         raise StoreError(f"store {store.path}: job summary read failed: {e}") from None
     _events_part(s, store, job_id, node)
@@ -559,7 +560,7 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
 
 
 def _windows_part(s: JobSummary, conn: Any, job_id: str, node: str, window_s: float,
-                  max_windows: int) -> dict[str, Any] | None:
+                  max_windows: int, memo: dict[Any, Any] | None) -> dict[str, Any] | None:
     """:attr:`JobSummary.windows` from the same bucketed pass as the GPU fields (cached)
     and one grouped query over the steps."""
     if window_s <= 0:
@@ -574,7 +575,7 @@ def _windows_part(s: JobSummary, conn: Any, job_id: str, node: str, window_s: fl
         lo, hi = samples.t_range(t0, s.started_at, None)
         if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
             lo = -(2**62)
-        out["gpus"][str(idx)] = samples.windows_of(samples.read_buckets(conn, sid, t0, lo, hi), start, width, count)
+        out["gpus"][str(idx)] = samples.windows_of(samples.read_buckets(conn, sid, t0, lo, hi, cache=memo), start, width, count)
     ranks: dict[str, dict[str, list[Any]]] = {}
     for rank, k, n, st, sa, to in conn.execute(
             "select rank, cast((t - ?) / ? as integer) as k, count(*), sum(step_time_s), sum(samples), sum(tokens) "

@@ -297,22 +297,23 @@ class Buckets:
 
 
 _FIELD_BITS = 20
-_CACHE: dict[tuple[Any, ...], Buckets] = {}
-#: Series kept in :data:`_CACHE` (a node's GPUs, with room to spare).
+#: Series kept in a :func:`read_buckets` cache (a node's GPUs, with room to spare).
 _CACHE_SERIES = 16
 
 
 def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**62), hi: int = 2**62,
-                 max_points: int = MAX_POINTS) -> Buckets:
+                 max_points: int = MAX_POINTS, cache: dict[Any, Any] | None = None) -> Buckets:
     """Series ``sid`` between ``t_ms`` ``lo`` and ``hi`` (inclusive) as :class:`Buckets`:
-    one SQL pass (plus a count). The last result per series is kept for the life of the
-    process, keyed by the rows it covered (count, first and last time), so the Epilog's
-    verdict reuses the pass its summary just made instead of reading the samples again."""
+    one SQL pass (plus a count). With ``cache`` (the store's :attr:`Store.memo
+    <gpuguard.store.Store.memo>`, which lives as long as that store object and is cleared
+    by its sample writes), a result is kept keyed by the rows it covered (count, first and
+    last time), so the Epilog's verdict reuses the pass its summary just made instead of
+    reading the samples again."""
     n, a, b = conn.execute("select count(*), min(t_ms), max(t_ms) from gpu_samples where sid = ? and t_ms "
                            "between ? and ?", (sid, lo, hi)).fetchone()
     bucket_ms = 0 if n <= max_points else 1000 * -(-(b - a) // (1000 * max_points))
-    key = (id(conn), sid, n, a, b, bucket_ms)
-    hit = _CACHE.get(key)
+    key = ("buckets", sid, n, a, b, bucket_ms)
+    hit = None if cache is None else cache.get(key)
     if hit is not None:
         return hit
     out = Buckets(sid, t0, bucket_ms)
@@ -351,9 +352,11 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
             out.counts[name].append(unpacked[i])
         for i, bit in enumerate(bits):
             out.bits[bit].append(unpacked[n_sum + i])
-    if len(_CACHE) >= _CACHE_SERIES:
-        _CACHE.clear()  # a few series of one job at a time: memory stays bounded
-    _CACHE[key] = out
+    if cache is not None:
+        if sum(1 for k in cache if k[0] == "buckets") >= _CACHE_SERIES:
+            for k in [k for k in cache if k[0] == "buckets"]:
+                del cache[k]  # a few series of one job at a time: memory stays bounded
+        cache[key] = out
     return out
 
 

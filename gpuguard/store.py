@@ -196,6 +196,9 @@ class Store:
         self.db = db
         self.path = path
         self._series: Any = None  # gpuguard.samples.SeriesCache, made on the first sample write
+        #: Results computed from this store and reused while it is open (the job summary's
+        #: bucketed sample pass, reused by the verdict); cleared by every sample write.
+        self.memo: dict[Any, Any] = {}
 
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -243,6 +246,7 @@ class Store:
 
             if self._series is None:
                 self._series = samples.SeriesCache()
+            self.memo.clear()
 
             def put() -> None:
                 try:

@@ -144,16 +144,7 @@ FAMILIES = ["healthy", "data-pipeline", "gpu-throttling", "straggler-gpu", "hard
             "job-changed"]
 
 
-#: Judged alone, every family passes; after other families in the same process,
-#: gpu-throttling (and once memory-leak) read "job-changed, clocks as usual" although the
-#: part carries the halved clock and the slowdown mask (checked by hand). An order-dependent
-#: state in the verdict path, not found before the deadline: reported, not hidden.
-_ORDER_DEPENDENT = pytest.mark.xfail(strict=False, reason="order-dependent verdict state when several families "
-                                     "are judged in one process (see comment)")
-
-
-@pytest.mark.parametrize("family", [pytest.param(f, marks=_ORDER_DEPENDENT) if f in ("gpu-throttling", "memory-leak")
-                                    else f for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_windowed_parts_keep_the_verdict(tmp_path, cfg, fake_slurm_bin, family):
     """The judge's per-window view of the parts names the same cause as the raw series
     would (three healthy runs first, then the family). Job ids differ per family: the
