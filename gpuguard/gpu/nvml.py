@@ -517,8 +517,17 @@ class NvmlSource:
         )
         if h is SKIP:
             return
+        self._read_identity(rd, h)
+        self._read_thermal_power_clocks(nv, rd, h)
+        self._read_util_memory(rd, h)
+        self._read_ecc_pages_rows(nv, rd, h)
+        self._read_pcie(rd, h)
+        self._read_nvlinks(nv, rd, h)
+        self._read_modes(nv, rd, h)
+
+    def _read_identity(self, rd: _GpuRead, h: Any) -> None:
+        """UUID, serial, name, PCI bus id, VBIOS and InfoROM versions."""
         r = self._read
-        # identity
         r(rd, {"uuid": _text}, "nvmlDeviceGetUUID", h)
         r(rd, {"serial": _text}, "nvmlDeviceGetSerial", h)
         r(rd, {"name": _text}, "nvmlDeviceGetName", h)
@@ -530,7 +539,10 @@ class NvmlSource:
         )
         r(rd, {"vbios_version": _text}, "nvmlDeviceGetVbiosVersion", h)
         r(rd, {"inforom_version": _text}, "nvmlDeviceGetInforomImageVersion", h)
-        # thermal, power, clocks
+
+    def _read_thermal_power_clocks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """Temperature and its thresholds, power draw and limit, clocks, clock-event reasons."""
+        r = self._read
         temp_fns = ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
         r(rd, {"temp_c": float}, temp_fns, h, nv.NVML_TEMPERATURE_GPU)
         thr = "nvmlDeviceGetTemperatureThreshold"
@@ -581,7 +593,10 @@ class NvmlSource:
             reason_fns,
             h,
         )
-        # utilisation, memory
+
+    def _read_util_memory(self, rd: _GpuRead, h: Any) -> None:
+        """GPU and memory utilisation, framebuffer memory used/total."""
+        r = self._read
         r(
             rd,
             {
@@ -600,7 +615,10 @@ class NvmlSource:
             "nvmlDeviceGetMemoryInfo",
             h,
         )
-        # ECC, retired pages, row remapping
+
+    def _read_ecc_pages_rows(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """ECC mode and volatile/aggregate counters, retired pages, row remapping."""
+        r = self._read
         r(
             rd,
             {"ecc_enabled": lambda m: m[0] == nv.NVML_FEATURE_ENABLED},
@@ -661,14 +679,19 @@ class NvmlSource:
             "nvmlDeviceGetRemappedRows",
             h,
         )
-        # PCIe
+
+    def _read_pcie(self, rd: _GpuRead, h: Any) -> None:
+        """PCIe link generation and width (current, max) and the replay counter."""
+        r = self._read
         r(rd, {"pcie_gen_current": int}, "nvmlDeviceGetCurrPcieLinkGeneration", h)
         r(rd, {"pcie_gen_max": int}, "nvmlDeviceGetMaxPcieLinkGeneration", h)
         r(rd, {"pcie_width_current": int}, "nvmlDeviceGetCurrPcieLinkWidth", h)
         r(rd, {"pcie_width_max": int}, "nvmlDeviceGetMaxPcieLinkWidth", h)
         r(rd, {"pcie_replay_count": int}, "nvmlDeviceGetPcieReplayCounter", h)
-        self._read_nvlinks(nv, rd, h)
-        # modes
+
+    def _read_modes(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """Persistence and MIG modes, and the GPU recovery action where the driver has it."""
+        r = self._read
         r(
             rd,
             {"persistence_mode": lambda s: s == nv.NVML_FEATURE_ENABLED},
