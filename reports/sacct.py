@@ -702,14 +702,10 @@ def _json_exit(ec, buggy: bool) -> tuple[int | None, int | None]:
     return _num(ec.get("return_code")), (sig_id or 0)
 
 
-def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict, bool]:
-    """One ``jobs[]`` element of ``sacct --json`` -> cache row. Raises :class:`RowError`."""
-    if not isinstance(j, dict):
-        raise RowError("job is not an object")
-    raw = _num(j.get("job_id"))
-    if raw is None:
-        raise RowError("no job_id")
-    raw = int(raw)
+def _json_job_ids(j: dict, raw: int) -> tuple[str, dict]:
+    """The printed job id and the array/heterogeneous id columns of one ``sacct --json`` job:
+    ``<array job>_<task>`` (``_[<task expr>]`` for a pending array), ``<het job>+<offset>``,
+    else ``raw``; id columns are None where the job is not an array or het component."""
     arr = j.get("array") or {}
     het = j.get("het") or {}
     arr_job = _num(arr.get("job_id")) or None
@@ -728,6 +724,18 @@ def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict,
     if het_job and het_off is not None:
         ids["het_job_id"], ids["het_job_offset"] = int(het_job), int(het_off)
         job_id = f"{int(het_job)}+{int(het_off)}"
+    return job_id, ids
+
+
+def json_job_to_row(j: dict, conv_cluster: str, buggy_exit: bool) -> tuple[dict, bool]:
+    """One ``jobs[]`` element of ``sacct --json`` -> cache row. Raises :class:`RowError`."""
+    if not isinstance(j, dict):
+        raise RowError("job is not an object")
+    raw = _num(j.get("job_id"))
+    if raw is None:
+        raise RowError("no job_id")
+    raw = int(raw)
+    job_id, ids = _json_job_ids(j, raw)
     state = j.get("state") or {}
     cur = state.get("current") if isinstance(state, dict) else state
     if isinstance(cur, list):
