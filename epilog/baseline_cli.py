@@ -17,11 +17,17 @@ from gpuguard.epilog.metrics import METRICS
 from gpuguard.output import display_tz, emit, iso_time, output_options
 
 
-def _open(obj: Any, *, create: bool = False):
+def _open(obj: Any, *, write: bool = False):
+    """The cluster store: read-only for the listing commands (a reader never creates,
+    migrates or writes a store, so they work for any user who can read it), read-write
+    only for ``baseline reset``."""
+    from gpuguard.epilog.jobview import open_readonly
     from gpuguard.store import StoreError, open_store
 
     try:
-        return open_store(obj.cfg.cluster_store_path, create=create)
+        if write:
+            return open_store(obj.cfg.cluster_store_path, create=False)
+        return open_readonly(obj.cfg.cluster_store_path)
     except StoreError as e:
         raise click.ClickException(str(e)) from None
 
@@ -101,7 +107,7 @@ def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
 def baseline_reset(obj: Any, template_name: str, yes: bool) -> None:
     """Forget TEMPLATE's baseline: it learns again from the next runs (use after a
     deliberate change to the job, e.g. a new model size)."""
-    store = _open(obj)
+    store = _open(obj, write=True)
     try:
         _known(store, template_name)
         if not yes:

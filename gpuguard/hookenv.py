@@ -49,12 +49,22 @@ def parse_uint(value: str | None, maximum: int = UINT32_MAX) -> int | None:
     return n if n <= maximum else None
 
 
+#: Highest GRES GPU index taken from the hook environment (our choice: far above any
+#: node's GPU count, which NVML reports in the tens). A larger index cannot name a GPU of
+#: this node, so the whole value is rejected as a tool problem instead of being judged as
+#: "the job's GPU is not visible", which would drain a healthy node.
+MAX_GPU_INDEX = 1023
+
+
 def parse_job_gpus(value: str | None) -> list[int] | None:
     """``SLURM_JOB_GPUS`` (``"0,1"``, GRES indices; SLURM-FACTS §4) -> ``[0, 1]``;
-    unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored."""
+    unset/empty -> None. Non-numeric entries (UUIDs on some sites) are ignored. Raises
+    ValueError when an index is above :data:`MAX_GPU_INDEX`."""
     if not value:
         return None
     out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
+    if any(i > MAX_GPU_INDEX for i in out):
+        raise ValueError(f"GPU index above {MAX_GPU_INDEX}")
     return out or None
 
 
@@ -123,9 +133,14 @@ def read_hook_env(env: Mapping[str, str] | None = None) -> HookEnv:
     num_nodes = parse_uint(env.get("SLURM_JOB_NUM_NODES"), UINT32_MAX)
     checked("SLURM_JOB_NUM_NODES", num_nodes, "a node count")
     gpus_raw = env.get("SLURM_JOB_GPUS") or None
+    try:
+        job_gpus = parse_job_gpus(gpus_raw)
+    except ValueError as e:
+        problems.append(f"SLURM_JOB_GPUS {gpus_raw[:80]!r} is not a list of GPU indices ({e})")
+        job_gpus = gpus_raw = None
     return HookEnv(
         job_id=job_id, job_uid=uid, job_gid=gid, job_user=user, node_name=node,
-        job_gpus=parse_job_gpus(gpus_raw), job_gpus_raw=gpus_raw,
+        job_gpus=job_gpus, job_gpus_raw=gpus_raw,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES") or None, exit_status_raw=exit_raw,
         job_comment=env.get("SLURM_JOB_COMMENT") or None, job_partition=env.get("SLURM_JOB_PARTITION") or None,
         job_nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or None,

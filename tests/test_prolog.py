@@ -320,3 +320,20 @@ def test_non_ascii_job_id_is_node_checks_only(node, make_config, write_replay, j
     assert not (node["tmp"] / "jobs").exists() or os.listdir(node["tmp"] / "jobs") == []
     log = (node["tmp"] / "gpuguard.log").read_text()
     assert f"tool error: SLURM_JOB_ID {job_id!r} is not a job id; node checks only" in log
+
+
+def test_impossible_gpu_index_in_env_is_a_tool_problem_not_a_drain(node):
+    """SLURM_JOB_GPUS naming a GPU index no node can have is rejected as a bad hook
+    variable (logged), never judged as 'the job's GPU is not visible' (a drain)."""
+    assert hook.run(dict(ENV, SLURM_JOB_GPUS="99999999999999999999")) == 0
+    assert node["calls"]() == []
+    log = (node["tmp"] / "gpuguard.log").read_text()
+    assert "SLURM_JOB_GPUS '99999999999999999999' is not a list of GPU indices (GPU index above 1023)" in log
+
+
+def test_parse_job_gpus_refuses_impossible_indices():
+    from gpuguard.hookenv import parse_job_gpus
+
+    assert parse_job_gpus("0,1023") == [0, 1023]
+    with pytest.raises(ValueError):
+        parse_job_gpus("0,1024")

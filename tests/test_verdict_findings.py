@@ -5,6 +5,7 @@ integration."""
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 
 import click
@@ -184,6 +185,7 @@ def test_cli_template_list_and_baseline(cli):
         judge_job(store, rows.job_id, cfg=cfg, template=p.name, exit_code=0, now=rows.end)
         t = rows.end + 60
     store.close()
+    before = pathlib.Path(cfg.store_path).read_bytes()
     r = CliRunner()
     out = r.invoke(root, ["template", "list"])
     assert out.exit_code == 0, out.output
@@ -196,6 +198,9 @@ def test_cli_template_list_and_baseline(cli):
     assert json.loads(out.output)["metrics"]["step_time_p50_s"]["n"] == 3
     out = r.invoke(root, ["baseline", "show", "nope"])
     assert out.exit_code != 0 and "unknown template" in out.output
+    # the listings read the store read-only: not a byte written, no -wal/-shm beside it
+    assert pathlib.Path(cfg.store_path).read_bytes() == before
+    assert not pathlib.Path(cfg.store_path + "-wal").exists() and not pathlib.Path(cfg.store_path + "-shm").exists()
     out = r.invoke(root, ["baseline", "reset", "clitpl", "--yes"])
     assert out.exit_code == 0
     out = r.invoke(root, ["template", "list", "--format", "csv"])

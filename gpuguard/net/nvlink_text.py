@@ -18,6 +18,8 @@ the NVLink check judges a paste like a live NVML reading.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import re
 from dataclasses import dataclass, field
 
@@ -52,33 +54,48 @@ def _link(g: GpuLinks, n: int) -> NvLinkState:
     return g.links.setdefault(n, NvLinkState(n))
 
 
-def parse_nvlink_status(text: str) -> tuple[list[GpuLinks], list[str]]:
-    """``nvidia-smi nvlink -s`` -> ``(gpus, problems)``; raises :class:`NvlinkTextError`
-    when no ``GPU N:`` line is found."""
+def _walk(text: str, what: str, on_line: Callable[[GpuLinks, int, str, list[str]], None],
+          ) -> tuple[list[GpuLinks], list[str]]:
+    """The ``GPU N: NAME (UUID: ...)`` sections of ``nvidia-smi nvlink -s|-e`` output:
+    elided (``[...]``) and blank lines skipped, the all-links-inactive NVML message noted
+    on its GPU, every other line handed to ``on_line(gpu, line_no, line, problems)``.
+    Raises :class:`NvlinkTextError` when no GPU line is found (``what`` names the command)."""
     gpus: list[GpuLinks] = []
     problems: list[str] = []
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if m := _GPU.match(line):
             gpus.append(GpuLinks(int(m.group(1)), m.group(2) or None, m.group(3)))
+        elif not gpus or not line or line in ("...", "[...]"):
             continue
-        if not gpus or not line or line in ("...", "[...]"):
-            continue
-        if _ALL_INACTIVE.search(line):
+        elif _ALL_INACTIVE.search(line):
             gpus[-1].all_inactive = True
-        elif m := _LINK_STATUS.match(line):
-            val = m.group(2)
-            speed = re.match(r"^(\d+(?:\.\d+)?)\s*GB/s$", val)
-            if val.strip("<>").lower() in ("inactive", "down", "disabled") or (speed and float(speed.group(1)) == 0):
-                _link(gpus[-1], int(m.group(1))).active = False
-            elif speed:
-                _link(gpus[-1], int(m.group(1))).active = True
-            else:
-                problems.append(f"line {no}: link status {val!r} not understood")
         else:
-            problems.append(f"line {no}: not understood: {line[:80]}")
+            on_line(gpus[-1], no, line, problems)
     if not gpus:
-        raise NvlinkTextError("no 'GPU N: ...' line: not nvidia-smi nvlink -s output")
+        raise NvlinkTextError(f"no 'GPU N: ...' line: not {what} output")
+    return gpus, problems
+
+
+def _status_line(g: GpuLinks, no: int, line: str, problems: list[str]) -> None:
+    m = _LINK_STATUS.match(line)
+    if m is None:
+        problems.append(f"line {no}: not understood: {line[:80]}")
+        return
+    val = m.group(2)
+    speed = re.match(r"^(\d+(?:\.\d+)?)\s*GB/s$", val)
+    if val.strip("<>").lower() in ("inactive", "down", "disabled") or (speed and float(speed.group(1)) == 0):
+        _link(g, int(m.group(1))).active = False
+    elif speed:
+        _link(g, int(m.group(1))).active = True
+    else:
+        problems.append(f"line {no}: link status {val!r} not understood")
+
+
+def parse_nvlink_status(text: str) -> tuple[list[GpuLinks], list[str]]:
+    """``nvidia-smi nvlink -s`` -> ``(gpus, problems)``; raises :class:`NvlinkTextError`
+    when no ``GPU N:`` line is found."""
+    gpus, problems = _walk(text, "nvidia-smi nvlink -s", _status_line)
     fill_all_inactive(gpus)
     return gpus, problems
 
@@ -93,35 +110,24 @@ def fill_all_inactive(gpus: list[GpuLinks]) -> None:
         g.links = {i: NvLinkState(i, False) for i in range(n)}
 
 
+def _error_line(g: GpuLinks, no: int, line: str, problems: list[str]) -> None:
+    m = _LINK_ERR.match(line)
+    attr = _ERR_FIELDS.get(m.group(2).strip().lower()) if m else None
+    if m is None or attr is None:
+        problems.append(f"line {no}: not understood: {line[:80]}")
+        return
+    val = m.group(3)
+    if val.upper() == "N/A":
+        return
+    try:
+        setattr(_link(g, int(m.group(1))), attr, int(val))
+    except ValueError:
+        problems.append(f"line {no}: counter {val!r} not a number")
+
+
 def parse_nvlink_errors(text: str) -> tuple[list[GpuLinks], list[str]]:
     """``nvidia-smi nvlink -e`` -> ``(gpus, problems)``; raises :class:`NvlinkTextError`."""
-    gpus: list[GpuLinks] = []
-    problems: list[str] = []
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if m := _GPU.match(line):
-            gpus.append(GpuLinks(int(m.group(1)), m.group(2) or None, m.group(3)))
-            continue
-        if not gpus or not line or line in ("...", "[...]"):
-            continue
-        if _ALL_INACTIVE.search(line):
-            gpus[-1].all_inactive = True
-            continue
-        m = _LINK_ERR.match(line)
-        attr = _ERR_FIELDS.get(m.group(2).strip().lower()) if m else None
-        if m is None or attr is None:
-            problems.append(f"line {no}: not understood: {line[:80]}")
-            continue
-        val = m.group(3)
-        if val.upper() == "N/A":
-            continue
-        try:
-            setattr(_link(gpus[-1], int(m.group(1))), attr, int(val))
-        except ValueError:
-            problems.append(f"line {no}: counter {val!r} not a number")
-    if not gpus:
-        raise NvlinkTextError("no 'GPU N: ...' line: not nvidia-smi nvlink -e output")
-    return gpus, problems
+    return _walk(text, "nvidia-smi nvlink -e", _error_line)
 
 
 def parse_dcgmi_link_status(text: str) -> tuple[list[GpuLinks], list[str]]:
