@@ -100,7 +100,7 @@ class SlurmCli:
     def node_reason(self, node: str, *, timeout_s: float | None = None) -> str | None:
         """The reason set on ``node`` (``scontrol show node -o``), or None."""
         out = self.run("scontrol", "show", "node", node, "-o", timeout_s=timeout_s)
-        for tok in _scontrol_fields(out):
+        for tok in scontrol_fields(out):
             if tok[0] == "Reason":
                 return tok[1] or None
         return None
@@ -115,7 +115,7 @@ class SlurmCli:
     def show_job(self, job_id: str, *, timeout_s: float | None = None) -> dict[str, str]:
         """``scontrol show job -o JOBID`` as a field dict (``JobName``, ``Comment``, ...)."""
         out = self.run("scontrol", "show", "job", "-o", str(job_id), timeout_s=timeout_s)
-        return dict(_scontrol_fields(out))
+        return dict(scontrol_fields(out))
 
     def fail_job(self, job_id: str, reason: str, *, timeout_s: float | None = None) -> None:
         """Fail a job from the Prolog *without* draining the node: note ``reason`` in the
@@ -162,7 +162,7 @@ class SlurmCli:
         return self.run("sacct", *args, timeout_s=timeout_s)
 
 
-def _scontrol_fields(text: str) -> list[tuple[str, str]]:
+def scontrol_fields(text: str) -> list[tuple[str, str]]:
     """Split one-line ``scontrol show -o`` output into (key, value) pairs. Values may
     contain spaces (``Reason=gpuguard: xid.79 ...``), so a token without ``=`` is glued
     to the previous value."""

@@ -103,9 +103,9 @@ def parse_windows(raw: list[Any]) -> list[Window]:
 def parse_reservations(text: str) -> list[dict[str, str]]:
     """``scontrol show reservation -o`` -> one field dict per reservation (empty for
     "No reservations in the system")."""
-    from gpuguard.slurm import _scontrol_fields
+    from gpuguard.slurm import scontrol_fields
 
-    return [dict(_scontrol_fields(line)) for line in text.splitlines() if line.startswith("ReservationName=")]
+    return [dict(scontrol_fields(line)) for line in text.splitlines() if line.startswith("ReservationName=")]
 
 
 def maint_reservation(reservations: list[dict[str, str]], node: str) -> dict[str, str] | None:

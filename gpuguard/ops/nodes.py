@@ -64,10 +64,10 @@ class NodeInfo:
 def parse_node(text: str) -> NodeInfo:
     """``scontrol show node -o NODE`` output -> :class:`NodeInfo`. Raises ``ValueError``
     when there is no ``NodeName=`` field."""
-    from gpuguard.slurm import _scontrol_fields
+    from gpuguard.slurm import scontrol_fields
 
     head, sep, reason_text = text.strip().partition(" Reason=")
-    fields = dict(_scontrol_fields(head))
+    fields = dict(scontrol_fields(head))
     if "NodeName" not in fields:
         raise ValueError("no NodeName= in scontrol output")
     # Reason is the last field and free text: "pid=7" in it must not start a new field.
