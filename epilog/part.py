@@ -395,7 +395,7 @@ def _rank_steps(node: str, r: Mapping[str, Any], per_window: int) -> list[StepRe
         pts = pts or [x for x in (_f(p50[i]),) if x]
         if len(pts) > per_window:  # evenly spaced, the middle one when only one is kept
             pts = [pts[(2 * k + 1) * len(pts) // (2 * per_window)] for k in range(per_window)]
-        vals = [_f(c[i]) for c in totals]
+        vals = [x if type(x) in _NUMBER else None for x in [c[i] for c in totals]]  # _f, inlined
         for st in pts:
             # totals scaled by st / sum: throughput and phase shares over any span of
             # windows stay the exact sums' ratios
