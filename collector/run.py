@@ -46,198 +46,48 @@ import contextlib
 import logging
 import os
 import queue
-import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 import types
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from gpuguard.collector.host import HostSampler
-from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
-from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, encode_clock_event_reasons
+from gpuguard.collector.liveness import ALIVE_STATES, JobLiveness, scontrol_job_state
+from gpuguard.collector.rows import (
+    MAX_BUFFERED_ROWS,
+    RowBuffer,
+    clock_mask,
+    gpu_row,
+    parse_gpu_list,
+    select_gpus,
+)
+from gpuguard.model import GpuState, NodeSnapshot
 
-MAX_BUFFERED_ROWS = 200_000
+# Re-exported: liveness and the rows live in their own modules; tests and tools import them here.
+__all__ = [
+    "ALIVE_STATES",
+    "MAX_BUFFERED_ROWS",
+    "Collector",
+    "JobLiveness",
+    "RowBuffer",
+    "build_parser",
+    "clock_mask",
+    "gpu_row",
+    "main",
+    "parse_gpu_list",
+    "scontrol_job_state",
+    "select_gpus",
+]
+
 MAX_FLUSH_S = 10.0
 DEFAULT_MAX_RUNTIME_S = 30 * 86400.0
 #: Cumulative counters (ECC, PCIe replays: :data:`gpuguard.metrics.GPU_SLOW`) are read this
 #: often. Our choice: they change rarely and are judged per job, so a minute of delay
 #: costs nothing, while reading them every second cost most of an NVML snapshot.
 SLOW_EVERY_S = 60.0
-
-#: ``scontrol show job`` states in which the job still holds the node (slurm/slurm.h
-#: ``job_states`` and state flags as scontrol prints them).
-ALIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "REQUEUED",
-                "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
-
-
-# -- GPUs --------------------------------------------------------------------------------
-
-
-def parse_gpu_list(value: str | None) -> tuple[list[int], list[str]]:
-    """``"0,1"`` -> ``([0, 1], [])``; ``"GPU-ab,GPU-cd"`` -> ``([], ["GPU-ab", "GPU-cd"])``.
-
-    Entries that are neither (``MIG-...``, ``NoDevFiles``) are ignored; ``None``/empty ->
-    ``([], [])``."""
-    idx: list[int] = []
-    uuids: list[str] = []
-    for item in (value or "").split(","):
-        item = item.strip()
-        if item.isdigit():
-            idx.append(int(item))
-        elif item.upper().startswith("GPU-"):
-            uuids.append(item)
-    return idx, uuids
-
-
-def select_gpus(snap: NodeSnapshot, indices: list[int], uuids: list[str]) -> list[GpuState]:
-    """The snapshot's GPUs named by index or UUID (case-insensitive), in index order."""
-    want_u = {u.lower() for u in uuids}
-    want_i = set(indices)
-    return sorted((g for g in snap.gpus if g.index in want_i or (g.uuid and g.uuid.lower() in want_u)),
-                  key=lambda g: g.index)
-
-
-def clock_mask(reasons: list[str] | None) -> int | None:
-    """:func:`~gpuguard.model.encode_clock_event_reasons` ignoring unknown names."""
-    if reasons is None:
-        return None
-    return encode_clock_event_reasons([r for r in reasons if r in CLOCK_EVENT_REASONS])
-
-
-def gpu_row(g: GpuState, job_id: str, node: str, at: float) -> dict[str, Any]:
-    """One ``samples`` row for GPU ``g``: the sampled metrics of :mod:`gpuguard.metrics`
-    (``GPU_SAMPLED`` and ``GPU_SLOW``) read from the GpuState fields of the same name."""
-    row: dict[str, Any] = {"job_id": job_id, "node": node, "at": at, "gpu_index": g.index, "gpu_uuid": g.uuid}
-    for m in _ROW_METRICS:
-        row[m] = getattr(g, m)
-    row["clock_event_mask"] = clock_mask(g.clock_event_reasons)
-    return row
-
-
-_ROW_METRICS = tuple(m.name for m in (*GPU_SAMPLED, *GPU_SLOW) if m.name != "clock_event_mask")
-
-
-# -- liveness ----------------------------------------------------------------------------
-
-
-def scontrol_job_state(scontrol: str, job_id: str, timeout_s: float = 5.0) -> str | None:
-    """The job's ``JobState`` from ``scontrol show job -o N``; ``"UNKNOWN_JOB"`` when
-    slurmctld no longer knows it (``Invalid job id``); ``None`` when scontrol cannot answer
-    (missing, slurmctld down, timeout)."""
-    try:
-        p = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    out = p.stdout + p.stderr
-    if "Invalid job id" in out:
-        return "UNKNOWN_JOB"
-    m = re.search(r"\bJobState=(\S+)", p.stdout)
-    return m.group(1) if m and p.returncode == 0 else None
-
-
-class JobLiveness:
-    """Decides whether the job still runs on this node (see the module docstring).
-
-    ``check()`` -> ``(alive, why)``. ``scontrol``: path to scontrol or ``None`` (skip).
-    ``clock``: monotonic seconds (tests inject one).
-    """
-
-    def __init__(self, host: HostSampler, *, job_id: str, scontrol: str | None,
-                 startup_grace_s: float = 120.0, scontrol_every_s: float = 30.0,
-                 no_evidence_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 state_fn: Callable[[str, str], str | None] = scontrol_job_state):
-        self.host = host
-        self.job_id = job_id
-        self.scontrol = scontrol
-        self.startup_grace_s = startup_grace_s
-        self.scontrol_every_s = scontrol_every_s
-        self.clock = clock
-        self.state_fn = state_fn
-        self.no_evidence_s = max(no_evidence_s, startup_grace_s)
-        self.started = clock()
-        self.last_evidence = self.started
-        self.seen_procs = False
-        self.empty_checks = 0
-        self._next_scontrol = self.started
-
-    def check(self) -> tuple[bool, str]:
-        now = self.clock()
-        cg = self.host.cgroup_exists() if self.host.discover() else None
-        if cg is True:
-            self.last_evidence = now
-            return True, "job cgroup present"
-        if cg is False:
-            return False, "job cgroup removed"
-        in_grace = now - self.started < self.startup_grace_s
-        if self.host.procs is not None:
-            n = len(self.host.procs.pids())
-            if n:
-                self.seen_procs = True
-                self.empty_checks = 0
-                self.last_evidence = now
-            else:
-                self.empty_checks += 1
-                if (self.seen_procs or not in_grace) and self.empty_checks >= 2:
-                    return False, f"no process of uid {self.host.uid} left"
-        if self.scontrol and now >= self._next_scontrol and not in_grace:
-            self._next_scontrol = now + self.scontrol_every_s
-            state = self.state_fn(self.scontrol, self.job_id)
-            if state is not None and state.split("+")[0] not in ALIVE_STATES:
-                return False, f"scontrol: JobState={state}"
-            if state is not None:
-                self.last_evidence = now
-        if now - self.last_evidence > self.no_evidence_s:
-            # no cgroup, no uid to look for, scontrol silent: a collector that cannot tell
-            # must not linger for weeks
-            return False, f"no sign of the job for {now - self.last_evidence:.0f} s"
-        return True, "no evidence the job ended"
-
-
-# -- buffered writes ---------------------------------------------------------------------
-
-
-class RowBuffer:
-    """Rows waiting for the store, per table; bounded to ``max_rows`` (the oldest
-    ``samples``, then ``host_samples`` rows are dropped first; events last)."""
-
-    TABLES = ("events", "samples", "host_samples")
-
-    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS):
-        self.max_rows = max_rows
-        self.rows: dict[str, deque[dict[str, Any]]] = {t: deque() for t in self.TABLES}
-        self.dropped = 0
-        self.written = dict.fromkeys(self.TABLES, 0)
-
-    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
-        self.rows[table].extend(rows)
-        over = len(self) - self.max_rows
-        for t in ("samples", "host_samples", "events"):
-            while over > 0 and self.rows[t]:
-                self.rows[t].popleft()
-                self.dropped += 1
-                over -= 1
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self.rows.values())
-
-    def flush(self, store: Any) -> None:
-        """Write each table's rows in one transaction; rows of a failed table stay.
-        Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
-        for t in self.TABLES:
-            q = self.rows[t]
-            if not q:
-                continue
-            batch = list(q)
-            store.insert_many(t, batch)
-            for _ in range(len(batch)):
-                q.popleft()
-            self.written[t] += len(batch)
 
 
 # -- the collector -----------------------------------------------------------------------

@@ -1,5 +1,12 @@
 """Training-step records for gpuguard: a dependency-free API for training code.
 
+Size: one module on purpose. It is the whole API training code imports (alone: it
+imports nothing of gpuguard), and its docstring is the record-format contract the
+epilog's ingest checks exactly; the real and null recorders, steps and phases mirror each
+other and the value checks mirror the ingest's bounds, so they are read and changed
+together. Most of the length is that contract and the per-value checks that keep a bad
+value from ever raising into a training loop.
+
 Standard library only, cheap to import, and a no-op when ``GPUGUARD_JOB_DIR`` is unset
 (outside Slurm, or where gpuguard's TaskProlog did not export it)::
 

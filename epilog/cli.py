@@ -175,24 +175,7 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
     from gpuguard.epilog.jobpage import format_page
     from gpuguard.output import resolve_zone
 
-    cfg = None
-    if obj is not None and hasattr(obj, "cfg"):
-        try:
-            cfg = obj.cfg
-        except click.ClickException as e:
-            if store_path is None:
-                _fail(e.message)
-    elif store_path is None:
-        from gpuguard import config as config_mod
-
-        try:
-            cfg = config_mod.load()
-        except config_mod.ConfigError as e:
-            _fail(str(e))
-    if cfg is None:
-        from gpuguard.config import from_dict
-
-        cfg = from_dict({})
+    cfg = _job_show_config(obj, store_path)
     from gpuguard.epilog.jobview import JobNotVisible, job_view, open_readonly
     from gpuguard.slurm import SlurmCli
 
@@ -247,6 +230,33 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
+
+
+def _job_show_config(obj: Any, store_path: str | None) -> Any:
+    """The config ``job show`` runs with: the CLI's, else the loaded file, else defaults.
+
+    A config that fails to load is fatal (exit 2) unless --store names the store, since
+    then the page can be built from built-in defaults alone.
+    """
+    cfg = None
+    if obj is not None and hasattr(obj, "cfg"):
+        try:
+            cfg = obj.cfg
+        except click.ClickException as e:
+            if store_path is None:
+                _fail(e.message)
+    elif store_path is None:
+        from gpuguard import config as config_mod
+
+        try:
+            cfg = config_mod.load()
+        except config_mod.ConfigError as e:
+            _fail(str(e))
+    if cfg is None:
+        from gpuguard.config import from_dict
+
+        cfg = from_dict({})
+    return cfg
 
 
 def _fail(msg: str) -> NoReturn:

@@ -58,6 +58,12 @@ import os
 import time
 from typing import Any
 
+# Cheap to import (their own imports are lazy). save_training_records stays a name of this
+# module so tests can replace it here; _encode_part is what the cluster tests build parts with.
+from gpuguard.epilog.handover import encode_part as _encode_part  # noqa: F401
+from gpuguard.epilog.handover import hand_over
+from gpuguard.epilog.training_rows import save_training_records
+
 EXIT_OK = 0
 
 #: Share of the budget the collector stop may take (SIGTERM wait; SIGKILL adds 1 s).
@@ -97,46 +103,6 @@ def collector_status(stop: Any) -> str:
     if not stop.was_running:
         return "died"
     return "ok" if stop.exited else "did_not_exit"
-
-
-# -- storing the training records ------------------------------------------------------------
-def save_training_records(store: Any, job_id: str, node: str, ingest: Any) -> tuple[int, int]:
-    """Replace the ``steps`` and ``checkpoints`` rows of (``job_id``, ``node``) with the
-    records of ``ingest`` (an ``IngestResult``) in one transaction; an empty ingest
-    changes nothing (a rerun after the directory was removed keeps the first run's rows).
-    Returns the numbers of step and checkpoint rows. Raises
-    :class:`gpuguard.store.StoreError`."""
-    import sqlite3
-
-    from gpuguard.store import StoreError
-
-    steps = []
-    for r in ingest.steps:
-        ph = r.get("phases") or {}
-        steps.append({
-            "job_id": job_id, "node": node, "rank": r.get("rank"), "step": r.get("step"), "t": r.get("t"),
-            "step_time_s": r.get("step_time_s"), "samples": r.get("samples"), "tokens": r.get("tokens"),
-            "loss": r.get("loss"), "loss_nonfinite": 1 if r.get("loss_nonfinite") else 0,
-            "grad_norm": r.get("grad_norm"), "data_wait_s": ph.get("data_wait_s"), "fwd_bwd_s": ph.get("fwd_bwd_s"),
-            "comm_s": ph.get("comm_s"), "optim_s": ph.get("optim_s"),
-        })
-    ckpts = [{"job_id": job_id, "node": node, "rank": r.get("rank"), "step": r.get("step"), "t": r.get("t"),
-              "duration_s": r.get("duration_s")} for r in ingest.checkpoints]
-    if not steps and not ckpts:
-        # nothing (left) to ingest: a second epilog of the job finds the directory gone
-        # and must not wipe what the first one stored
-        return 0, 0
-    try:
-        with store.tx():
-            store.db.conn.execute("delete from steps where job_id = ? and node = ?", [job_id, node])
-            store.db.conn.execute("delete from checkpoints where job_id = ? and node = ?", [job_id, node])
-            if steps:
-                store.db["steps"].insert_all(steps, batch_size=500)
-            if ckpts:
-                store.db["checkpoints"].insert_all(ckpts, batch_size=500)
-    except sqlite3.Error as e:
-        raise StoreError(f"store {store.path}: training records write failed: {e}") from None
-    return len(steps), len(ckpts)
 
 
 def record_collector_death(store: Any, node: str, job_id: str, pid: int | None) -> None:
@@ -398,7 +364,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: job summary: %s: %s", type(e).__name__, e)
         summary = None
     if summary is not None:
-        _hand_over(store, job_id, cfg, env, node, summary, log, pend)
+        hand_over(store, job_id, cfg, env, node, summary, log, pend)
 
     if store is not None:
         deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
@@ -464,85 +430,6 @@ def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
     if res["samples_folded"] or res["minutes"] or not res["complete"]:
         log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
                  "" if res["complete"] else f", {res['series_left']} series left for the next run")
-
-
-def _hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str, summary: Any,
-               log: Any, pend: Any) -> None:
-    """Build this node's part (:mod:`gpuguard.epilog.part`) and hand it to the job judge:
-    with ``[paths] spool_dir`` (cluster mode) write it to the spool, where the
-    controller's EpilogSlurmctld worker judges the job once with every node's part; without
-    one (single host) judge it here, on the store that is node and cluster store at once —
-    the same judge, from the same encoded part. A multi-node job without a spool is not
-    judged: half of its data would give a verdict that contradicts the other half's.
-    Our errors here are tool errors; they never drain."""
-    from gpuguard.epilog import part as part_mod
-    from gpuguard.hookenv import parse_uint
-    from gpuguard.slurm import SlurmCli
-
-    spool = cfg.get("paths", "spool_dir")
-    job = {"user": env.get("SLURM_JOB_USER"), "uid": parse_uint(env.get("SLURM_JOB_UID")),
-           "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
-           "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": parse_uint(env.get("SLURM_JOB_NUM_NODES")),
-           "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": parse_uint(env.get("SLURM_JOB_EXIT_CODE"))}
-    # the template lookup (scontrol show job) is capped by what is left of the budget
-    slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
-                     deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
-    if not spool and (job["num_nodes"] or 1) > 1:
-        log.warning("multi-node job not judged: set [paths] spool_dir so the controller judges it once "
-                    "with every node's data")
-        return
-    try:
-        blob, window_s = _encode_part(store, job_id, cfg, node, job, summary)
-        if spool:
-            path = part_mod.write_part(spool, job_id, node, blob)
-            log.info("part %s written (%d bytes, %g s windows)", path, len(blob), window_s)
-            return
-    except Exception as e:
-        log.error("tool error: part: %s: %s", type(e).__name__, e)
-        return
-    if not job["comment"] or "gpuguard:template=" not in job["comment"]:
-        try:  # the Epilog has no SLURM_JOB_NAME (SLURM-FACTS §4); a derived template needs it
-            job["name"] = slurm.show_job(job_id).get("JobName")
-        except Exception:
-            job["name"] = None
-    _judge_here(store, job_id, cfg, node, job, part_mod.decode_part(blob), pend, log)
-
-
-def _encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], summary: Any) -> tuple[bytes, float]:
-    from gpuguard.epilog import part as part_mod
-    from gpuguard.epilog.jobdata import load_job
-
-    data = load_job(store, job_id, [node])
-    names = {r["uuid"]: r["name"] for r in store.query("select uuid, name from inventory where node = ?", [node])}
-    sdict = summary.to_dict()
-    return part_mod.encode_part(
-        lambda ws: part_mod.build_part(data, node, window_s=ws, job=job, summary=sdict, gpu_names=names),
-        float(cfg.get("verdict", "short_window_s")))
-
-
-def _judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], part: dict[str, Any],
-                pend: Any, log: Any) -> None:
-    """Single host: the job judge on this node's own part, in this store; its drains go
-    through this Epilog's pending-drain list (:mod:`gpuguard.drainq`)."""
-    from gpuguard.epilog.judge import judge_parts
-
-    meta = dict(job, job_id=job_id, nodes=[node])
-    cluster = None
-    try:
-        from gpuguard.store import open_store
-
-        same = os.path.abspath(cfg.cluster_store_path) == os.path.abspath(cfg.store_path)
-        cluster = store if same else open_store(cfg.cluster_store_path)
-        res = judge_parts(cluster, job_id, {node: part}, cfg=cfg, meta=meta, slurm=None, log=log,
-                          set_comment=False, drainer=pend)
-    except Exception as e:
-        log.error("tool error: verdict: %s: %s", type(e).__name__, e)
-        return
-    finally:
-        if cluster is not None and cluster is not store:
-            cluster.close()
-    v = res.verdict or {}
-    log.info("verdict %s (template %s): %s", v.get("cause"), v.get("template"), v.get("summary"))
 
 
 def _close(store: Any) -> None:

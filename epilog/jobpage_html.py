@@ -86,10 +86,10 @@ def plot_svg(panels: list[tuple[str, str, list[tuple[str, list, list]]]], title:
     panels = [p for p in panels if p[2]]
     if not panels:
         return None
-    from gpuguard.reports.charts import _plt, _rc, _svg
+    from gpuguard.svgplot import pyplot, render_svg, style
 
-    plt = _plt()
-    with _rc():
+    plt = pyplot()
+    with style():
         fig, axes = plt.subplots(len(panels), 1, figsize=(9.5, 2.1 * len(panels) + 0.6), sharex=True, squeeze=False)
         for ax, (ylabel, unit, lines) in zip(axes[:, 0], panels, strict=True):
             for name, xs, ys in lines:
@@ -101,7 +101,7 @@ def plot_svg(panels: list[tuple[str, str, list[tuple[str, list, list]]]], title:
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=7, frameon=False)
         fig.tight_layout()
-        return _svg(fig)
+        return render_svg(fig)
 
 
 def render_html(rep: dict[str, Any], series: dict[str, Any] | None, *, tz: tzinfo,

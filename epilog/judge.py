@@ -138,6 +138,44 @@ def _set_comment(slurm: Any, job_id: str, text: str, log: Any, retries: int, ret
     return False
 
 
+def _save_part_summaries(store: Any, parts: Mapping[str, Mapping[str, Any]], present: list[str],
+                         log: Any) -> None:
+    """Store each present node's job summary from its part; a malformed one is logged and skipped."""
+    from gpuguard.epilog.summary import JobSummary, save_summary
+
+    for node in present:
+        s = parts[node].get("summary")
+        if isinstance(s, dict):
+            try:
+                save_summary(store, JobSummary.from_dict(s))
+            except (TypeError, ValueError) as e:
+                log.warning("summary of %s in its part is malformed: %s", node, e)
+
+
+def _drain_escalations(store: Any, decision: Any, v: Any, *, cfg: Any, drainer: Any, job_id: str,
+                       t: float, log: Any) -> list[tuple[str, str]]:
+    """Drain each node the verdict's ``drain`` actions name (the finding's ``node``, else the
+    job's only node), one reason per node; returns the (node, reason) pairs drained."""
+    from gpuguard import policy as policy_mod
+
+    by_node: dict[str, list[Any]] = {}
+    for f, action in decision.actions:
+        if action == "drain":
+            node = f.evidence.get("node") or (v.nodes[0] if len(v.nodes) == 1 else None)
+            if node:
+                by_node.setdefault(node, []).append(f)
+    if by_node and drainer is None:
+        from gpuguard.actuator import Actuator
+
+        drainer = Actuator.from_config(cfg, log=log)
+    drained = []
+    for node, fs in sorted(by_node.items()):
+        reason = policy_mod.format_reason(fs)
+        if _drain(store, drainer, job_id, node, reason, t):
+            drained.append((node, reason))
+    return drained
+
+
 def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]], *, cfg: Any,
                 meta: Mapping[str, Any], slurm: Any, log: Any, now: float | None = None,
                 set_comment: bool = True, retries: int = 3, retry_sleep_s: float = 2.0,
@@ -153,10 +191,8 @@ def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]],
 
     Raises :class:`gpuguard.store.StoreError` and :class:`gpuguard.config.ConfigError`;
     callers log them as tool errors (nothing is drained for them)."""
-    from gpuguard import policy as policy_mod
     from gpuguard.epilog import admincomment
     from gpuguard.epilog.part import to_job_data
-    from gpuguard.epilog.summary import JobSummary, save_summary
     from gpuguard.epilog.verdict import act_on_verdict, judge_job
 
     job_id = str(job_id)
@@ -171,13 +207,7 @@ def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]],
         return res
     t = float(prev["first_judged_at"]) if prev and prev["first_judged_at"] is not None else (
         time.time() if now is None else now)
-    for node in present:
-        s = parts[node].get("summary")
-        if isinstance(s, dict):
-            try:
-                save_summary(store, JobSummary.from_dict(s))
-            except (TypeError, ValueError) as e:
-                log.warning("summary of %s in its part is malformed: %s", node, e)
+    _save_part_summaries(store, parts, present, log)
     exit_raw = meta.get("exit_code_raw")
     v = judge_job(store, job_id, cfg=cfg, template=_template(meta, parts),
                   exit_code=exit_raw if isinstance(exit_raw, int) else None, now=t,
@@ -187,20 +217,7 @@ def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]],
     store.db.execute("delete from findings where job_id = ? and code like 'verdict.%'", [job_id])
     decision = act_on_verdict(store, v, cfg=cfg, node=None, now=t)
     res.verdict = v.to_dict()
-    by_node: dict[str, list[Any]] = {}
-    for f, action in decision.actions:
-        if action == "drain":
-            node = f.evidence.get("node") or (v.nodes[0] if len(v.nodes) == 1 else None)
-            if node:
-                by_node.setdefault(node, []).append(f)
-    if by_node and drainer is None:
-        from gpuguard.actuator import Actuator
-
-        drainer = Actuator.from_config(cfg, log=log)
-    for node, fs in sorted(by_node.items()):
-        reason = policy_mod.format_reason(fs)
-        if _drain(store, drainer, job_id, node, reason, t):
-            res.drains.append((node, reason))
+    res.drains += _drain_escalations(store, decision, v, cfg=cfg, drainer=drainer, job_id=job_id, t=t, log=log)
     summaries = {n: parts[n].get("summary") for n in present}
     text = admincomment.encode(admincomment.build(job_id, res.verdict, summaries, missing))
     res.comment = text

@@ -31,15 +31,21 @@ at 1 s).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import signal
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
+from gpuguard.epilog.summary_doc import (
+    COLLECTOR_STATUSES,
+    METRICS,
+    SUMMARY_VERSION,
+    ExitStatus,
+    GpuSummary,
+    JobSummary,
+    decode_exit_status,
+)
 from gpuguard.metrics import (
     BY_NAME,
     GPU_SAMPLED,
@@ -47,26 +53,31 @@ from gpuguard.metrics import (
     percentile,
     percentile_hist,
     stored_column,
-    summary_fields,
 )
 from gpuguard.metrics import METRICS as METRIC_TABLE
 from gpuguard.model import CLOCK_EVENT_REASONS
 from gpuguard.store import StoreError
 
-#: Bump when a field's meaning changes; stored beside the summary.
-SUMMARY_VERSION = 1
+# Re-exported names (the document's types live in summary_doc).
+__all__ = [
+    "COLLECTOR_STATUSES",
+    "MAX_EVENTS_LISTED",
+    "MAX_GAP_FACTOR",
+    "MAX_WINDOWS",
+    "METRICS",
+    "SUMMARY_VERSION",
+    "XID_KINDS",
+    "ExitStatus",
+    "GpuSummary",
+    "JobSummary",
+    "decode_exit_status",
+    "load_summaries",
+    "save_summary",
+    "summarize_job",
+]
 
 #: ``events.kind`` values that are GPU hardware events (gpuguard.xid.parse kinds).
 XID_KINDS = ("xid", "sxid", "fallen_off_bus")
-
-#: What :attr:`JobSummary.collector_status` can say, with its meaning.
-COLLECTOR_STATUSES = {
-    "ok": "running until the epilog stopped it",
-    "died": "its pid file named a process that was gone before the epilog",
-    "never_started": "no pid file: the prolog did not start it (disabled, or it failed)",
-    "did_not_exit": "still running after SIGTERM and the bounded wait",
-    "unknown": "the epilog could not stop or ask it (tool error)",
-}
 
 #: Sample intervals longer than this many times the GPU's median interval are cut to it
 #: when integrating clock-event seconds: a collector stall must not turn one throttled
@@ -81,182 +92,9 @@ MAX_WINDOWS = 1500
 #: At most this many XID events are listed in the summary (all are counted).
 MAX_EVENTS_LISTED = 50
 
-#: Scalar metrics: name -> (unit, description), in the display order of ``gpuguard job
-#: show``; generated from the metric table (:func:`gpuguard.metrics.summary_fields`).
-METRICS: dict[str, tuple[str, str]] = {k: (u, d) for k, (u, _f, d) in summary_fields().items()}
-
-
 def _r(x: float | None, nd: int = 3) -> float | None:
     """Round for storage/display; ``None`` stays ``None``."""
     return None if x is None else round(x, nd)
-
-
-# -- exit status -------------------------------------------------------------------------
-@dataclass
-class ExitStatus:
-    """A decoded wait status. Exactly one of ``code`` / ``signal`` is set unless ``raw``
-    is None (unknown)."""
-
-    raw: int | None
-    code: int | None = None
-    signal: int | None = None
-    core_dumped: bool = False
-
-    @property
-    def text(self) -> str:
-        """``exit 3``, ``signal 9 (SIGKILL)``, ``unknown``."""
-        if self.code is not None:
-            return f"exit {self.code}"
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = "?"
-            return f"signal {self.signal} ({name})" + (" core dumped" if self.core_dumped else "")
-        return "unknown"
-
-
-def decode_exit_status(raw: int | None) -> ExitStatus:
-    """Decode ``SLURM_JOB_EXIT_CODE``, a raw ``waitpid()`` status (slurm.conf(5),
-    "Prolog and Epilog Scripts": the Epilog gets the batch script's exit status as
-    ``SLURM_JOB_EXIT_CODE``; SLURM-FACTS.md §4 measured ``exit 3`` -> ``768`` and a
-    SIGKILLed batch shell -> ``9``).
-
-    Low 7 bits zero: normal exit, code = bits 8-15 (``768`` -> exit 3). Otherwise the
-    low 7 bits are the terminating signal and bit 7 the core-dump flag (``9`` -> signal 9).
-
-    Caveat (SLURM-FACTS.md §4): a job cancelled with ``scancel`` or killed at its time
-    limit reads ``0`` here, exactly like a success; the final state (CANCELLED, TIMEOUT)
-    is only in sacct after the job has left the queue. ``0`` therefore means "the batch
-    script did not report a failure", not "the job completed".
-    """
-    if raw is None:
-        return ExitStatus(None)
-    if raw & 0x7F == 0:
-        return ExitStatus(raw, code=(raw >> 8) & 0xFF)
-    return ExitStatus(raw, signal=raw & 0x7F, core_dumped=bool(raw & 0x80))
-
-
-# -- the summary -------------------------------------------------------------------------
-@dataclass
-class GpuSummary:
-    """One GPU of the job (issue 4's straggler-GPU verdict compares these with each
-    other). ``clock_event_s``: reason name -> seconds that reason was active."""
-
-    gpu_index: int
-    gpu_uuid: str | None
-    sample_count: int
-    gpu_util_mean_pct: float | None = None
-    mem_util_mean_pct: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    power_mean_w: float | None = None
-    temp_max_c: float | None = None
-    mem_used_peak_mib: float | None = None
-    ecc_volatile_uncorrected_increase: int | None = None
-    pcie_replay_count_increase: int | None = None
-    clock_event_s: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class JobSummary:
-    """Everything the Epilog knows about one job on one node. Field units are in the
-    names (module docstring); :data:`METRICS` lists the scalar metrics.
-
-    * ``exit_*``: the decoded ``SLURM_JOB_EXIT_CODE`` (:func:`decode_exit_status`);
-    * ``collector_status``: one of :data:`COLLECTOR_STATUSES`;
-    * ``clock_event_gpu_s``: reason name -> GPU-seconds (summed over the job's GPUs) the
-      reason was active; per-GPU seconds are in ``gpus[i].clock_event_s``;
-    * ``xid_events``: up to :data:`MAX_EVENTS_LISTED` dicts ``{at, kind, code, gpu_index,
-      pci_bus_id, action, message}``; ``xid_event_count`` counts them all;
-    * ``step_records``: step records of all ranks; ``steps``: distinct step numbers;
-    * ``malformed_records``/``rejected_files``/``records_truncated``: from the ingest of
-      the job directory (``rejected_files`` is a list of ``[name, why]``);
-    * ``post_job``: the epilog health run (``{outcome, reason, findings: [{code,
-      severity, action, gpu_index}]}``) or None.
-    """
-
-    job_id: str
-    node: str
-    version: int = SUMMARY_VERSION
-    created_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_status_raw: int | None = None
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    exit_text: str = "unknown"
-    collector_status: str = "unknown"
-    #: times the supervisor restarted a killed collector, and the seconds it was down
-    #: (death to restart, summed; :mod:`gpuguard.collector.supervise`)
-    collector_restarts: int = 0
-    collector_down_s: float | None = None
-    sample_count: int = 0
-    first_sample_at: float | None = None
-    last_sample_at: float | None = None
-    sample_interval_s: float | None = None
-    gpus: list[GpuSummary] = field(default_factory=list)
-    gpu_util_mean_pct: float | None = None
-    gpu_util_p95_pct: float | None = None
-    mem_util_mean_pct: float | None = None
-    mem_used_peak_mib: float | None = None
-    power_mean_w: float | None = None
-    temp_max_c: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    clock_event_gpu_s: dict[str, float] = field(default_factory=dict)
-    ecc_volatile_uncorrected_increase: int | None = None
-    pcie_replay_count_increase: int | None = None
-    xid_event_count: int = 0
-    xid_events: list[dict[str, Any]] = field(default_factory=list)
-    host_sample_count: int = 0
-    host_cpu_mean_pct: float | None = None
-    host_rss_peak_mib: float | None = None
-    host_io_read_increase_mib: float | None = None
-    host_io_write_increase_mib: float | None = None
-    step_records: int = 0
-    steps: int = 0
-    ranks: int = 0
-    step_time_p50_s: float | None = None
-    step_time_p95_s: float | None = None
-    step_time_p99_s: float | None = None
-    throughput_samples_per_s: float | None = None
-    throughput_tokens_per_s: float | None = None
-    data_wait_share_pct: float | None = None
-    comm_share_pct: float | None = None
-    checkpoint_count: int = 0
-    checkpoint_total_s: float | None = None
-    nonfinite_loss_count: int = 0
-    malformed_records: int = 0
-    rejected_files: list[list[str]] = field(default_factory=list)
-    records_truncated: bool = False
-    post_job: dict[str, Any] | None = None
-    #: Per-window series (:func:`summarize_job` with ``window_s``), not stored with the
-    #: summary: ``{"window_s", "start" (epoch s), "count", "gpus": {"<index>": {"n": [...],
-    #: <metric>: [...]}} (metrics of gpuguard.samples.WINDOW_VALUES, real units, None for an
-    #: empty window), "ranks": {"<node>/<rank>": {"n": [...], "step_time_s_sum": [...],
-    #: "samples_sum": [...], "tokens_sum": [...]}}}``. The verdict's short windows, for a
-    #: judge that has no access to this node's store.
-    windows: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (nested :class:`GpuSummary` become dicts)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobSummary:
-        """Inverse of :meth:`to_dict`; keys this version does not know are ignored (a
-        newer gpuguard may have written them)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        gnames = {f.name for f in dataclasses.fields(GpuSummary)}
-        kw["gpus"] = [GpuSummary(**{k: v for k, v in g.items() if k in gnames}) for g in d.get("gpus") or []]
-        return cls(**kw)
-
-    def metrics(self) -> dict[str, float | int | None]:
-        """The :data:`METRICS` as ``name -> value``."""
-        return {name: getattr(self, name) for name in METRICS}
 
 
 # -- computing it ------------------------------------------------------------------------

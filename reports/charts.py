@@ -10,42 +10,16 @@ area, right of it, so they never cover a bar.
 
 from __future__ import annotations
 
-import io
-import re
-
 from gpuguard.reports.queries import FAILURE_STATES, Report
+from gpuguard.svgplot import pyplot as _plt
+from gpuguard.svgplot import render_svg as _svg
+from gpuguard.svgplot import style as _rc
 
 MAX_GROUPS = 15
 _COLORS = {
     "COMPLETED": "#4caf50", "FAILED": "#e53935", "CANCELLED": "#9e9e9e", "TIMEOUT": "#fb8c00",
     "NODE_FAIL": "#8e24aa", "OUT_OF_MEMORY": "#d81b60", "PREEMPTED": "#3949ab", "OTHER": "#6d4c41",
 }
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _svg(fig) -> str:
-    plt = _plt()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
-    text = buf.getvalue()
-    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)  # matplotlib's RDF block: not needed
-    return text[text.index("<svg"):]
-
-
-def _rc():
-    import matplotlib
-
-    return matplotlib.rc_context({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "gpuguard",
-                                  "font.size": 9})
 
 
 def _legend_outside(ax, n_series: int) -> None:

@@ -79,20 +79,37 @@ logged as a warning. ``NodeSnapshot`` has no field for such a note yet.
 from __future__ import annotations
 
 import logging
-import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
-from gpuguard.model import (
-    GpuState,
-    NodeSnapshot,
-    NvLinkState,
-    decode_clock_event_reasons,
-    norm_pci,
+from gpuguard.gpu.nvml_calls import (
+    END,
+    SKIP,
+    CallTimeout,
+    _CallRunner,
+    _GpuRead,
+    _Job,
+    error_name,
 )
+from gpuguard.gpu.nvml_fields import GpuFieldReaders, _mib, _text
+from gpuguard.model import GpuState, NodeSnapshot
+
+# Re-exported: gpuguard.gpu.telemetry and callers import these from here.
+__all__ = [
+    "END",
+    "SKIP",
+    "STOP_ERRORS",
+    "UNAVAILABLE_INIT_ERRORS",
+    "UNSUPPORTED_ERRORS",
+    "CallTimeout",
+    "NvmlSource",
+    "NvmlSourceError",
+    "_mib",
+    "_text",
+    "error_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +120,6 @@ STOP_ERRORS = frozenset({"GpuIsLost"})
 #: ``nvmlInit`` errors that mean "no NVML on this node" (fail open).
 UNAVAILABLE_INIT_ERRORS = frozenset({"LibraryNotFound", "DriverNotLoaded"})
 
-_NVLINK_COUNTERS = (
-    # NvLinkState field, nvmlNvLinkErrorCounter_t constant name
-    ("replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
-    ("recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"),
-    ("crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
-    ("crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
-)
-
 _NODE = "node"  # scope of the node-level calls in the hung-call bookkeeping
 
 
@@ -118,127 +127,12 @@ class NvmlSourceError(RuntimeError):
     """Raised by :meth:`NvmlSource.watch_xid_events` when NVML cannot be used."""
 
 
-class CallTimeout(Exception):
-    """An NVML call did not return within its deadline (internal)."""
-
-
-def _mib(n_bytes: int) -> float:
-    return n_bytes / 2**20
-
-
 def _cuda_version(v: int) -> str:
     """``nvmlSystemGetCudaDriverVersion`` integer (1000*major + 10*minor) -> ``"12.2"``."""
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def _text(v: str | bytes) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _recovery_field(values: Any) -> int | None:
-    """``nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])`` -> the
-    ``nvmlDeviceGpuRecoveryAction_t`` value (0..4), or None when NVML could not read it."""
-    from gpuguard.xid.catalog import recovery_action_code
-
-    v = values[0]
-    if getattr(v, "nvmlReturn", 0) != 0:
-        return None
-    return recovery_action_code(int(v.value.uiVal))
-
-
-def error_name(exc: BaseException) -> str:
-    """Short name of an exception as recorded in ``read_errors``: ``NVMLError_GpuIsLost``
-    -> ``"GpuIsLost"``; a bare ``NVMLError`` with an unmapped code -> ``"NVMLError(<code>)"``;
-    anything else -> its class name."""
-    name = type(exc).__name__
-    if name.startswith("NVMLError_"):
-        return name[len("NVMLError_") :]
-    if name == "NVMLError":
-        return f"NVMLError({getattr(exc, 'value', '?')})"
-    return name
-
-
-class _Job:
-    __slots__ = ("args", "done", "exc", "fn", "label", "result")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], label: str) -> None:
-        self.fn, self.args, self.label = fn, args, label
-        self.done = threading.Event()
-        self.result: Any = None
-        self.exc: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn(*self.args)
-        except BaseException as e:  # handed back to the calling thread
-            self.exc = e
-        finally:
-            self.done.set()
-
-
-class _CallRunner:
-    """Runs callables one at a time on a daemon worker thread, each with a deadline.
-
-    A call past its deadline raises :class:`CallTimeout` in the caller; its worker is
-    abandoned (told to exit once the call returns) and the next call gets a new worker.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] | None = None
-
-    def _start_worker(self) -> queue.SimpleQueue[_Job | None]:
-        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-
-        def work() -> None:
-            while (job := jobs.get()) is not None:
-                job.run()
-
-        threading.Thread(target=work, name="gpuguard-nvml-call", daemon=True).start()
-        return jobs
-
-    def call(self, timeout_s: float, label: str, fn: Callable[..., Any], *args: Any) -> _Job:
-        """Run ``fn(*args)``; return the finished job, or raise :class:`CallTimeout` whose
-        ``args[0]`` is the still-running job (poll ``job.done`` to see it return)."""
-        if self._jobs is None:
-            self._jobs = self._start_worker()
-        job = _Job(fn, args, label)
-        self._jobs.put(job)
-        if not job.done.wait(timeout_s):
-            self._jobs.put(None)  # the worker exits after the hung call, if it ever returns
-            self._jobs = None
-            raise CallTimeout(job)
-        return job
-
-    def stop(self) -> None:
-        if self._jobs is not None:
-            self._jobs.put(None)
-            self._jobs = None
-
-
-class _Sentinel:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: The call was not made or gave no value; the field stays None.
-SKIP = _Sentinel("SKIP")
-#: NVML raised one of the caller's ``end_on`` errors (end of an enumeration).
-END = _Sentinel("END")
-
-
-class _GpuRead:
-    """Book-keeping for one GPU during one snapshot."""
-
-    def __init__(self, state: GpuState, scope: int | str) -> None:
-        self.state = state
-        self.scope = scope
-        self.stopped = False
-
-
-class NvmlSource:
+class NvmlSource(GpuFieldReaders):
     """A GPU source backed by NVML.
 
     ``call_timeout_s``: deadline of each NVML call (seconds). ``total_budget_s``: bound on
@@ -505,226 +399,6 @@ class NvmlSource:
             self.last_notes.append(note)
             log.warning("%s", note)
         return snap
-
-    def _read_gpu(self, nv: Any, rd: _GpuRead) -> None:
-        """Fill ``rd.state`` from NVML, in the GpuState field order."""
-        h = self._call(
-            rd,
-            ("handle",),
-            ("nvmlDeviceGetHandleByIndex",),
-            rd.state.index,
-            missing_is_error=True,
-        )
-        if h is SKIP:
-            return
-        r = self._read
-        # identity
-        r(rd, {"uuid": _text}, "nvmlDeviceGetUUID", h)
-        r(rd, {"serial": _text}, "nvmlDeviceGetSerial", h)
-        r(rd, {"name": _text}, "nvmlDeviceGetName", h)
-        r(
-            rd,
-            {"pci_bus_id": lambda p: norm_pci(_text(p.busId))},
-            "nvmlDeviceGetPciInfo",
-            h,
-        )
-        r(rd, {"vbios_version": _text}, "nvmlDeviceGetVbiosVersion", h)
-        r(rd, {"inforom_version": _text}, "nvmlDeviceGetInforomImageVersion", h)
-        # thermal, power, clocks
-        temp_fns = ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
-        r(rd, {"temp_c": float}, temp_fns, h, nv.NVML_TEMPERATURE_GPU)
-        thr = "nvmlDeviceGetTemperatureThreshold"
-        r(
-            rd,
-            {"temp_slowdown_c": float},
-            thr,
-            h,
-            nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-        )
-        r(
-            rd,
-            {"temp_shutdown_c": float},
-            thr,
-            h,
-            nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
-        )
-        r(rd, {"power_w": lambda mw: mw / 1000.0}, "nvmlDeviceGetPowerUsage", h)
-        r(
-            rd,
-            {"power_limit_w": lambda mw: mw / 1000.0},
-            "nvmlDeviceGetEnforcedPowerLimit",
-            h,
-        )
-        r(rd, {"sm_clock_mhz": float}, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM)
-        r(
-            rd,
-            {"sm_clock_max_mhz": float},
-            "nvmlDeviceGetMaxClockInfo",
-            h,
-            nv.NVML_CLOCK_SM,
-        )
-        r(rd, {"mem_clock_mhz": float}, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM)
-        r(
-            rd,
-            {"mem_clock_max_mhz": float},
-            "nvmlDeviceGetMaxClockInfo",
-            h,
-            nv.NVML_CLOCK_MEM,
-        )
-        reason_fns = (
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-        )
-        r(
-            rd,
-            {"clock_event_reasons": lambda m: decode_clock_event_reasons(int(m))},
-            reason_fns,
-            h,
-        )
-        # utilisation, memory
-        r(
-            rd,
-            {
-                "gpu_util_pct": lambda u: float(u.gpu),
-                "mem_util_pct": lambda u: float(u.memory),
-            },
-            "nvmlDeviceGetUtilizationRates",
-            h,
-        )
-        r(
-            rd,
-            {
-                "mem_used_mib": lambda m: _mib(m.used),
-                "mem_total_mib": lambda m: _mib(m.total),
-            },
-            "nvmlDeviceGetMemoryInfo",
-            h,
-        )
-        # ECC, retired pages, row remapping
-        r(
-            rd,
-            {"ecc_enabled": lambda m: m[0] == nv.NVML_FEATURE_ENABLED},
-            "nvmlDeviceGetEccMode",
-            h,
-        )
-        for fld, etype, counter in (
-            (
-                "ecc_volatile_corrected",
-                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                nv.NVML_VOLATILE_ECC,
-            ),
-            (
-                "ecc_volatile_uncorrected",
-                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nv.NVML_VOLATILE_ECC,
-            ),
-            (
-                "ecc_aggregate_corrected",
-                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                nv.NVML_AGGREGATE_ECC,
-            ),
-            (
-                "ecc_aggregate_uncorrected",
-                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nv.NVML_AGGREGATE_ECC,
-            ),
-        ):
-            r(rd, {fld: int}, "nvmlDeviceGetTotalEccErrors", h, etype, counter)
-        r(
-            rd,
-            {"retired_pages_sbe": len},
-            "nvmlDeviceGetRetiredPages",
-            h,
-            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        )
-        r(
-            rd,
-            {"retired_pages_dbe": len},
-            "nvmlDeviceGetRetiredPages",
-            h,
-            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-        )
-        r(
-            rd,
-            {"retired_pages_pending": lambda s: s == nv.NVML_FEATURE_ENABLED},
-            "nvmlDeviceGetRetiredPagesPendingStatus",
-            h,
-        )
-        r(
-            rd,
-            {
-                "remapped_rows_correctable": lambda t: int(t[0]),
-                "remapped_rows_uncorrectable": lambda t: int(t[1]),
-                "remapped_rows_pending": lambda t: bool(t[2]),
-                "remapped_rows_failure": lambda t: bool(t[3]),
-            },
-            "nvmlDeviceGetRemappedRows",
-            h,
-        )
-        # PCIe
-        r(rd, {"pcie_gen_current": int}, "nvmlDeviceGetCurrPcieLinkGeneration", h)
-        r(rd, {"pcie_gen_max": int}, "nvmlDeviceGetMaxPcieLinkGeneration", h)
-        r(rd, {"pcie_width_current": int}, "nvmlDeviceGetCurrPcieLinkWidth", h)
-        r(rd, {"pcie_width_max": int}, "nvmlDeviceGetMaxPcieLinkWidth", h)
-        r(rd, {"pcie_replay_count": int}, "nvmlDeviceGetPcieReplayCounter", h)
-        self._read_nvlinks(nv, rd, h)
-        # modes
-        r(
-            rd,
-            {"persistence_mode": lambda s: s == nv.NVML_FEATURE_ENABLED},
-            "nvmlDeviceGetPersistenceMode",
-            h,
-        )
-        r(
-            rd,
-            {"mig_mode": lambda m: m[0] == nv.NVML_DEVICE_MIG_ENABLE},
-            "nvmlDeviceGetMigMode",
-            h,
-        )
-        # GPU recovery action (R550+ field; an older driver answers NotSupported inside
-        # the field value, which leaves the field None, not an error)
-        fi = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-        if fi is not None:
-            r(rd, {"recovery_action": _recovery_field}, "nvmlDeviceGetFieldValues", h, [fi])
-
-    def _read_nvlinks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
-        """Links 0.. up to ``NVML_NVLINK_MAX_LINKS``; the first link index answering
-        ``NotSupported`` or ``InvalidArgument`` to ``nvmlDeviceGetNvLinkState`` ends the list.
-
-        ``nvlinks`` is None when link 0 ends it (no NVLink), and also when the enumeration
-        was cut short (GPU stopped, budget spent): a partial list would read as missing links.
-        """
-        links: list[NvLinkState] = []
-        for link in range(nv.NVML_NVLINK_MAX_LINKS):
-            state = self._call(
-                rd,
-                (f"nvlinks[{link}].active",),
-                ("nvmlDeviceGetNvLinkState",),
-                h,
-                link,
-                end_on=frozenset({"NotSupported", "InvalidArgument"}),
-            )
-            if state is END:
-                break
-            ls = NvLinkState(
-                link=link,
-                active=None if state is SKIP else state == nv.NVML_FEATURE_ENABLED,
-            )
-            for fld, const in _NVLINK_COUNTERS:
-                v = self._call(
-                    rd,
-                    (f"nvlinks[{link}].{fld}",),
-                    ("nvmlDeviceGetNvLinkErrorCounter",),
-                    h,
-                    link,
-                    getattr(nv, const),
-                )
-                if v is not SKIP:
-                    setattr(ls, fld, int(v))
-            if rd.stopped or rd.scope in self._budget_skips:
-                return  # cut short: leave nvlinks None rather than a list missing links
-            links.append(ls)
-        rd.state.nvlinks = links or None
 
     def telemetry(self, indices: list[int], uuids: list[str], slow: bool) -> NodeSnapshot:
         """The collector's per-interval read of the job's GPUs only

@@ -201,17 +201,8 @@ def _clock_event_reasons(rd: ValueReader, g: Entry) -> list[str] | None:
     return order_reasons(active) if seen_any else None
 
 
-def _gpu_state(
-    index: int,
-    g: Entry,
-    bus_header: str | None,
-    driver: str | None,
-    cuda: str | None,
-    where: str,
-) -> GpuState:
-    """Map one ``GPU xxxx:xx:xx.x`` section (or a headerless fragment) to a GpuState."""
-    gpu = GpuState(index=index, driver_version=driver, cuda_version=cuda)
-    rd = ValueReader(gpu.read_errors, where=where)
+def _read_identity(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
+    """Product name, serial, UUID, VBIOS/InfoROM versions, persistence and MIG modes."""
     gpu.name = rd.text("name", g.get("Product Name"))
     gpu.serial = rd.text("serial", g.get("Serial Number"))
     gpu.uuid = rd.text("uuid", g.get("GPU UUID"))
@@ -222,6 +213,12 @@ def _gpu_state(
     gpu.persistence_mode = rd.bool("persistence_mode", g.get("Persistence Mode"))
     gpu.mig_mode = rd.bool("mig_mode", g.get("MIG Mode", "Current"))
 
+
+def _read_pcie(
+    rd: ValueReader, g: Entry, gpu: GpuState, bus_header: str | None, where: str, index: int
+) -> None:
+    """PCI bus id (the section header's when the body has none), PCIe link generation and
+    width, replay counter."""
     bus = rd.text("pci_bus_id", g.get("PCI", "Bus Id")) or bus_header
     if bus:
         try:
@@ -251,12 +248,18 @@ def _gpu_state(
         g.first(("PCI", "Replays Since Reset"), ("PCI", "Replay Number")),
     )
 
+
+def _read_util_memory(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
+    """Clock-event (throttle) reasons, framebuffer memory used/total, GPU and memory utilisation."""
     gpu.clock_event_reasons = _clock_event_reasons(rd, g)
     gpu.mem_total_mib = rd.float("mem_total_mib", g.get("FB Memory Usage", "Total"))
     gpu.mem_used_mib = rd.float("mem_used_mib", g.get("FB Memory Usage", "Used"))
     gpu.gpu_util_pct = rd.float("gpu_util_pct", g.get("Utilization", "Gpu"))
     gpu.mem_util_pct = rd.float("mem_util_pct", g.get("Utilization", "Memory"))
 
+
+def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
+    """ECC mode and volatile/aggregate counters, retired pages, GPU recovery action, row remapping."""
     gpu.ecc_enabled = rd.bool("ecc_enabled", g.get("ECC Mode", "Current"))
     ecc = g.find("ECC Errors")
     gpu.ecc_volatile_corrected, gpu.ecc_volatile_uncorrected = _ecc_totals(
@@ -292,6 +295,9 @@ def _gpu_state(
         "remapped_rows_failure", g.get("Remapped Rows", "Remapping Failure Occurred")
     )
 
+
+def _read_thermal_power_clocks(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
+    """Temperature and its slowdown/shutdown thresholds, power draw and limit, current and max clocks."""
     gpu.temp_c = rd.float("temp_c", g.get("Temperature", "GPU Current Temp"))
     gpu.temp_slowdown_c = rd.float(
         "temp_slowdown_c", g.get("Temperature", "GPU Slowdown Temp")
@@ -317,6 +323,24 @@ def _gpu_state(
     gpu.mem_clock_mhz = rd.float("mem_clock_mhz", g.get("Clocks", "Memory"))
     gpu.sm_clock_max_mhz = rd.float("sm_clock_max_mhz", g.get("Max Clocks", "SM"))
     gpu.mem_clock_max_mhz = rd.float("mem_clock_max_mhz", g.get("Max Clocks", "Memory"))
+
+
+def _gpu_state(
+    index: int,
+    g: Entry,
+    bus_header: str | None,
+    driver: str | None,
+    cuda: str | None,
+    where: str,
+) -> GpuState:
+    """Map one ``GPU xxxx:xx:xx.x`` section (or a headerless fragment) to a GpuState."""
+    gpu = GpuState(index=index, driver_version=driver, cuda_version=cuda)
+    rd = ValueReader(gpu.read_errors, where=where)
+    _read_identity(rd, g, gpu)
+    _read_pcie(rd, g, gpu, bus_header, where, index)
+    _read_util_memory(rd, g, gpu)
+    _read_ecc_pages_rows(rd, g, gpu)
+    _read_thermal_power_clocks(rd, g, gpu)
     return gpu
 
 

@@ -106,12 +106,8 @@ def _clock_event_reasons(rd: ValueReader, gpu_el: ET.Element) -> list[str] | Non
     return order_reasons(active) if seen_any else None
 
 
-def _gpu_state(
-    index: int, el: ET.Element, driver: str | None, cuda: str | None, where: str
-) -> GpuState:
-    """Map one ``<gpu id="...">`` element to a GpuState."""
-    gpu = GpuState(index=index, driver_version=driver, cuda_version=cuda)
-    rd = ValueReader(gpu.read_errors, where=where)
+def _read_identity(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
+    """Product name, serial, UUID, VBIOS/InfoROM versions, persistence and MIG modes."""
     gpu.name = rd.text("name", el.findtext("product_name"))
     gpu.serial = rd.text("serial", el.findtext("serial"))
     gpu.uuid = rd.text("uuid", el.findtext("uuid"))
@@ -122,6 +118,12 @@ def _gpu_state(
     gpu.persistence_mode = rd.bool("persistence_mode", el.findtext("persistence_mode"))
     gpu.mig_mode = rd.bool("mig_mode", el.findtext("mig_mode/current_mig"))
 
+
+def _read_pcie(
+    rd: ValueReader, el: ET.Element, gpu: GpuState, where: str, index: int
+) -> None:
+    """PCI bus id (the ``<gpu id>`` attribute when ``pci_bus_id`` is absent), PCIe link
+    generation and width, replay counter."""
     bus = rd.text("pci_bus_id", el.findtext("pci/pci_bus_id")) or el.get("id")
     if bus:
         try:
@@ -153,12 +155,18 @@ def _gpu_state(
         "pcie_replay_count", el.findtext("pci/replay_counter")
     )
 
+
+def _read_util_memory(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
+    """Clock-event (throttle) reasons, framebuffer memory used/total, GPU and memory utilisation."""
     gpu.clock_event_reasons = _clock_event_reasons(rd, el)
     gpu.mem_total_mib = rd.float("mem_total_mib", el.findtext("fb_memory_usage/total"))
     gpu.mem_used_mib = rd.float("mem_used_mib", el.findtext("fb_memory_usage/used"))
     gpu.gpu_util_pct = rd.float("gpu_util_pct", el.findtext("utilization/gpu_util"))
     gpu.mem_util_pct = rd.float("mem_util_pct", el.findtext("utilization/memory_util"))
 
+
+def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
+    """ECC mode and volatile/aggregate counters, retired pages, GPU recovery action, row remapping."""
     gpu.ecc_enabled = rd.bool("ecc_enabled", el.findtext("ecc_mode/current_ecc"))
     gpu.ecc_volatile_corrected, gpu.ecc_volatile_uncorrected = _ecc_totals(
         rd, el.find("ecc_errors/volatile"), "volatile"
@@ -194,6 +202,9 @@ def _gpu_state(
         "remapped_rows_failure", el.findtext("remapped_rows/remapped_row_failure")
     )
 
+
+def _read_thermal_power_clocks(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
+    """Temperature and its slowdown/shutdown thresholds, power draw and limit, current and max clocks."""
     gpu.temp_c = rd.float("temp_c", el.findtext("temperature/gpu_temp"))
     gpu.temp_slowdown_c = rd.float(
         "temp_slowdown_c", el.findtext("temperature/gpu_temp_slow_threshold")
@@ -222,6 +233,19 @@ def _gpu_state(
     gpu.mem_clock_max_mhz = rd.float(
         "mem_clock_max_mhz", el.findtext("max_clocks/mem_clock")
     )
+
+
+def _gpu_state(
+    index: int, el: ET.Element, driver: str | None, cuda: str | None, where: str
+) -> GpuState:
+    """Map one ``<gpu id="...">`` element to a GpuState."""
+    gpu = GpuState(index=index, driver_version=driver, cuda_version=cuda)
+    rd = ValueReader(gpu.read_errors, where=where)
+    _read_identity(rd, el, gpu)
+    _read_pcie(rd, el, gpu, where, index)
+    _read_util_memory(rd, el, gpu)
+    _read_ecc_pages_rows(rd, el, gpu)
+    _read_thermal_power_clocks(rd, el, gpu)
     return gpu
 
 

@@ -1,0 +1,97 @@
+"""The rows the collector writes: one ``samples`` row per job GPU (:func:`gpu_row`, the
+GPUs picked by :func:`select_gpus` from ``--gpus``) and the bounded buffer that holds rows
+until the store takes them (:class:`RowBuffer`). :mod:`gpuguard.collector.run`
+re-exports these.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
+from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, encode_clock_event_reasons
+
+MAX_BUFFERED_ROWS = 200_000
+
+
+def parse_gpu_list(value: str | None) -> tuple[list[int], list[str]]:
+    """``"0,1"`` -> ``([0, 1], [])``; ``"GPU-ab,GPU-cd"`` -> ``([], ["GPU-ab", "GPU-cd"])``.
+
+    Entries that are neither (``MIG-...``, ``NoDevFiles``) are ignored; ``None``/empty ->
+    ``([], [])``."""
+    idx: list[int] = []
+    uuids: list[str] = []
+    for item in (value or "").split(","):
+        item = item.strip()
+        if item.isdigit():
+            idx.append(int(item))
+        elif item.upper().startswith("GPU-"):
+            uuids.append(item)
+    return idx, uuids
+
+
+def select_gpus(snap: NodeSnapshot, indices: list[int], uuids: list[str]) -> list[GpuState]:
+    """The snapshot's GPUs named by index or UUID (case-insensitive), in index order."""
+    want_u = {u.lower() for u in uuids}
+    want_i = set(indices)
+    return sorted((g for g in snap.gpus if g.index in want_i or (g.uuid and g.uuid.lower() in want_u)),
+                  key=lambda g: g.index)
+
+
+def clock_mask(reasons: list[str] | None) -> int | None:
+    """:func:`~gpuguard.model.encode_clock_event_reasons` ignoring unknown names."""
+    if reasons is None:
+        return None
+    return encode_clock_event_reasons([r for r in reasons if r in CLOCK_EVENT_REASONS])
+
+
+def gpu_row(g: GpuState, job_id: str, node: str, at: float) -> dict[str, Any]:
+    """One ``samples`` row for GPU ``g``: the sampled metrics of :mod:`gpuguard.metrics`
+    (``GPU_SAMPLED`` and ``GPU_SLOW``) read from the GpuState fields of the same name."""
+    row: dict[str, Any] = {"job_id": job_id, "node": node, "at": at, "gpu_index": g.index, "gpu_uuid": g.uuid}
+    for m in _ROW_METRICS:
+        row[m] = getattr(g, m)
+    row["clock_event_mask"] = clock_mask(g.clock_event_reasons)
+    return row
+
+
+_ROW_METRICS = tuple(m.name for m in (*GPU_SAMPLED, *GPU_SLOW) if m.name != "clock_event_mask")
+
+
+class RowBuffer:
+    """Rows waiting for the store, per table; bounded to ``max_rows`` (the oldest
+    ``samples``, then ``host_samples`` rows are dropped first; events last)."""
+
+    TABLES = ("events", "samples", "host_samples")
+
+    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS):
+        self.max_rows = max_rows
+        self.rows: dict[str, deque[dict[str, Any]]] = {t: deque() for t in self.TABLES}
+        self.dropped = 0
+        self.written = dict.fromkeys(self.TABLES, 0)
+
+    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        self.rows[table].extend(rows)
+        over = len(self) - self.max_rows
+        for t in ("samples", "host_samples", "events"):
+            while over > 0 and self.rows[t]:
+                self.rows[t].popleft()
+                self.dropped += 1
+                over -= 1
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.rows.values())
+
+    def flush(self, store: Any) -> None:
+        """Write each table's rows in one transaction; rows of a failed table stay.
+        Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
+        for t in self.TABLES:
+            q = self.rows[t]
+            if not q:
+                continue
+            batch = list(q)
+            store.insert_many(t, batch)
+            for _ in range(len(batch)):
+                q.popleft()
+            self.written[t] += len(batch)

@@ -1,0 +1,293 @@
+"""Which NVML functions fill which :class:`~gpuguard.model.GpuState` fields, and how
+their values are converted (function names, units and error handling: the module
+docstring of :mod:`gpuguard.gpu.nvml`).
+
+:class:`GpuFieldReaders` is mixed into :class:`gpuguard.gpu.nvml.NvmlSource`, which
+supplies the deadline-bound ``_call``/``_read`` and the budget book-keeping; this module
+only says what to read, grouped by area (identity, thermal/power/clocks, utilisation and
+memory, ECC/retired pages/row remapping, PCIe, NVLink, modes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.gpu.nvml_calls import END, SKIP, _GpuRead
+from gpuguard.model import NvLinkState, decode_clock_event_reasons, norm_pci
+
+_NVLINK_COUNTERS = (
+    # NvLinkState field, nvmlNvLinkErrorCounter_t constant name
+    ("replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
+    ("recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"),
+    ("crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
+    ("crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
+)
+
+
+def _mib(n_bytes: int) -> float:
+    return n_bytes / 2**20
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _recovery_field(values: Any) -> int | None:
+    """``nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])`` -> the
+    ``nvmlDeviceGpuRecoveryAction_t`` value (0..4), or None when NVML could not read it."""
+    from gpuguard.xid.catalog import recovery_action_code
+
+    v = values[0]
+    if getattr(v, "nvmlReturn", 0) != 0:
+        return None
+    return recovery_action_code(int(v.value.uiVal))
+
+
+class GpuFieldReaders:
+    """The per-GPU reads of :class:`gpuguard.gpu.nvml.NvmlSource`, in GpuState field order.
+
+    Needs from the class it is mixed into: ``_call``, ``_read`` and ``_budget_skips``.
+    """
+
+    def _read_gpu(self, nv: Any, rd: _GpuRead) -> None:
+        """Fill ``rd.state`` from NVML, in the GpuState field order."""
+        h = self._call(
+            rd,
+            ("handle",),
+            ("nvmlDeviceGetHandleByIndex",),
+            rd.state.index,
+            missing_is_error=True,
+        )
+        if h is SKIP:
+            return
+        self._read_identity(rd, h)
+        self._read_thermal_power_clocks(nv, rd, h)
+        self._read_util_memory(rd, h)
+        self._read_ecc_pages_rows(nv, rd, h)
+        self._read_pcie(rd, h)
+        self._read_nvlinks(nv, rd, h)
+        self._read_modes(nv, rd, h)
+
+    def _read_identity(self, rd: _GpuRead, h: Any) -> None:
+        """UUID, serial, name, PCI bus id, VBIOS and InfoROM versions."""
+        r = self._read
+        r(rd, {"uuid": _text}, "nvmlDeviceGetUUID", h)
+        r(rd, {"serial": _text}, "nvmlDeviceGetSerial", h)
+        r(rd, {"name": _text}, "nvmlDeviceGetName", h)
+        r(
+            rd,
+            {"pci_bus_id": lambda p: norm_pci(_text(p.busId))},
+            "nvmlDeviceGetPciInfo",
+            h,
+        )
+        r(rd, {"vbios_version": _text}, "nvmlDeviceGetVbiosVersion", h)
+        r(rd, {"inforom_version": _text}, "nvmlDeviceGetInforomImageVersion", h)
+
+    def _read_thermal_power_clocks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """Temperature and its thresholds, power draw and limit, clocks, clock-event reasons."""
+        r = self._read
+        temp_fns = ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
+        r(rd, {"temp_c": float}, temp_fns, h, nv.NVML_TEMPERATURE_GPU)
+        thr = "nvmlDeviceGetTemperatureThreshold"
+        r(
+            rd,
+            {"temp_slowdown_c": float},
+            thr,
+            h,
+            nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+        )
+        r(
+            rd,
+            {"temp_shutdown_c": float},
+            thr,
+            h,
+            nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+        )
+        r(rd, {"power_w": lambda mw: mw / 1000.0}, "nvmlDeviceGetPowerUsage", h)
+        r(
+            rd,
+            {"power_limit_w": lambda mw: mw / 1000.0},
+            "nvmlDeviceGetEnforcedPowerLimit",
+            h,
+        )
+        r(rd, {"sm_clock_mhz": float}, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM)
+        r(
+            rd,
+            {"sm_clock_max_mhz": float},
+            "nvmlDeviceGetMaxClockInfo",
+            h,
+            nv.NVML_CLOCK_SM,
+        )
+        r(rd, {"mem_clock_mhz": float}, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM)
+        r(
+            rd,
+            {"mem_clock_max_mhz": float},
+            "nvmlDeviceGetMaxClockInfo",
+            h,
+            nv.NVML_CLOCK_MEM,
+        )
+        reason_fns = (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        )
+        r(
+            rd,
+            {"clock_event_reasons": lambda m: decode_clock_event_reasons(int(m))},
+            reason_fns,
+            h,
+        )
+
+    def _read_util_memory(self, rd: _GpuRead, h: Any) -> None:
+        """GPU and memory utilisation, framebuffer memory used/total."""
+        r = self._read
+        r(
+            rd,
+            {
+                "gpu_util_pct": lambda u: float(u.gpu),
+                "mem_util_pct": lambda u: float(u.memory),
+            },
+            "nvmlDeviceGetUtilizationRates",
+            h,
+        )
+        r(
+            rd,
+            {
+                "mem_used_mib": lambda m: _mib(m.used),
+                "mem_total_mib": lambda m: _mib(m.total),
+            },
+            "nvmlDeviceGetMemoryInfo",
+            h,
+        )
+
+    def _read_ecc_pages_rows(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """ECC mode and volatile/aggregate counters, retired pages, row remapping."""
+        r = self._read
+        r(
+            rd,
+            {"ecc_enabled": lambda m: m[0] == nv.NVML_FEATURE_ENABLED},
+            "nvmlDeviceGetEccMode",
+            h,
+        )
+        for fld, etype, counter in (
+            (
+                "ecc_volatile_corrected",
+                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            ),
+            (
+                "ecc_volatile_uncorrected",
+                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            ),
+            (
+                "ecc_aggregate_corrected",
+                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nv.NVML_AGGREGATE_ECC,
+            ),
+            (
+                "ecc_aggregate_uncorrected",
+                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nv.NVML_AGGREGATE_ECC,
+            ),
+        ):
+            r(rd, {fld: int}, "nvmlDeviceGetTotalEccErrors", h, etype, counter)
+        r(
+            rd,
+            {"retired_pages_sbe": len},
+            "nvmlDeviceGetRetiredPages",
+            h,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        r(
+            rd,
+            {"retired_pages_dbe": len},
+            "nvmlDeviceGetRetiredPages",
+            h,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        r(
+            rd,
+            {"retired_pages_pending": lambda s: s == nv.NVML_FEATURE_ENABLED},
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            h,
+        )
+        r(
+            rd,
+            {
+                "remapped_rows_correctable": lambda t: int(t[0]),
+                "remapped_rows_uncorrectable": lambda t: int(t[1]),
+                "remapped_rows_pending": lambda t: bool(t[2]),
+                "remapped_rows_failure": lambda t: bool(t[3]),
+            },
+            "nvmlDeviceGetRemappedRows",
+            h,
+        )
+
+    def _read_pcie(self, rd: _GpuRead, h: Any) -> None:
+        """PCIe link generation and width (current, max) and the replay counter."""
+        r = self._read
+        r(rd, {"pcie_gen_current": int}, "nvmlDeviceGetCurrPcieLinkGeneration", h)
+        r(rd, {"pcie_gen_max": int}, "nvmlDeviceGetMaxPcieLinkGeneration", h)
+        r(rd, {"pcie_width_current": int}, "nvmlDeviceGetCurrPcieLinkWidth", h)
+        r(rd, {"pcie_width_max": int}, "nvmlDeviceGetMaxPcieLinkWidth", h)
+        r(rd, {"pcie_replay_count": int}, "nvmlDeviceGetPcieReplayCounter", h)
+
+    def _read_modes(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """Persistence and MIG modes, and the GPU recovery action where the driver has it."""
+        r = self._read
+        r(
+            rd,
+            {"persistence_mode": lambda s: s == nv.NVML_FEATURE_ENABLED},
+            "nvmlDeviceGetPersistenceMode",
+            h,
+        )
+        r(
+            rd,
+            {"mig_mode": lambda m: m[0] == nv.NVML_DEVICE_MIG_ENABLE},
+            "nvmlDeviceGetMigMode",
+            h,
+        )
+        # GPU recovery action (R550+ field; an older driver answers NotSupported inside
+        # the field value, which leaves the field None, not an error)
+        fi = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if fi is not None:
+            r(rd, {"recovery_action": _recovery_field}, "nvmlDeviceGetFieldValues", h, [fi])
+
+    def _read_nvlinks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """Links 0.. up to ``NVML_NVLINK_MAX_LINKS``; the first link index answering
+        ``NotSupported`` or ``InvalidArgument`` to ``nvmlDeviceGetNvLinkState`` ends the list.
+
+        ``nvlinks`` is None when link 0 ends it (no NVLink), and also when the enumeration
+        was cut short (GPU stopped, budget spent): a partial list would read as missing links.
+        """
+        links: list[NvLinkState] = []
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            state = self._call(
+                rd,
+                (f"nvlinks[{link}].active",),
+                ("nvmlDeviceGetNvLinkState",),
+                h,
+                link,
+                end_on=frozenset({"NotSupported", "InvalidArgument"}),
+            )
+            if state is END:
+                break
+            ls = NvLinkState(
+                link=link,
+                active=None if state is SKIP else state == nv.NVML_FEATURE_ENABLED,
+            )
+            for fld, const in _NVLINK_COUNTERS:
+                v = self._call(
+                    rd,
+                    (f"nvlinks[{link}].{fld}",),
+                    ("nvmlDeviceGetNvLinkErrorCounter",),
+                    h,
+                    link,
+                    getattr(nv, const),
+                )
+                if v is not SKIP:
+                    setattr(ls, fld, int(v))
+            if rd.stopped or rd.scope in self._budget_skips:
+                return  # cut short: leave nvlinks None rather than a list missing links
+            links.append(ls)
+        rd.state.nvlinks = links or None
