@@ -186,6 +186,12 @@ def named_reasons(ctx: Context) -> dict[str, float]:
 def _hard_throttle(ctx: Context) -> dict[str, Any] | None:
     if ctx.wins.span[0] is None or not ctx.data.gpus:
         return None
+    t0, t1 = ctx.wins.span
+    if ctx.s.throttle_active_share > 0 and not any(
+            r in HARD_REASONS for r in reasons_share(ctx.data.gpus, t0, t1)):  # type: ignore[arg-type]
+        # no hard-reason sample anywhere in the span: every long window (each inside the
+        # span) has share 0, below the threshold; skips one scan of every GPU per window
+        return None
 
     def share(a: float, b: float) -> float | None:
         sh = reasons_share(ctx.data.gpus, a, b)

@@ -73,9 +73,11 @@ class GpuSeries:
         return bisect.bisect_left(self.t, t0), bisect.bisect_left(self.t, t1)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRec:
-    """One training step record of one rank (times in seconds)."""
+    """One training step record of one rank (times in seconds). Slotted: the judge of a
+    64-node day-long job holds about 740,000 of them (a per-instance dict would be most
+    of its memory)."""
 
     node: str | None
     rank: int | None

@@ -26,19 +26,22 @@ def _leak_of(ts: list[float], ys: list[float | None], t0: float, t1: float, capa
         return None
     tt = [p[0] for p in pts]
     yy = [p[1] for p in pts]
+    n = len(pts)
+    q = [robust.median(yy[k * n // 4:(k + 1) * n // 4]) for k in range(4)]
+    total = q[3] - q[0]  # type: ignore[operator]
+    # every test below must pass for a leak; the quarter test is linear, the Theil-Sen
+    # slope quadratic in its (bounded) points, so the cheap one goes first: a flat series
+    # (almost every GPU of a healthy job) never pays for the slope. Same result either order.
+    if total <= 0 or any(q[k + 1] - q[k] < 0.15 * total for k in range(3)):  # type: ignore[operator]
+        return None
     slope = robust.theil_sen(tt, yy)
     if not slope or slope <= 0:
         return None
     span = tt[-1] - tt[0]
     rise = slope * span
-    n = len(pts)
-    q = [robust.median(yy[k * n // 4:(k + 1) * n // 4]) for k in range(4)]
     start_level = q[0] or 0.0
     ref = capacity if capacity else start_level
     if not ref or rise < s.leak_min_rise_frac * ref:
-        return None
-    total = q[3] - q[0]  # type: ignore[operator]
-    if total <= 0 or any(q[k + 1] - q[k] < 0.15 * total for k in range(3)):  # type: ignore[operator]
         return None
     half = n // 2
     late = robust.theil_sen(tt[half:], yy[half:]) or 0.0

@@ -85,12 +85,27 @@ def peer_outlier(x: float, peers: list[float], s: Settings, worse: int) -> tuple
     return ok, z, rel, pm
 
 
+def _memo(fn: Callable[[float, float], float | None]) -> Callable[[float, float], float | None]:
+    """``fn`` computed once per window ``(a, b)``: the node check asks every unit's value
+    over the same span once per node and over each long window once per candidate, so
+    without this a 64-node job recomputes each unit's median 64 times (quadratic in the
+    number of GPUs). Results are identical; memory is one float per unit and window asked."""
+    cache: dict[tuple[float, float], float | None] = {}
+
+    def value(a: float, b: float) -> float | None:
+        k = (a, b)
+        if k not in cache:
+            cache[k] = fn(a, b)
+        return cache[k]
+    return value
+
+
 def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
     def value(a: float, b: float) -> float | None:
         i, j = g.span(a, b)
         return robust.median(c for c, u in zip(g.clock[i:j], g.util[i:j], strict=True)
                              if u is None or u >= BUSY_UTIL_PCT)
-    return value
+    return _memo(value)
 
 
 def _used(g: GpuSeries, t0: float, t1: float) -> bool:
@@ -127,7 +142,7 @@ def rank_units(data: JobData) -> list[Unit]:
             ts, fb, cm = series[(node, rank)]
 
             def phase(vals: list[float | None], ts: list[float] = ts) -> Callable[[float, float], float | None]:
-                return lambda a, b: robust.median(vals[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)])
+                return _memo(lambda a, b: robust.median(vals[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)]))
             out.append(Unit(node, g.gpu_index if g else None, g.gpu_uuid if g else None, rank,
                             phase(fb), phase(cm)))
     return out
