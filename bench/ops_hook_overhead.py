@@ -17,14 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
+from benchnode import REPO, median_wall_s, replay_node
 SCONTROL = """#!/bin/sh
 case "$1 $2" in
   "show node") echo "NodeName=bench Arch=x86_64 State=IDLE Partitions=gpu";;
@@ -55,13 +52,7 @@ def main() -> None:
         with open(f"{tmp}/bin/scontrol", "w") as fh:
             fh.write(SCONTROL)
         os.chmod(f"{tmp}/bin/scontrol", 0o755)
-        snap = os.path.join(tmp, "gpus.json")
-        subprocess.run([os.path.join(BIN, "gpuguard"), "--config", "/dev/null", "gpu", "snapshot", "-o", snap,
-                        "--from-nvidia-smi", os.path.join(REPO, "tests/data/nvsmi-q-h100x8-535.183.01-full.txt")],
-                       check=True, capture_output=True)
-        kl = os.path.join(tmp, "kern.log")
-        with open(kl, "w") as fh:
-            fh.write("[  1.0] Linux version 6.1\n" * 2000)
+        snap, kl = replay_node(tmp)
         path = os.path.join(tmp, "gpuguard.toml")
         with open(path, "w") as fh:
             fh.write(f'[node]\nname = "bench"\n[paths]\nstore = "{tmp}/node.db"\nlog_file = "{tmp}/g.log"\n'
@@ -88,22 +79,10 @@ def main() -> None:
         for name, us in rows:
             print(f"{name:36} {us:9.1f} us")
         print(f"{'healthy-path total per job':36} {total:9.1f} us")
-        walls = []
-        for _ in range(n):
-            t = time.perf_counter()
-            subprocess.run([os.path.join(BIN, "gpuguard-health")], env={"GPUGUARD_CONFIG": path,
-                                                                        "SLURMD_NODENAME": "bench"}, check=True)
-            walls.append(time.perf_counter() - t)
-        med = statistics.median(walls)
+        med = median_wall_s("gpuguard-health", {"GPUGUARD_CONFIG": path, "SLURMD_NODENAME": "bench"}, n)
         print(f"{'gpuguard-health process, median':36} {med * 1000:9.1f} ms  (budget 40 s: {med / 40 * 100:.2f} %; "
               f"slurmd waits 60 s)")
-        prolog = []
-        for _ in range(n):
-            t = time.perf_counter()
-            subprocess.run([os.path.join(BIN, "gpuguard-prolog")], env={"GPUGUARD_CONFIG": path,
-                                                                        "SLURMD_NODENAME": "bench"}, check=True)
-            prolog.append(time.perf_counter() - t)
-        pmed = statistics.median(prolog)
+        pmed = median_wall_s("gpuguard-prolog", {"GPUGUARD_CONFIG": path, "SLURMD_NODENAME": "bench"}, n)
         print(f"{'gpuguard-prolog process, median':36} {pmed * 1000:9.1f} ms  (no job id: node checks only)")
         print(f"{'ops healthy-path share of a prolog':36} {total / 1e6 / pmed * 100:9.2f} %")
 

@@ -17,21 +17,13 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
+from benchnode import BIN, replay_node
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     with tempfile.TemporaryDirectory() as tmp:
-        snap = os.path.join(tmp, "gpus.json")
-        subprocess.run([os.path.join(BIN, "gpuguard"), "--config", "/dev/null", "gpu", "snapshot", "-o", snap,
-                        "--from-nvidia-smi", os.path.join(REPO, "tests/data/nvsmi-q-h100x8-535.183.01-full.txt")],
-                       check=True, capture_output=True)
-        kl = os.path.join(tmp, "kern.log")
-        with open(kl, "w") as fh:
-            fh.write("[  1.0] Linux version 6.1\n" * 2000)
+        snap, kl = replay_node(tmp)
         cfg = os.path.join(tmp, "gpuguard.toml")
         with open(cfg, "w") as fh:
             fh.write(f'[node]\nname = "bench"\n[paths]\nstore = "{tmp}/node.db"\nlog_file = "{tmp}/g.log"\n'

@@ -76,6 +76,18 @@ def commit_cursor(cfg: Any, cursor: str | None, errors: list[str]) -> None:
         errors.append(f"cursor file: {e}")
 
 
+def drain_then_commit(cfg: Any, pend: PendingDrains, col: Collected, res: HealthResult) -> Outcome:
+    """Drain this node for ``res``'s decision: record it as pending first, move the
+    kernel-log cursor only once it is recorded (otherwise the events are read again next
+    run, so the fault is never lost), then drain and confirm. Returns the drain's outcome."""
+    if pend.add(cfg.node_name, res.decision.reason):
+        commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    else:
+        res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
+                               "so these events are read again next run")
+    return pend.settle(cfg.node_name, res.decision.reason)
+
+
 def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, job_gpus: list[int] | None,
                deadline: float | None, commit: bool = True) -> LiveCheck:
     """Steps 1-2 of the module docstring. Never touches the store. ``commit=False``
@@ -89,13 +101,7 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
     res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)
     out = LiveCheck(col, res)
     if res.decision.outcome == "drain" and not pend.dry_run:
-        node = cfg.node_name
-        if pend.add(node, res.decision.reason):
-            commit_cursor(cfg, col.new_cursor, res.tool_errors)
-        else:
-            res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
-                                   "so these events are read again next run")
-        out.drain = pend.settle(node, res.decision.reason)
+        out.drain = drain_then_commit(cfg, pend, col, res)
     else:
         if res.decision.outcome == "drain":
             pend.log.warning("dry run: would drain %s: %s", cfg.node_name, res.decision.reason)

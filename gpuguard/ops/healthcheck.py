@@ -73,7 +73,7 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     could not be confirmed is retried by every later run and hook."""
     from gpuguard import health as health_mod
     from gpuguard import policy as policy_mod
-    from gpuguard.nodecheck import commit_cursor, pending_drains
+    from gpuguard.nodecheck import commit_cursor, drain_then_commit, pending_drains
     from gpuguard.ops import maintenance as maint_mod
     from gpuguard.ops.nodes import read_node
     from gpuguard.ops.steps import StepContext, run_steps
@@ -109,12 +109,7 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
         res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
     drained = None
     if res.decision.outcome == "drain" and not maint.active:
-        if pend.add(node, res.decision.reason):
-            commit_cursor(cfg, col.new_cursor, res.tool_errors)
-        else:
-            res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
-                                   "so these events are read again next run")
-        drained = pend.settle(node, res.decision.reason)
+        drained = drain_then_commit(cfg, pend, col, res)
     else:
         commit_cursor(cfg, col.new_cursor, res.tool_errors)
     if store is not None:
