@@ -21,14 +21,14 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
     judged: half of its data would give a verdict that contradicts the other half's.
     Our errors here are tool errors; they never drain."""
     from gpuguard.epilog import part as part_mod
-    from gpuguard.hookenv import parse_uint
+    from gpuguard.hookenv import read_hook_env
     from gpuguard.slurm import SlurmCli
 
     spool = cfg.get("paths", "spool_dir")
-    job = {"user": env.get("SLURM_JOB_USER"), "uid": parse_uint(env.get("SLURM_JOB_UID")),
-           "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
-           "comment": env.get("SLURM_JOB_COMMENT"), "num_nodes": parse_uint(env.get("SLURM_JOB_NUM_NODES")),
-           "nodelist": env.get("SLURM_NODELIST"), "exit_code_raw": parse_uint(env.get("SLURM_JOB_EXIT_CODE"))}
+    h = read_hook_env(env)
+    job = {"user": h.job_user, "uid": h.job_uid, "account": env.get("SLURM_JOB_ACCOUNT"),
+           "partition": h.job_partition, "comment": h.job_comment, "num_nodes": h.job_num_nodes,
+           "nodelist": h.job_nodelist, "exit_code_raw": h.exit_status_raw}
     # the template lookup (scontrol show job) is capped by what is left of the budget
     slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
                      deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
