@@ -153,12 +153,12 @@ def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template
 
 
 def exit_code_from_env(env: Mapping[str, str]) -> int | None:
-    """``SLURM_JOB_EXIT_CODE`` (raw wait status, SLURM-FACTS.md §4) as an int, or None."""
-    v = env.get("SLURM_JOB_EXIT_CODE")
-    if not v or not (v.isascii() and v.isdigit()) or len(v) > 10:
-        return None
-    n = int(v)
-    return n if n <= 2**32 - 1 else None  # Slurm keeps it as uint32
+    """``SLURM_JOB_EXIT_CODE`` (raw wait status, SLURM-FACTS.md §4; Slurm keeps it as
+    uint32) as an int, or None: the hook-environment reader's check
+    (:func:`gpuguard.hookenv.parse_uint`)."""
+    from gpuguard.hookenv import UINT32_MAX, parse_uint
+
+    return parse_uint(env.get("SLURM_JOB_EXIT_CODE"), UINT32_MAX)
 
 
 def run_verdict(store: Any, job_id: str, *, cfg: Config, env: Mapping[str, str] | None = None,
