@@ -30,10 +30,12 @@ import time
 
 def _nodes(env: dict[str, str], bin_dir: str) -> list[str]:
     """Expand ``SLURM_JOB_NODELIST`` (``n[1-2]``) with ``scontrol show hostnames``."""
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    from gpuguard.hookenv import read_hook_env
+    from gpuguard.slurm import SlurmCli
+
+    nodelist = read_hook_env(env).job_nodelist
     if not nodelist:
         return []
-    from gpuguard.slurm import SlurmCli
 
     return SlurmCli(bin_dir).run("scontrol", "show", "hostnames", nodelist).split()
 
