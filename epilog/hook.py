@@ -345,8 +345,10 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     from gpuguard.epilog.summary import save_summary, summarize_job
 
     try:
+        # buckets aligned on the part's windows: the part reuses the summary's pass
         summary = summarize_job(store, job_id, node, exit_status_raw=exit_raw,
-                                collector_status=status, ingest=ingest)
+                                collector_status=status, ingest=ingest,
+                                window_align_s=float(cfg.get("verdict", "short_window_s")))
         if restarts:
             summary.collector_restarts = int(restarts.get("restarts") or 0)
             summary.collector_down_s = float(restarts.get("down_s") or 0.0)
