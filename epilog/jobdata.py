@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
-from gpuguard.metrics import BY_NAME, stored_column
+from gpuguard.metrics import BY_NAME, series_attrs, stored_column, with_fields
 from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 from gpuguard.net.evidence import FABRIC_CODES
 
@@ -48,8 +48,10 @@ _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlin
 
 
 @dataclass
+@with_fields((a, "list[float | None]", field(default_factory=list), "clock") for a in series_attrs().values())
 class GpuSeries:
-    """One GPU's samples, sorted by time; lists are aligned with ``t``."""
+    """One GPU's samples, sorted by time; lists are aligned with ``t``. A compared GPU
+    metric's series (:data:`SERIES_ATTR`) not declared here becomes a field."""
 
     node: str
     gpu_index: int
@@ -305,9 +307,9 @@ def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: 
     return out
 
 
-#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
-SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
-               "sm_clock_mhz": "clock"}
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point (the
+#: GPU metrics it compares: :func:`gpuguard.metrics.series_attrs`).
+SERIES_ATTR = series_attrs()
 
 
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
