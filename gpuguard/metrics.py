@@ -179,6 +179,11 @@ METRICS: tuple[Metric, ...] = (
            "PCIe link-level replays (a rising count means a marginal link)",
            nvml=Nvml("nvmlDeviceGetPcieReplayCounter", field_id="NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
            label="PCIE_REPLAY"),
+    # Not compared: a job's energy grows with its length; its power median is compared.
+    Metric("energy_j", "J", "gpu_slow", "nvmlDeviceGetTotalEnergyConsumption (mJ since the driver loaded / 1000)", 1,
+           ("increase",), ".0f", "GPU energy (board, read with the slow counters: the last slow interval of a job "
+           "is not counted)", nvml=Nvml("nvmlDeviceGetTotalEnergyConsumption", raw_per_unit=1000,
+                                         field_id="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), label="ENERGY"),
     Metric("cpu_pct", "%", "host", "cgroup cpu.stat usage_usec over wall time (100 = one core)", 0, ("mean",), ".1f",
            "job CPU use", prefix="host_"),
     Metric("rss_mib", "MiB", "host", "cgroup memory.stat anon", 0, ("peak",), ".0f", "job host memory (RSS)",

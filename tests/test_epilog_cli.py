@@ -96,9 +96,9 @@ def test_text(db):
     i = out.index("Per GPU (n1)")
     # the per-GPU columns are the metric table's per-GPU statistics, in table order
     assert out[i + 1].split() == ["GPU", "SAMPLES", "UTIL_MEAN_%", "MEMUTIL_MEAN_%", "MEM_PEAK_MIB", "POWER_MEAN_W",
-                                  "TEMP_MAX_C", "SM_MEAN_MHZ", "ECC_UNC_NEW", "PCIE_REPLAY_NEW", "CLOCK_EVENTS"]
+                                  "TEMP_MAX_C", "SM_MEAN_MHZ", "ECC_UNC_NEW", "PCIE_REPLAY_NEW", "ENERGY_NEW_J", "CLOCK_EVENTS"]
     # mem_util 5*i over i = 0..9 -> 22.5; PCIe replays i // 3 -> 0..3: 3 new
-    assert out[i + 3].split() == ["0", "10", "45", "22.5", "1009", "104.5", "59", "1000", "2", "3",
+    assert out[i + 3].split() == ["0", "10", "45", "22.5", "1009", "104.5", "59", "1000", "2", "3", "-",
                                   "hw_thermal_slowdown", "2s,", "sw_power_cap", "6s"]
     i = out.index("Findings")
     assert out[i + 3].split()[:6] == ["n1", "epilog", "critical", "drain", "ecc.uncorrectable_volatile", "1"]
