@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.drainq import Outcome, PendingDrains
+from gpuguard.drainq import Outcome, PendingDrains, decision_recovery
 from gpuguard.health import Collected, HealthResult, collect, judge, record_run, write_cursor_file
 
 
@@ -80,7 +80,7 @@ def drain_then_commit(cfg: Any, pend: PendingDrains, col: Collected, res: Health
     """Drain this node for ``res``'s decision: record it as pending first, move the
     kernel-log cursor only once it is recorded (otherwise the events are read again next
     run, so the fault is never lost), then drain and confirm. Returns the drain's outcome."""
-    if pend.add(cfg.node_name, res.decision.reason):
+    if pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
         commit_cursor(cfg, col.new_cursor, res.tool_errors)
     else:
         res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
@@ -123,6 +123,6 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
         live.result.tool_errors.append(f"store: {e}")
         return live.result
     if res.decision.outcome == "drain" and live.result.decision.outcome != "drain":
-        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason):
+        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
             live.drain = pend.settle(cfg.node_name, res.decision.reason)
     return res

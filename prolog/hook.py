@@ -145,6 +145,7 @@ def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
     """Decide again with the NCCL probe's findings; the exit status when that drains or
     fails the job, else None (the job proceeds; also in maintenance, exactly as for the
     live check: the node's drain is suppressed and recorded as such)."""
+    from gpuguard.drainq import decision_recovery
     from gpuguard.hookrun import announce
     from gpuguard.policy import decide
 
@@ -157,7 +158,7 @@ def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
         node = cfg.node_name
         if pend.dry_run:
             log.warning("dry run: would drain %s: %s", node, d.reason)
-        elif pend.add(node, d.reason):
+        elif pend.add(node, d.reason, decision_recovery(d)):
             pend.settle(node, d.reason)
         _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
         return EXIT_DRAIN
