@@ -58,8 +58,9 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
     """The part of ``node`` for ``job_id`` at windows of ``window_s`` seconds (module
     docstring), from ``store`` (a :class:`gpuguard.store.Store`). ``align_s``: the
     summary's ``window_align_s`` (its bucketed pass is reused when it matches; any value
-    works, a mismatch costs one more pass); ``window_s`` must be ``align_s * 2**k`` for
-    long series to keep whole buckets per window. Other arguments as
+    works, a mismatch costs one more pass); ``window_s`` should be ``align_s * 2**k`` so
+    that a window holds whole buckets, and is raised to the widest bucket (the part's
+    ``window_s`` says which was used). Other arguments as
     :func:`gpuguard.epilog.part.build_part`. Raises :class:`gpuguard.store.StoreError`
     and ``sqlite3.Error``."""
     tables = jobdata._tables(store)
@@ -72,12 +73,15 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
     memo = getattr(store, "memo", None)
     caps = _capacities(store, tables, node)
     names = gpu_names or {}
+    series = [(idx, uuid, samples.read_buckets(conn, sid, t0, cache=memo, align_s=align_s))
+              for sid, _n, idx, uuid, t0 in samples.series_of(conn, job_id, [node])]
+    # a window is never narrower than the widest bucket (a 7-day series: 240 s)
+    window_s = max([float(window_s)] + [b.bucket_ms / 1000.0 for _i, _u, b in series])
     gpus, firsts, lasts = [], [], []
-    for sid, _n, idx, uuid, t0 in samples.series_of(conn, job_id, [node]):
-        b = samples.read_buckets(conn, sid, t0, cache=memo, align_s=align_s)
+    for idx, uuid, b in series:
         if b.n:
-            firsts.append(t0 + b.t_min[0] / 1000.0)
-            lasts.append(t0 + (b.t_max[-1] if b.bucket_ms else b.t_min[-1]) / 1000.0)
+            firsts.append(b.t0 + b.t_min[0] / 1000.0)
+            lasts.append(b.t0 + (b.t_max[-1] if b.bucket_ms else b.t_min[-1]) / 1000.0)
         if not b.bucket_ms:
             wins = part._gpu_windows(jobdata.series_from_buckets(conn, node, idx, uuid, b), window_s)
         else:
