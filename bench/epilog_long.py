@@ -140,17 +140,18 @@ def product(path: str, hours: float) -> dict:
                          window_align_s=float(cfg.get("verdict", "short_window_s")))
     save_summary(s, summ)
     t_sum = time.perf_counter() - t
-    blob, window_s = handover.encode_part(s, "100", cfg, "n1", job, summ)
+    blob, _ws = handover.encode_part(s, "100", cfg, "n1", job, summ)
     t_part = time.perf_counter() - t
     drains = _Drains()
-    res = judge_parts(s, "100", {"n1": part_mod.decode_part(blob)}, cfg=cfg, meta=dict(job, job_id="100", nodes=["n1"]),
+    doc = part_mod.decode_part(blob)
+    res = judge_parts(s, "100", {"n1": doc}, cfg=cfg, meta=dict(job, job_id="100", nodes=["n1"]),
                       slurm=None, log=log, set_comment=False, drainer=drains, now=end + 5)
     wall = time.perf_counter() - t
     cpu = time.process_time() - c0
     s.close()
     v = res.verdict or {}
     return {"wall_s": wall, "cpu_s": cpu, "summary_s": t_sum, "part_s": t_part - t_sum,
-            "what": f"{summ.sample_count} samples, part {len(blob)} B at {window_s:g} s windows, "
+            "what": f"{summ.sample_count} samples, part {len(blob)} B at {doc.get('window_s'):g} s windows, "
                     f"cause {v.get('cause')}, drains {drains.made}"}
 
 

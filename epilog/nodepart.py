@@ -166,31 +166,38 @@ def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[
         keys = [math.floor((b.t0 + t / 1000.0) / ws) for t in b.t_min]
     # [i, j) bucket ranges of each window (one bucket per window at the first width)
     starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
-    ends = [*starts[1:], len(keys)]
-    out: dict[str, list[Any]] = {}
-    ns = [sum(b.n[i:j]) for i, j in zip(starts, ends, strict=True)]
-    out["t"] = [round(b.t0 + sum(b.t_sum[i:j]) / n / 1000.0, 1) for i, j, n in zip(starts, ends, ns, strict=True)]
+    one = len(starts) == len(keys)
+
+    def merged(col: list[Any], how: Any) -> list[Any]:
+        if one:
+            return col
+        ends = [*starts[1:], len(keys)]
+        return [how(col[i:j]) for i, j in zip(starts, ends, strict=True)]
+
+    def total(xs: list[Any]) -> Any:
+        vals = [x for x in xs if x is not None]
+        return sum(vals) if vals else None
+
+    def top(xs: list[Any]) -> Any:
+        return max((x for x in xs if x is not None), default=None)
+
+    ns = merged(b.n, sum)
+    t0 = b.t0
+    out: dict[str, list[Any]] = {"t": [round(t0 + ts / n / 1000.0, 1) for ts, n in zip(merged(b.t_sum, sum), ns,
+                                                                                          strict=True)]}
     for a, m in _GPU_MEANS:
-        sums, cnts, sc = b.sums[m], b.counts[m], BY_NAME[m].scale
-        col = []
-        for i, j in zip(starts, ends, strict=True):
-            c = sum(cnts[i:j])
-            col.append(_r4(sum(x for x in sums[i:j] if x is not None) / c / sc) if c else None)
-        out[a] = col
+        sc = BY_NAME[m].scale
+        out[a] = [_r4(sm / c / sc) if c else None
+                  for sm, c in zip(merged(b.sums[m], total), merged(b.counts[m], sum), strict=True)]
     mem_sc = BY_NAME["mem_used_mib"].scale
-    tops = b.maxes["mem_used_mib"]
-    out["mem"] = []
-    for i, j in zip(starts, ends, strict=True):
-        top = max((x for x in tops[i:j] if x is not None), default=None)
-        out["mem"].append(part._r(top / mem_sc, 6) if top is not None else None)
-    masks = [0] * len(starts)
+    out["mem"] = [part._r(x / mem_sc, 6) if x is not None else None for x in merged(b.maxes["mem_used_mib"], top)]
+    masks = [0] * len(ns)
     for bit, counts in b.bits.items():
-        for k, (i, j) in enumerate(zip(starts, ends, strict=True)):
-            c = sum(counts[i:j])
+        for k, c in enumerate(merged(counts, sum)):
             if c and 2 * c >= ns[k]:
                 masks[k] |= bit
     out["mask"] = masks
-    t0_ms = round(b.t0 * 1000)
+    t0_ms = round(t0 * 1000)
     out["ecc"] = [ecc.get((b.t_min[i] + t0_ms) // ws_ms) for i in starts]
     return out
 
