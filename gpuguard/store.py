@@ -22,7 +22,10 @@ import sys
 import time
 from datetime import UTC, datetime
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 
 def _import_sqlite_utils():  # type: ignore[no-untyped-def]
@@ -36,14 +39,31 @@ def _import_sqlite_utils():  # type: ignore[no-untyped-def]
         sys.modules[m] = None  # type: ignore[assignment]  # import raises ImportError
     try:
         import sqlite_utils as mod
-        import sqlite_utils.migrations  # MigrationSet's base class
+        import sqlite_utils.migrations  # MigrationSet's steps run through it
     finally:
         for m in blocked:
             del sys.modules[m]
     return mod
 
 
-sqlite_utils = _import_sqlite_utils()
+def __getattr__(name: str) -> Any:
+    """``gpuguard.store.sqlite_utils``: imported on first use. Importing sqlite-utils costs
+    about 86 ms (half the Prolog's import time, bench/prolog_healthy.py), and the hooks'
+    recording path (inserts, queries, cursors, counters, upserts: :class:`Store`) and an
+    up-to-date store's migration check run on plain ``sqlite3``; sqlite-utils is imported
+    when a migration step runs or code asks for :attr:`Store.db`. This is the one place
+    the core defers an import for the Prolog's budget."""
+    if name == "sqlite_utils":
+        mod = _import_sqlite_utils()
+        globals()["sqlite_utils"] = mod
+        return mod
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _sqlite_utils() -> Any:
+    """The sqlite-utils module, imported on the first call (:func:`__getattr__`)."""
+    return globals().get("sqlite_utils") or __getattr__("sqlite_utils")
+
 
 BUSY_TIMEOUT_MS = 5000
 _SCALARS = (type(None), int, float, str)
@@ -54,10 +74,11 @@ class StoreError(Exception):
 
 
 # -- named migration sets -----------------------------------------------------------------
-class MigrationSet(sqlite_utils.migrations.Migrations):
-    """A stage's named, ordered store migrations (sqlite-utils ``Migrations``: each step
-    recorded by (set name, step name) in ``_sqlite_migrations``; append steps, never edit
-    a released one).
+class MigrationSet:
+    """A stage's named, ordered store migrations, applied through sqlite-utils
+    ``Migrations`` (each step recorded by (set name, step name) in ``_sqlite_migrations``;
+    append steps, never edit a released one). Registering steps (``@SET(name=...)``) and
+    checking that a store has them all need no sqlite-utils; applying them imports it.
 
     ``requires``: sets whose tables this one needs (applied first). ``legacy``: step name
     -> the ``PRAGMA user_version`` of the numbered migration that created the same schema
@@ -65,17 +86,53 @@ class MigrationSet(sqlite_utils.migrations.Migrations):
     as applied without running it.
     """
 
+    migrations_table = "_sqlite_migrations"
+
     def __init__(self, name: str, *, requires: tuple[str, ...] = (), legacy: dict[str, int] | None = None):
-        super().__init__(name)
+        self.name = name
         self.requires = requires
         self.legacy = dict(legacy or {})
+        self._steps: list[tuple[str, Callable[[Any], None], bool]] = []
+
+    def __call__(self, *, name: str | None = None, transactional: bool = True
+                 ) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+        """Decorator registering a step (sqlite-utils ``Migrations.__call__``); ValueError
+        for a name already registered in this set."""
+        def inner(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+            step = name or fn.__name__
+            if step in self.names:
+                raise ValueError(f"Migration '{step}' is already registered in set '{self.name}'")
+            self._steps.append((step, fn, transactional))
+            return fn
+        return inner
 
     @property
     def names(self) -> list[str]:
         """The step names, in order."""
-        return [m.name for m in self._migrations]
+        return [n for n, _fn, _t in self._steps]
 
-    def record(self, db: sqlite_utils.Database, step: str) -> None:
+    def _migrations(self) -> Any:
+        ms = _sqlite_utils().migrations.Migrations(self.name)
+        for step, fn, transactional in self._steps:
+            ms(name=step, transactional=transactional)(fn)
+        return ms
+
+    def ensure_migrations_table(self, db: Any) -> None:
+        self._migrations().ensure_migrations_table(db)
+
+    def apply(self, db: Any) -> None:
+        """Apply the pending steps (sqlite-utils ``Migrations.apply``)."""
+        self._migrations().apply(db)
+
+    def applied(self, db: Any) -> list[Any]:
+        """The applied steps, in order (sqlite-utils ``Migrations.applied``)."""
+        return self._migrations().applied(db)
+
+    def pending(self, db: Any) -> list[Any]:
+        """The steps not applied yet (sqlite-utils ``Migrations.pending``)."""
+        return self._migrations().pending(db)
+
+    def record(self, db: Any, step: str) -> None:
         """Record ``step`` as applied without running it (adopting a numbered-era store)."""
         db[self.migrations_table].insert({"migration_set": self.name, "name": step,
                                           "applied_at": str(datetime.now(UTC))})
@@ -190,15 +247,31 @@ register_set(CORE)
 
 
 class Store:
-    """A node (or cluster) store. Use :func:`open_store` to get one."""
+    """A node (or cluster) store. Use :func:`open_store` to get one.
 
-    def __init__(self, db: sqlite_utils.Database, path: str):
-        self.db = db
+    ``conn`` is the ``sqlite3`` connection (autocommit: ``isolation_level=None``); the
+    methods here write and read through it with plain SQL. :attr:`db`, the sqlite-utils
+    ``Database`` on the same connection, is made on first use (module docstring of
+    :func:`__getattr__`: the hooks' recording path does not import sqlite-utils)."""
+
+    def __init__(self, db: Any, path: str):
+        """``db``: a ``sqlite3.Connection`` or a sqlite-utils ``Database``."""
+        if isinstance(db, sqlite3.Connection):
+            self.conn, self._db = db, None
+        else:
+            self.conn, self._db = db.conn, db
         self.path = path
         self._series: Any = None  # gpuguard.samples.SeriesCache, made on the first sample write
         #: Results computed from this store and reused while it is open (the job summary's
         #: bucketed sample pass, reused by the verdict); cleared by every sample write.
         self.memo: dict[Any, Any] = {}
+
+    @property
+    def db(self) -> Any:
+        """The sqlite-utils ``Database`` on :attr:`conn` (imports sqlite-utils once)."""
+        if self._db is None:
+            self._db = _database(self.conn)
+        return self._db
 
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -206,19 +279,33 @@ class Store:
         """One write transaction, rolled back on error. Outermost: ``BEGIN IMMEDIATE``, so
         that a writer waits out the busy timeout for the write lock instead of failing on
         a lock upgrade (sqlite-utils' ``db.atomic()`` begins a deferred transaction);
-        nested: ``db.atomic()``'s savepoint."""
-        if self.db.conn.in_transaction:
-            with self.db.atomic():
+        nested: a savepoint (what ``db.atomic()`` makes inside a transaction)."""
+        conn = self.conn
+        if conn.in_transaction:
+            sp = f"gg_{id(self):x}_{self._depth}"
+            self._depth += 1
+            conn.execute(f"SAVEPOINT {sp}")
+            try:
                 yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute(f"ROLLBACK TO {sp}")
+                    conn.execute(f"RELEASE {sp}")
+                raise
+            finally:
+                self._depth -= 1
+            conn.execute(f"RELEASE {sp}")
             return
-        self.db.conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            if self.db.conn.in_transaction:
-                self.db.conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        self.db.conn.execute("COMMIT")
+        conn.execute("COMMIT")
+
+    _depth = 0
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -234,6 +321,8 @@ class Store:
 
         def go() -> int:
             with self.tx():
+                if _plain(table, [row]):
+                    return self.conn.execute(*_insert_sql(table, row)).lastrowid or 0
                 return self.db[table].insert(row).last_rowid
         return self._guard(f"insert into {table}", go)
 
@@ -251,7 +340,7 @@ class Store:
             def put() -> None:
                 try:
                     with self.tx():
-                        samples.write(self.db.conn, self._series, rows)
+                        samples.write(self.conn, self._series, rows)
                 except BaseException:
                     self._series = samples.SeriesCache()  # ids of a rolled-back series are void
                     raise
@@ -264,22 +353,47 @@ class Store:
 
         def go() -> None:
             with self.tx():
-                cols = list(rows[0]) if rows else []
+                cols = list(rows[0])
                 keys = set(cols)
-                plain = all(r.keys() == keys and all(type(v) in _SCALARS for v in r.values()) for r in rows)
-                if plain and all(c.isidentifier() for c in cols):
+                if _plain(table, rows) and all(r.keys() == keys for r in rows):
                     # same keys, scalar values: one executemany (sqlite-utils' insert_all
                     # inspects and converts every value, which the collector pays each flush)
-                    self.db.conn.executemany(
-                        f"insert into [{table}] ({', '.join(cols)}) values ({', '.join('?' * len(cols))})",
-                        [tuple(r[c] for c in cols) for r in rows])
+                    self.conn.executemany(_insert_sql(table, rows[0])[0], [tuple(r[c] for c in cols) for r in rows])
+                elif _plain(table, rows):
+                    for r in rows:
+                        self.conn.execute(*_insert_sql(table, r))
                 else:
                     self.db[table].insert_all(rows, batch_size=500)
         self._guard(f"insert into {table}", go)
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Run a parameterised query; rows as dicts. Raises :class:`StoreError`."""
-        return self._guard("query", lambda: list(self.db.query(sql, params)))
+        def go() -> list[dict[str, Any]]:
+            cur = self.conn.execute(sql, params)
+            cols = [d[0] for d in cur.description or ()]
+            return [dict(zip(cols, r, strict=True)) for r in cur]
+        return self._guard("query", go)
+
+    def upsert_many(self, table: str, rows: list[dict[str, Any]], pk: tuple[str, ...]) -> None:
+        """Insert rows, or update the columns given of the row with the same primary key
+        ``pk`` (sqlite-utils ``upsert_all``; rows of scalars with identifier column names
+        through one ``INSERT ... ON CONFLICT DO UPDATE``). Call inside :meth:`tx` or alone
+        (its own transaction). Raises :class:`StoreError`."""
+        if not rows:
+            return
+
+        def go() -> None:
+            with self.tx():
+                if not _plain(table, rows):
+                    self.db[table].upsert_all(rows, pk=pk)
+                    return
+                for r in rows:
+                    sql, vals = _insert_sql(table, r)
+                    upd = [c for c in r if c not in pk]
+                    sql += f" on conflict ({', '.join(pk)}) do " + (
+                        f"update set {', '.join(f'{c} = excluded.{c}' for c in upd)}" if upd else "nothing")
+                    self.conn.execute(sql, vals)
+        self._guard(f"upsert into {table}", go)
 
     # -- cursors ------------------------------------------------------------------
     def get_cursor(self, name: str) -> str | None:
@@ -287,10 +401,7 @@ class Store:
         return rows[0]["value"] if rows else None
 
     def set_cursor(self, name: str, value: str) -> None:
-        def go() -> None:
-            with self.tx():
-                self.db["cursors"].upsert({"name": name, "value": value, "updated_at": time.time()}, pk="name")
-        self._guard("cursor update", go)
+        self.upsert_many("cursors", [{"name": name, "value": value, "updated_at": time.time()}], pk=("name",))
 
     # -- GPU counters (for "rising since the last run") ---------------------------
     def get_counters(self, node: str) -> dict[str, dict[str, Any]]:
@@ -301,39 +412,49 @@ class Store:
     def set_counters(self, node: str, by_uuid: dict[str, dict[str, Any]]) -> None:
         now = time.time()
 
-        def go() -> None:
-            with self.tx():
-                self.db["gpu_counters"].upsert_all(
-                    [{"node": node, "uuid": u, "at": now, "counters": json.dumps(c)} for u, c in by_uuid.items()],
-                    pk=("node", "uuid"),
-                )
-        self._guard("counter update", go)
+        self.upsert_many("gpu_counters", [{"node": node, "uuid": u, "at": now, "counters": json.dumps(c)}
+                                          for u, c in by_uuid.items()], pk=("node", "uuid"))
 
     def close(self) -> None:
         try:
-            self.db.conn.close()
+            self.conn.close()
         except sqlite3.Error:
             pass  # closing a broken connection: nothing left to lose
 
 
-def _applied(db: sqlite_utils.Database) -> set[tuple[str, str]]:
-    if not db.conn.execute("select 1 from sqlite_master where type = 'table' and name = '_sqlite_migrations'"
-                           ).fetchone():
+def _plain(table: str, rows: list[dict[str, Any]]) -> bool:
+    """Rows plain SQL can insert as they are: scalar values, identifier names."""
+    return table.isidentifier() and all(
+        all(type(v) in _SCALARS for v in r.values()) and all(c.isidentifier() for c in r) for r in rows)
+
+
+def _insert_sql(table: str, row: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    return (f"insert into [{table}] ({', '.join(row)}) values ({', '.join('?' * len(row))})", tuple(row.values()))
+
+
+def _database(conn: sqlite3.Connection) -> Any:
+    """A sqlite-utils ``Database`` on ``conn`` (no plugin hooks: gpuguard uses none)."""
+    return _sqlite_utils().Database(conn, execute_plugins=False)
+
+
+def _applied(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+    if not conn.execute("select 1 from sqlite_master where type = 'table' and name = '_sqlite_migrations'"
+                        ).fetchone():
         return set()
-    return {(r[0], r[1]) for r in db.conn.execute("select migration_set, name from _sqlite_migrations")}
+    return {(r[0], r[1]) for r in conn.execute("select migration_set, name from _sqlite_migrations")}
 
 
-def _migrate(db: sqlite_utils.Database, version: int, sets: list[MigrationSet]) -> None:
+def _migrate(conn: sqlite3.Connection, version: int, sets: list[MigrationSet]) -> None:
     """Apply the pending steps of ``sets`` under one write lock. Raises ValueError for a
     store newer than this code, sqlite3.Error when a step fails (all rolled back)."""
     if version > NAMED_SETS_VERSION:
         raise ValueError(f"schema version {version} is newer than this gpuguard ({NAMED_SETS_VERSION})")
-    # The common case (every hook run): one read, no write lock.
-    applied = _applied(db)
+    # The common case (every hook run): one read, no write lock, no sqlite-utils.
+    applied = _applied(conn)
     _refuse_newer(applied, sets)
     if version == NAMED_SETS_VERSION and all((ms.name, n) in applied for ms in sets for n in ms.names):
         return
-    conn = db.conn
+    db = _database(conn)
     # BEGIN IMMEDIATE takes the write lock up front: the prolog and the collector may
     # open a new store at the same moment, and whoever waits must re-read what the other
     # applied (a deferred BEGIN, as db.atomic() uses, would fail on the lock upgrade
@@ -341,7 +462,7 @@ def _migrate(db: sqlite_utils.Database, version: int, sets: list[MigrationSet]) 
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        applied = _applied(db)
+        applied = _applied(conn)
         for ms in sets:
             ms.ensure_migrations_table(db)
             for step, since in ms.legacy.items():
@@ -370,9 +491,9 @@ def ensure_sets(store: Store, sets: list[MigrationSet]) -> None:
     package was imported after the store was opened (a ``gpuguard health`` step loaded
     after the run opened its store). One read when nothing is pending. Raises
     :class:`StoreError`."""
-    version = store.db.conn.execute("PRAGMA user_version").fetchone()[0]
+    version = store.conn.execute("PRAGMA user_version").fetchone()[0]
     try:
-        _migrate(store.db, version, sets)
+        _migrate(store.conn, version, sets)
     except (sqlite3.Error, ValueError) as e:
         raise StoreError(f"store {store.path}: {e}") from None
 
@@ -400,7 +521,7 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640,
     try:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db = sqlite_utils.Database(conn)
+        conn.execute("PRAGMA recursive_triggers = on")  # as sqlite-utils' Database sets it
         mode_now = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if mode_now != "wal":
             try:
@@ -412,8 +533,8 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640,
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open: {e}") from None
     try:
-        _migrate(db, version, list(sets) if sets is not None else registered_sets())
+        _migrate(conn, version, list(sets) if sets is not None else registered_sets())
     except (sqlite3.Error, ValueError) as e:
         conn.close()
         raise StoreError(f"store {path}: {e}") from None
-    return Store(db, path)
+    return Store(conn, path)
