@@ -127,6 +127,24 @@ class JobData:
         j = bisect.bisect_left(self.step_t, t1)
         return self.steps[i:j]
 
+    def step_columns(self, t0: float | None = None, t1: float | None = None) -> Any:
+        """The step records in ``[t0, t1)`` (default: all) as a
+        :class:`gpuguard.epilog.steptable.StepTable`: ``steps`` itself when the judge built
+        it so, else a table of ``steps`` made once and kept (the verdict asks per window)."""
+        from gpuguard.epilog.steptable import StepTable
+
+        tab = self.steps if isinstance(self.steps, StepTable) else None
+        if tab is None:
+            cached = self.window_cache.get("step_columns")
+            if cached is None or cached[0] is not self.steps or len(cached[1]) != len(self.steps):
+                cached = self.window_cache["step_columns"] = (self.steps, StepTable.of(self.steps))
+            tab = cached[1]
+        if t0 is None and t1 is None:
+            return tab
+        i = bisect.bisect_left(self.step_t, t0) if t0 is not None else 0
+        j = bisect.bisect_left(self.step_t, t1) if t1 is not None else len(tab)
+        return tab[i:j]
+
 
 def _tables(store: Any) -> set[str]:
     return {r["name"] for r in store.query("select name from sqlite_master where type = 'table'")}
