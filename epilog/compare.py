@@ -161,13 +161,13 @@ def settled_warmup_s(data: JobData, s: Settings) -> float:
     if data.start is None or data.end is None or not data.steps:
         return s.warmup_s
     dur = data.end - data.start
-    ref = robust.median(r.step_time_s for r in data.steps_between(data.start + dur / 2, data.end + 1.0))
+    ref = robust.median(data.step_columns(data.start + dur / 2, data.end + 1.0).column("step_time_s"))
     if not ref:
         return s.warmup_s
     probe = max(s.short_window_s, min(s.long_window_s / 2, dur / 20))
     t = data.start + s.warmup_s
     while t + probe <= data.start + MAX_SETTLE_FRAC * dur:
-        m = robust.median(r.step_time_s for r in data.steps_between(t, t + probe))
+        m = robust.median(data.step_columns(t, t + probe).column("step_time_s"))
         if m is None or m <= ref * (1.0 + SETTLE_TOL):
             return t - data.start
         t += probe / 2

@@ -160,13 +160,7 @@ def gpu_units(data: JobData, t0: float, t1: float) -> list[Unit]:
 def rank_units(data: JobData) -> list[Unit]:
     """The job's ranks, valued by their median ``fwd_bwd_s`` (comm: median ``comm_s``),
     each mapped to its node's GPU in rank order (module docstring)."""
-    series: dict[tuple[str, int], tuple[list[float], list[float | None], list[float | None]]] = {}
-    for r in data.steps:  # sorted by t
-        if r.rank is not None and r.fwd_bwd_s is not None:
-            ts, fb, cm = series.setdefault((r.node or "", int(r.rank)), ([], [], []))
-            ts.append(r.t)
-            fb.append(r.fwd_bwd_s)
-            cm.append(r.comm_s)
+    series = data.step_columns().rank_series()  # (node, rank) -> t, fwd_bwd_s, comm_s; by t
     gpus_on: dict[str, list[GpuSeries]] = {}
     for g in data.gpus:
         gpus_on.setdefault(g.node, []).append(g)
@@ -335,7 +329,7 @@ def stragglers_node(data: JobData, wins: Windows, gpu_hits: list[dict[str, Any]]
     ``reasons``; or ``gpus_straggling`` with the GPU lines. ``None`` when none. Rank
     records count only with ``records`` (judged with ``rank_s``, default ``s``)."""
     t0, t1 = wins.span
-    nodes = sorted({g.node for g in data.gpus} | {r.node for r in data.steps if r.node})
+    nodes = sorted({g.node for g in data.gpus} | data.step_columns().node_names())
     if len(nodes) < 2 or t0 is None:
         return None
     sources = [("fwd_bwd_s", rank_units(data), 1, rank_s or s)] if records else []
