@@ -20,9 +20,9 @@ from typing import Any
 from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog import leak as leak_mod
 from gpuguard.epilog import peers
-from gpuguard.epilog.compare import Comparison, Settings, Windows
+from gpuguard.epilog.compare import Comparison, Settings, Windows, unit_of
 from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
-from gpuguard.epilog.metrics import METRICS, REASON_SHARES, sustained
+from gpuguard.epilog.metrics import REASON_SHARES, sustained
 from gpuguard.model import HARD_SLOWDOWN_REASONS
 
 #: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
@@ -120,17 +120,28 @@ class Context:
 
     def records_count(self) -> bool:
         """Per-rank records may name a straggler: the baseline is ready and the run is
-        slower than it (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
-        return self.once("records_count", lambda: self.judged and self.slower())
+        slower than it, or its rank compute spread rose against the template's history
+        (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
+        return self.once("records_count", lambda: self.judged and (self.slower() or self.spread_up()))
+
+    def spread_up(self) -> bool:
+        """The rank compute spread is flagged up against the template's history."""
+        return self.up("rank_compute_spread")
+
+    def rank_settings(self) -> Settings:
+        """Peer thresholds for per-rank records: :func:`peers.spread_settings` when the
+        spread rose against history, else ``[verdict]``'s."""
+        return peers.spread_settings(self.s) if self.spread_up() else self.s
 
     def gpu_hits(self) -> list[dict[str, Any]]:
         return self.once("gpu_hits", lambda: peers.stragglers_gpu(
-            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count()))
+            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count(),
+            self.rank_settings()))
 
 
 def fmt(c: Comparison) -> str:
     """``metric value unit vs median (+rel%)`` for summaries."""
-    unit = METRICS[c.metric][0]
+    unit = unit_of(c.metric)
     rel = "" if c.rel_change is None or not math.isfinite(c.rel_change) else f" ({c.rel_change:+.0%})"
     return f"{c.metric} {c.value:.4g} {unit} vs {c.median:.4g}{rel}"
 
@@ -157,7 +168,8 @@ def hardware_fault(ctx: Context) -> Found | None:
 
 def straggler_node(ctx: Context) -> Found | None:
     """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
-    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count())
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count(),
+                                ctx.rank_settings())
     if not hit:
         return None
     return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
@@ -171,6 +183,9 @@ def straggler_gpu(ctx: Context) -> Found | None:
         return None
     h = hits[0]
     rs = ", ".join(h["reasons"]) or "no slowdown reason reported"
+    if h["metric"] == "hard_reason_share":
+        return Found(f"{h['node']} GPU {h['gpu_index']} straggles: hard clock-event reasons active in "
+                     f"{h['value']:.0%} of its samples vs {h['peer_median']:.0%} on its peers; {rs}", {"gpus": hits})
     return Found(f"{h['node']} GPU {h['gpu_index']} straggles: {h['metric']} {h['value']} vs peers "
                  f"{h['peer_median']} ({h['rel_change']:+.0%}); {rs}", {"gpus": hits})
 

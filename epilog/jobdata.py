@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
-from gpuguard.metrics import BY_NAME, stored_column
+from gpuguard.metrics import BY_NAME, series_attrs, stored_column, with_fields
 from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 from gpuguard.net.evidence import FABRIC_CODES
 
@@ -48,8 +48,10 @@ _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlin
 
 
 @dataclass
+@with_fields((a, "list[float | None]", field(default_factory=list), "clock") for a in series_attrs().values())
 class GpuSeries:
-    """One GPU's samples, sorted by time; lists are aligned with ``t``."""
+    """One GPU's samples, sorted by time; lists are aligned with ``t``. A compared GPU
+    metric's series (:data:`SERIES_ATTR`) not declared here becomes a field."""
 
     node: str
     gpu_index: int
@@ -124,6 +126,24 @@ class JobData:
         i = bisect.bisect_left(self.step_t, t0)
         j = bisect.bisect_left(self.step_t, t1)
         return self.steps[i:j]
+
+    def step_columns(self, t0: float | None = None, t1: float | None = None) -> Any:
+        """The step records in ``[t0, t1)`` (default: all) as a
+        :class:`gpuguard.epilog.steptable.StepTable`: ``steps`` itself when the judge built
+        it so, else a table of ``steps`` made once and kept (the verdict asks per window)."""
+        from gpuguard.epilog.steptable import StepTable
+
+        tab = self.steps if isinstance(self.steps, StepTable) else None
+        if tab is None:
+            cached = self.window_cache.get("step_columns")
+            if cached is None or cached[0] is not self.steps or len(cached[1]) != len(self.steps):
+                cached = self.window_cache["step_columns"] = (self.steps, StepTable.of(self.steps))
+            tab = cached[1]
+        if t0 is None and t1 is None:
+            return tab
+        i = bisect.bisect_left(self.step_t, t0) if t0 is not None else 0
+        j = bisect.bisect_left(self.step_t, t1) if t1 is not None else len(tab)
+        return tab[i:j]
 
 
 def _tables(store: Any) -> set[str]:
@@ -305,9 +325,9 @@ def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: 
     return out
 
 
-#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
-SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
-               "sm_clock_mhz": "clock"}
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point (the
+#: GPU metrics it compares: :func:`gpuguard.metrics.series_attrs`).
+SERIES_ATTR = series_attrs()
 
 
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:

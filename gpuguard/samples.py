@@ -32,7 +32,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, stored_column
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, series_attrs, stored_column
 
 MINUTE_S = 60
 
@@ -169,6 +169,7 @@ class SeriesCache:
 
 
 _FAST_SCALES = tuple((m.name, m.scale) for m in GPU_SAMPLED)
+_SLOW_SCALES = tuple((m.name, m.scale) for m in GPU_SLOW)
 _FAST_INS = (f"insert or replace into gpu_samples (sid, t_ms, {', '.join(_cols(GPU_SAMPLED))}) "
              f"values ({', '.join('?' * (len(GPU_SAMPLED) + 2))})")
 _SLOW_INS = (f"insert or replace into gpu_slow (sid, t_ms, {', '.join(_cols(GPU_SLOW))}) "
@@ -214,9 +215,10 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
             # v - v == 0 only for a finite number: NaN/inf are no reading
             vals.append(None if v is None or v - v != 0 else round(v * sc))
         fast.append(tuple(vals))
-        sv = [r.get(m.name) for m in GPU_SLOW]
+        sv = [r.get(name) for name, _sc in _SLOW_SCALES]
         if any(v is not None for v in sv):
-            slow.append((sid, t_ms, *[None if v is None else int(v) for v in sv]))
+            slow.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
+                                      for v, (_n, sc) in zip(sv, _SLOW_SCALES, strict=True)]))
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)
@@ -361,10 +363,9 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
 
 
 #: Per-window values of :func:`windows_of` per GPU: metric -> how a window combines its
-#: samples (the verdict's short windows; means, and the peak for memory).
-WINDOW_VALUES = {"gpu_util_pct": "mean", "mem_util_pct": "mean", "power_w": "mean", "temp_c": "mean",
-                 "sm_clock_mhz": "mean", "mem_used_mib": "max"}
-
+#: samples (the verdict's short windows): the mean of each GPU metric the verdict compares
+#: (:func:`gpuguard.metrics.series_attrs`), and the peak for memory.
+WINDOW_VALUES = {**dict.fromkeys(series_attrs(), "mean"), "mem_used_mib": "max"}
 
 def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict[str, list[float | None]]:
     """One GPU's :class:`Buckets` regrouped into ``n_windows`` windows of ``width_s`` from
