@@ -389,6 +389,8 @@ def open_readonly(path: str) -> Store:
     Raises :class:`StoreError` when it cannot be read by this user."""
     import urllib.parse
 
+    import sqlite_utils  # a CLI reader: the import-time budget is the hooks', not ours
+
     if not os.path.exists(path):
         raise StoreError(f"store {path}: does not exist")
     if not os.access(path, os.R_OK):
