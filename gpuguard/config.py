@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tomllib
 from dataclasses import dataclass, field
@@ -222,6 +223,11 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
 _FREE_SECTIONS = {"policy"}
 
 
+#: A single Slurm node name as slurmd sets ``SLURMD_NODENAME`` (our choice: host-name
+#: characters; slurm.conf(5) NodeName is a host name, a list or range is not one node).
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
 class ConfigError(Exception):
     """A configuration problem; ``str()`` is one line naming file, key and expectation."""
 
@@ -251,8 +257,15 @@ class Config:
 
     @property
     def node_name(self) -> str:
+        """``[node] name``, else ``$SLURMD_NODENAME`` when it is a plausible node name,
+        else the short host name. The name goes into paths (``{node}``) and into
+        ``scontrol ... nodename=``: a value with ``/``, ``,``, brackets, whitespace or a
+        leading ``.``/``-`` (a path escape, a node list, an option) is never used."""
         n = self.values["node"]["name"]
-        return n or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        env = os.environ.get("SLURMD_NODENAME") or ""
+        if not n and _NODE_NAME_RE.fullmatch(env):
+            n = env
+        return n or socket.gethostname().split(".")[0]
 
     @property
     def store_path(self) -> str:

@@ -325,6 +325,37 @@ def ensure_sets(store: Store, sets: list[MigrationSet]) -> None:
         raise StoreError(f"store {store.path}: {e}") from None
 
 
+
+def open_readonly(path: str) -> Store:
+    """A :class:`Store` on ``path`` opened read-only through SQLite's ``mode=ro`` URI (no
+    create, no migration, no WAL switch: a reader never writes; ``immutable=1`` as well
+    while no writer has a WAL open, so not even ``-shm``/``-wal`` files are created beside
+    it). Every command that only reads a store (``job show``, ``template list``,
+    ``baseline show``, ``node list``/``show``, ``nccl baseline``, ``gpuguard-mail``) opens
+    it this way, so it works for any user who can read the file and never migrates it.
+    A table a writer has not created yet raises :class:`StoreError` on the first query.
+    Raises :class:`StoreError` when it cannot be read by this user."""
+    import urllib.parse
+
+    import sqlite_utils  # a CLI reader: the import-time budget is the hooks', not ours
+
+    if not os.path.exists(path):
+        raise StoreError(f"store {path}: does not exist")
+    if not os.access(path, os.R_OK):
+        raise StoreError(f"store {path}: not readable by this user")
+    # No -wal file: no writer has the store open, and SQLite would otherwise create
+    # -wal/-shm beside it (a write in the directory; impossible for a user in a
+    # read-only one). immutable=1 reads the file as it is, creating nothing. With a
+    # -wal present, mode=ro reads through the writer's WAL index as any reader does.
+    flags = "mode=ro" if os.path.exists(path + "-wal") else "mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + flags
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
+        conn.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        raise StoreError(f"store {path}: cannot open read-only: {e}") from None
+    return Store(sqlite_utils.Database(conn), path)
+
 def open_store(path: str, *, create: bool = True, mode: int = 0o640,
                sets: list[MigrationSet] | None = None) -> Store:
     """Open (and on first use create, mode ``mode``) the store at ``path``, switch on WAL
