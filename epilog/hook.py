@@ -157,6 +157,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
         if problem.startswith("SLURM_JOB_ID"):
             log.error("tool error: %s; post-job checks only", problem)
+        elif problem.startswith("SLURM_JOB_GPUS"):  # bad input from slurmd: judged as no GPU list, never a drain
+            log.error("tool error: %s; the job's GPUs are not checked by index", problem)
         else:
             log.warning("hook environment: %s; treated as unset", problem)
     job_id = henv.job_id

@@ -74,6 +74,27 @@ class GpuSeries:
         """Index range ``[i, j)`` of samples with ``t0 <= t < t1``."""
         return bisect.bisect_left(self.t, t0), bisect.bisect_left(self.t, t1)
 
+    def array(self, name: str) -> Any:
+        """Series ``name`` (``t``, ``util``, ..., ``mask``, ``ecc_unc``) as a numpy array,
+        NaN where the list holds None (``mask``: int64). Made once and kept while the list
+        is the same object of the same length: the judge's checks over a 64-node job's
+        512 GPUs read these instead of walking 700,000 list items per metric."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        lst = getattr(self, name)
+        hit = cache.get(name)
+        if hit is None or hit[0] is not lst or hit[1] != len(lst):
+            import numpy as np
+
+            arr = (np.array(lst, dtype=np.int64) if name == "mask" else
+                   np.array([np.nan if v is None else v for v in lst], dtype=np.float64))
+            hit = cache[name] = (lst, len(lst), arr)
+        return hit[2]
+
+    def keep_array(self, name: str, arr: Any) -> None:
+        """Record ``arr`` as :meth:`array`'s value of series ``name`` (whose list was made from it)."""
+        lst = getattr(self, name)
+        self.__dict__.setdefault("_arrays", {})[name] = (lst, len(lst), arr)
+
 
 @dataclass(slots=True)
 class StepRec:
@@ -389,15 +410,11 @@ def _slow_cum(g: GpuSeries) -> list[list[int]]:
     entry per sample), computed once per series: a window's count is two lookups."""
     cum = getattr(g, "_slow_cum", None)
     if cum is None or len(cum[0]) != len(g.mask) + 1:
-        cum = []
-        for r in SLOWDOWN_REASONS:
-            bit = CLOCK_EVENT_REASONS[r][0]
-            run = [0]
-            c = 0
-            for m in g.mask:
-                c += 1 if m & bit else 0
-                run.append(c)
-            cum.append(run)
+        import numpy as np
+
+        mask = g.array("mask")
+        cum = [np.concatenate([[0], np.cumsum((mask & CLOCK_EVENT_REASONS[r][0]) != 0)]).tolist()
+               for r in SLOWDOWN_REASONS]
         g._slow_cum = cum  # type: ignore[attr-defined]
     return cum
 

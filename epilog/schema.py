@@ -13,7 +13,12 @@
 from __future__ import annotations
 
 import gpuguard.collector.schema  # noqa: F401  (registers the "collector" set this one requires)
-from gpuguard.store import MigrationSet, register_set, sqlite_utils
+from typing import TYPE_CHECKING
+
+from gpuguard.store import MigrationSet, register_set
+
+if TYPE_CHECKING:  # annotations only: the hooks do not import sqlite-utils (gpuguard.store)
+    import sqlite_utils
 
 #: Requires ``collector``: the summary is computed from its ``samples``.
 MIGRATIONS = register_set(MigrationSet("epilog", requires=("collector",), legacy={"job_records": 2, "baselines": 3}))

@@ -124,6 +124,8 @@ def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
     for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
         if problem.startswith("SLURM_JOB_ID"):
             log.error("tool error: %s; node checks only", problem)
+        elif problem.startswith("SLURM_JOB_GPUS"):  # bad input from slurmd: judged as no GPU list, never a drain
+            log.error("tool error: %s; the job's GPUs are not checked by index", problem)
         else:
             log.warning("hook environment: %s; treated as unset", problem)
     return cfg, config_error, henv, log
