@@ -149,7 +149,9 @@ def _r4n(x: float | None) -> float | None:
     return None if x is None else _r4(x)
 
 
-_GPU_MEANS = (("util", "gpu_util_pct"), ("power", "power_w"), ("temp", "temp_c"), ("clock", "sm_clock_mhz"))
+#: (part key, metric) of the per-window means: every series the verdict reads as means
+#: (:data:`gpuguard.epilog.jobdata.SERIES_ATTR`), as ``part._gpu_windows`` gives medians.
+_GPU_MEANS = tuple((attr, name) for name, attr in jobdata.SERIES_ATTR.items())
 
 
 def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[Any]]:
