@@ -11,9 +11,10 @@ objects first:
   window): the same part as before. A long series is read in buckets aligned on the
   epoch at ``[verdict] short_window_s * 2**k`` (the summary's ``window_align_s``), so a
   window is a union of whole buckets and its values come from the buckets' sums: the
-  window's *mean* utilisation, power, temperature and SM clock (a median needs every
-  sample back in Python: 0.1 s per GPU-day), its largest memory used and ECC count, and
-  the clock-event reasons active in at least half of its samples.
+  window's *mean* of each series the verdict reads as means (utilisation, memory
+  utilisation, power, temperature, SM clock: :data:`gpuguard.epilog.jobdata.SERIES_ATTR`;
+  a median needs every sample back in Python: 0.1 s per GPU-day), its largest memory used
+  and ECC count, and the clock-event reasons active in at least half of its samples.
 * **Ranks**: up to :data:`gpuguard.epilog.jobdata.MAX_STEP_RECORDS` step records are read
   and windowed as before; more are windowed by SQLite (one window-function query): exact
   counts, sums and mean times per window, and step-time quantiles over the means of
