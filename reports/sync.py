@@ -60,8 +60,11 @@ def _upsert_sql() -> str:
     cols = ", ".join(COLUMNS)
     # attempt_at: the record's submit time; a record without one (a file saved without
     # Submit) is the job's latest stored attempt, or attempt 0 when none is stored
-    marks = ", ".join("?" if c != "attempt_at" else
-                      "COALESCE(?, (SELECT MAX(attempt_at) FROM sacct_jobs WHERE cluster = ? AND job_id_raw = ?), 0)"
+    # (numbered parameters: one row binds each column's value once, in COLUMNS order)
+    at = {c: i + 1 for i, c in enumerate(COLUMNS)}
+    marks = ", ".join(f"?{at[c]}" if c != "attempt_at" else
+                      f"COALESCE(?{at['submit_at']}, (SELECT MAX(attempt_at) FROM sacct_jobs "
+                      f"WHERE cluster = ?{at['cluster']} AND job_id_raw = ?{at['job_id_raw']}), 0)"
                       for c in COLUMNS)
     sets = []
     for c in COLUMNS:
@@ -94,11 +97,13 @@ DROP_UNKNOWN_ATTEMPT_SQL = ("DELETE FROM sacct_jobs WHERE cluster = ? AND job_id
                             "AND ? IS NOT NULL")
 
 
-#: The job fields :data:`UPSERT_SQL` binds, in order (``attempt_at`` binds three).
-_ROW_KEYS = tuple(k for c in COLUMNS for k in (("submit_at", "cluster", "job_id_raw") if c == "attempt_at" else (c,)))
+#: The job fields :data:`UPSERT_SQL` binds, in order (``?1``..``?N``; the stored
+#: ``attempt_at`` is derived in SQL from the submit time, so its own value is not read).
+_ROW_KEYS = COLUMNS
 _ROW_GETTER = operator.itemgetter(*_ROW_KEYS)
 #: Where the DROP_UNKNOWN_ATTEMPT_SQL parameters sit in a :func:`_row` tuple.
 _DROP_AT = tuple(_ROW_KEYS.index(k) for k in ("cluster", "job_id_raw", "submit_at"))
+_SUBMIT_AT = _ROW_KEYS.index("submit_at")
 
 
 def _row(j: dict) -> tuple:
@@ -228,13 +233,16 @@ def _batches(jobs: Iterable[dict], now: float, source: str | None, counted: list
         yield batch
 
 
-def _write_batch(store: Store, batch: list[tuple], now: float) -> None:
-    """One batch of :func:`_row` tuples, in the caller's transaction."""
+def _write_batch(store: Store, batch: list[tuple], now: float, *, drop_unknown: bool = True) -> None:
+    """One batch of :func:`_row` tuples, in the caller's transaction. ``drop_unknown``
+    False: the caller knows the store holds no attempt 0 (:data:`DROP_UNKNOWN_ATTEMPT_SQL`
+    would delete nothing)."""
     from gpuguard.reports.admin_summaries import store_admin_summaries
 
     conn = store.db.conn
-    c, i, sub = _DROP_AT
-    conn.executemany(DROP_UNKNOWN_ATTEMPT_SQL, [(r[c], r[i], r[sub]) for r in batch])
+    if drop_unknown:
+        c, i, sub = _DROP_AT
+        conn.executemany(DROP_UNKNOWN_ATTEMPT_SQL, [(r[c], r[i], r[sub]) for r in batch])
     conn.executemany(UPSERT_SQL, batch)
     # gpuguard's AdminComment -> job summaries: efficiency works where sacct does
     store_admin_summaries(store, ((r[_ID_AT], r[_AC_AT]) for r in batch if r[_AC_AT]), now)
@@ -262,8 +270,13 @@ def _bulk_load(store: Store, batches: Iterator[list[tuple]], now: float) -> None
                                "AND tbl_name = 'sacct_jobs' AND sql IS NOT NULL").fetchall()
         for name, _sql in indexes:
             conn.execute(f'DROP INDEX "{name}"')
+        # Attempt-0 rows (a job stored without a submit time) are rare: look once (a scan
+        # no longer than the load itself) and again only after a batch that stored one,
+        # instead of a delete per job.
+        zero = conn.execute("SELECT EXISTS (SELECT 1 FROM sacct_jobs WHERE attempt_at = 0)").fetchone()[0]
         for batch in batches:
-            _write_batch(store, batch, now)
+            _write_batch(store, batch, now, drop_unknown=bool(zero))
+            zero = zero or any(r[_SUBMIT_AT] is None for r in batch)
         for _name, sql in indexes:
             conn.execute(sql)
 

@@ -306,3 +306,21 @@ def test_large_import_is_a_bulk_load_and_a_small_one_is_not(cstore, monkeypatch)
     import_text(cstore, small, tz=UTC)  # 1 job: below the threshold, batched
     assert seen == ["bulk"]
     assert cstore.query("SELECT COUNT(*) AS n FROM sacct_jobs")[0]["n"] == 15
+
+
+def test_bulk_load_replaces_an_attempt_stored_without_submit(cstore, monkeypatch):
+    """A job first imported from a file without Submit (attempt 0) and then bulk-loaded
+    with its submit time is stored once, as the batched path stores it."""
+    import gpuguard.reports.sync as sync_mod
+
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+    no_submit = "JobIDRaw|State|Start|End|ElapsedRaw|AllocTRES\n" \
+                "600|COMPLETED|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=2\n"
+    import_text(cstore, no_submit, tz=UTC)
+    assert rows(cstore, "SELECT job_id_raw, attempt_at FROM sacct_jobs") == [(600, 0.0)]
+    with_submit = "JobIDRaw|State|Submit|Start|End|ElapsedRaw|AllocTRES\n" \
+                  "600|COMPLETED|2025-03-01T01:00:05|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=2\n" \
+                  "601|COMPLETED|2025-03-01T01:00:05|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=1\n"
+    import_text(cstore, with_submit, tz=UTC)
+    assert rows(cstore, "SELECT job_id_raw, attempt_at, gpus FROM sacct_jobs ORDER BY 1") == [
+        (600, utc("2025-03-01T01:00:05"), 2), (601, utc("2025-03-01T01:00:05"), 1)]
