@@ -79,6 +79,7 @@ class Result:
         self.above: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # cause -> [missed, total] at/above limit
         self.in_limits = [0, 0]  # right, judged: healthy runs and anomalies at or above the limits
         self.misses: list[tuple] = []
+        self.by_bin: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # right, healthy, total
 
     def add(self, other: Result) -> None:
         for k, row in other.confusion.items():
@@ -91,6 +92,33 @@ class Result:
         self.in_limits[0] += other.in_limits[0]
         self.in_limits[1] += other.in_limits[1]
         self.misses += other.misses
+        for k, (a, b, c) in other.by_bin.items():
+            v = self.by_bin[k]
+            v[0] += a
+            v[1] += b
+            v[2] += c
+
+
+#: Magnitude bins (lower edges) of the per-cause table that measures the detection limits.
+BINS = (0.0, 0.04, 0.06, 0.08, 0.10, 0.12, 0.15, 0.20, 0.30)
+
+
+def _bin(m: float) -> int:
+    return max(k for k, edge in enumerate(BINS) if m >= edge)
+
+
+def _print_bins(res: Result, causes: tuple[str, ...]) -> None:
+    """Per cause and magnitude bin: right cause / judged healthy / runs."""
+    print("right/healthy/runs by magnitude (lower edge of the bin):")
+    print("cause".ljust(16) + "".join(f"{e:>10g}" for e in BINS))
+    for c in causes:
+        if c in ("healthy", "hardware-fault") or not any(k[0] == c for k in res.by_bin):
+            continue
+        cells = []
+        for k in range(len(BINS)):
+            v = res.by_bin.get((c, k))
+            cells.append(f"{v[0]}/{v[1]}/{v[2]}" if v and v[2] else "-")
+        print(c.ljust(16) + "".join(x.rjust(10) for x in cells))
 
 
 def _print_matrix(confusion: dict[str, Counter[str]], causes: tuple[str, ...]) -> None:
@@ -183,6 +211,11 @@ def run_real(args: argparse.Namespace) -> Result:
         if cause != "healthy" and case.magnitude >= DETECTION_LIMITS[cause]:
             res.above[cause][1] += 1
             res.above[cause][0] += v.cause == "healthy"
+        if cause != "healthy":
+            b = res.by_bin[(cause, _bin(case.magnitude))]
+            b[0] += v.cause == cause
+            b[1] += v.cause == "healthy"
+            b[2] += 1
         if cause == "healthy" or case.magnitude >= DETECTION_LIMITS[cause]:
             res.in_limits[0] += v.cause == cause
             res.in_limits[1] += 1
@@ -226,6 +259,7 @@ def _summary(res: Result, causes: tuple[str, ...], show: bool, limits: bool = Tr
               sum(v[0] for v in res.above.values()), sum(v[1] for v in res.above.values()))
         print("  per cause (missed/at-or-above-limit): " + ", ".join(
             f"{c} {res.above[c][0]}/{res.above[c][1]}" for c in causes if c in res.above))
+        _print_bins(res, causes)
     if show:
         for m in res.misses:
             print("miss:", *m)
