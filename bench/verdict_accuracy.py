@@ -40,6 +40,7 @@ Every seed run is reported, tuning and blind, each with its own matrix and poole
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -80,6 +81,26 @@ class Result:
         self.in_limits = [0, 0]  # right, judged: healthy runs and anomalies at or above the limits
         self.misses: list[tuple] = []
         self.by_bin: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # right, healthy, total
+
+    def to_json(self) -> dict:
+        return {"confusion": self.confusion, "confusers": self.confusers, "confuser_alarms": self.confuser_alarms,
+                "above": self.above, "in_limits": self.in_limits, "misses": self.misses,
+                "by_bin": [[c, k, v] for (c, k), v in self.by_bin.items()]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Result:
+        r = cls()
+        for k, row in d["confusion"].items():
+            r.confusion[k].update(row)
+        r.confusers.update(d["confusers"])
+        r.confuser_alarms.update(d["confuser_alarms"])
+        for k, v in d["above"].items():
+            r.above[k] = list(v)
+        r.in_limits = list(d["in_limits"])
+        r.misses = [tuple(m) for m in d["misses"]]
+        for c, k, v in d["by_bin"]:
+            r.by_bin[(c, k)] = list(v)
+        return r
 
     def add(self, other: Result) -> None:
         for k, row in other.confusion.items():
@@ -280,7 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strength", type=float, default=1.0,
                     help="scale of the injected deviations (1 = the generators' ranges; 0.5 = half)")
     ap.add_argument("--show-misses", action="store_true", help="print every wrong verdict")
+    ap.add_argument("--json-out", default=None, help="write each generator's pooled tallies to PATH.<generator>.json")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="PATH",
+                    help="print the pooled figures of --json-out files of one generator (runs nothing)")
     args = ap.parse_args(argv)
+    if args.pool:
+        pooled = Result()
+        for path in args.pool:
+            with open(path, encoding="utf-8") as fh:
+                pooled.add(Result.from_json(json.load(fh)))
+        real = all(".real." in p for p in args.pool)
+        print(f"== pooled: {' '.join(args.pool)}")
+        _summary(pooled, R.CAUSES if real else tuple(S.FAMILIES), args.show_misses, limits=real)
+        return 0
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     gens = [("simple", run_simple, 24, tuple(S.FAMILIES)), ("real", run_real, 12, R.CAUSES)]
     for name, fn, templates, causes in gens:
@@ -290,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             pooled.add(fn(argparse.Namespace(**{**vars(args), "templates": args.templates or templates,
                                                 "seed": seed})))
+        if args.json_out:
+            with open(f"{args.json_out}.{name}.json", "w", encoding="utf-8") as fh:
+                json.dump(pooled.to_json(), fh, default=str)
         if len(seeds) > 1:
             print(f"== generator {name}: pooled over seeds {','.join(map(str, seeds))} "
                   f"({args.scenarios} scenarios each)")
