@@ -92,11 +92,13 @@ def _holder(fd: int) -> tuple[int | None, float | None]:
         return None, None
 
 
-def acquire(cfg: Any, wait_s: float | None = None, *, now=time.time) -> CursorLock:
+def acquire(cfg: Any, wait_s: float | None = None, *, now=time.monotonic) -> CursorLock:
     """Take the cursor lock of ``cfg``'s node, waiting at most ``min(WAIT_S, wait_s)``
     seconds. Returns the held lock, or a lock with ``fd=None`` when the holder is stale
     (see the module docstring). Raises :class:`LockNotTaken` (one line naming the holder)
-    when it is held and not stale after the wait, or cannot be opened."""
+    when it is held and not stale after the wait, or cannot be opened. The holder's age
+    is measured on ``CLOCK_MONOTONIC`` (one clock for every process of the host, since
+    boot), so a wall-clock step never makes a live holder look stuck."""
     dirs = durable.state_dirs(cfg)
     fd, path = _open(dirs)
     limit = time.monotonic() + max(0.0, min(WAIT_S, WAIT_S if wait_s is None else wait_s))
