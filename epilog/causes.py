@@ -34,6 +34,12 @@ PERF_UP = ("step_time_p50_s", "step_time_p95_s")
 #: the samples is far above the sampling noise of a share over hundreds of readings and
 #: the run-to-run variation of power-capped templates).
 REASON_SHARE_MIN_RISE = 0.25
+#: With such a rise, a median step time (SM clock) this much above (below) the template's
+#: median, or a throughput this much below, is the performance effect that makes it
+#: throttling (our choice: the driver reporting a new clock-event reason is the cause's
+#: own evidence, so the effect needs no z test of its own; 3 % is twice the run-to-run
+#: spread of a template's median step time on dedicated nodes).
+REASON_PERF_MIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -232,9 +238,20 @@ def reason_shares_up(ctx: Context) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _reason_effect(ctx: Context) -> bool:
+    """Median step time or SM clock at least :data:`REASON_PERF_MIN` worse than the
+    template's median, or the throughput that much lower (judged comparisons only)."""
+    for m, sign in (("step_time_p50_s", 1), ("throughput_per_s", -1), ("sm_clock_mhz", -1)):
+        c = ctx.comps.get(m)
+        if c and c.z is not None and c.rel_change is not None and sign * c.rel_change >= REASON_PERF_MIN:
+            return True
+    return False
+
+
 def gpu_throttling(ctx: Context) -> Found | None:
     """A clock-event reason's share flagged up against the template's own history
-    (:func:`reason_shares_up`) with the run slower or its SM clock down; or the SM clock
+    (:func:`reason_shares_up`) with the run slower or its SM clock down (flagged, or
+    :data:`REASON_PERF_MIN` worse: :func:`_reason_effect`); or the SM clock
     flagged down with slowdown reasons active in at least ``throttle_active_share`` of
     GPU samples (or with a slower run when no reason is reported and the utilisation did
     not fall with the clock: idle readings between steps lower the median clock); or,
@@ -252,7 +269,7 @@ def gpu_throttling(ctx: Context) -> Found | None:
         rs = ", ".join(f"{r} {v:.0%}" for r, v in reasons.items()) or "no reason reported (application clocks?)"
         return Found(f"SM clock down: {fmt(c)}; active: {rs}",
                      {"reasons": reasons, "sm_clock": c.to_dict(), "reason_shares": rose})
-    if rose and (ctx.down("sm_clock_mhz") or ctx.slower()):
+    if rose and (ctx.down("sm_clock_mhz") or ctx.slower() or _reason_effect(ctx)):
         rs = ", ".join(f"{m} {d['value']:.0%} vs {d['median']:.0%}" for m, d in rose.items())
         perf = ctx.perf_lines() or [fmt(ctx.comps["sm_clock_mhz"])]
         return Found(f"clock-event reasons above the template's history: {rs}; {perf[0]}",

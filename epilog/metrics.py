@@ -45,19 +45,13 @@ def _p(values: list[float | None], p: float) -> float | None:
     return percentile(sorted(robust.clean(values)), p)
 
 
-def _seq_sum(x: Any) -> float:
-    """Sum in array order, one addition after the other (as a Python loop adds; numpy's
-    ``sum`` adds pairwise and can differ in the last bits)."""
-    import numpy as np
-
-    return float(np.cumsum(x)[-1]) if x.shape[0] else 0.0
-
-
 def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
     """Step-record metrics over ``[t0, t1)``, on the records' columns
     (:meth:`JobData.step_columns`: a 64-node day-long job has about 740,000 of them in its
     whole span). Sums are taken in record order, as a loop over the records would."""
     import numpy as np
+
+    from gpuguard.epilog.colstats import nearest_rank, seq_sum
 
     recs = data.step_columns(t0, t1)
     st = recs.step_time_s
@@ -66,7 +60,7 @@ def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None
     out: dict[str, float | None] = {
         "step_time_p50_s": None, "step_time_p95_s": None,
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
-        "samples_per_step": _p_col(counts, 50),
+        "samples_per_step": nearest_rank(counts, 50),
     }
     if not ok.any():
         return out
@@ -86,26 +80,21 @@ def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None
         out["throughput_per_s"] = sum(n_sum[k] / s_sum[k] for k in np.argsort(first).tolist() if s_sum[k] > 0)
     for col, name in ((recs.data_wait_s, "data_wait_share"), (recs.comm_s, "comm_share")):
         pair = ok & ~np.isnan(col)
-        total = _seq_sum(st[pair])
+        total = seq_sum(st[pair])
         if pair.any() and total > 0:
-            out[name] = _seq_sum(col[pair]) / total
+            out[name] = seq_sum(col[pair]) / total
     return out
 
 
-def _p_col(values: Any, p: float) -> float | None:
-    """:func:`_p` of a float array (NaN = no value)."""
+def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> Any:
+    """Every GPU's samples of series ``attr`` in ``[t0, t1)``, one array (NaN = no value)."""
     import numpy as np
 
-    v = percentile(np.sort(values[np.isfinite(values)]), p)
-    return None if v is None else float(v)
-
-
-def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> list[float | None]:
-    vals: list[float | None] = []
+    parts = []
     for g in data.gpus:
         i, j = g.span(t0, t1)
-        vals.extend(getattr(g, attr)[i:j])
-    return vals
+        parts.append(g.array(attr)[i:j])
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bool = False
@@ -113,6 +102,8 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
     """The windowed metrics over ``[t0, t1)`` (epoch seconds), from every point loaded;
     with ``all_records``, step-time percentiles from every stored record when the loader
     bucketed them (one SQL query: for the compared whole-span value)."""
+    from gpuguard.epilog.colstats import nearest_rank
+
     out = _step_metrics(data, t0, t1)
     if all_records and data.exact_step_times is not None:
         times = data.exact_step_times(t0, t1)
@@ -120,7 +111,7 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
         out["step_time_p95_s"] = percentile(times, 95)
     for name, metric in compared_gpu().items():
         if metric in _SERIES_ATTR:  # the clock-event shares come from _reason_shares below
-            out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
+            out[name] = nearest_rank(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
     out.update(_reason_shares(data, t0, t1))
     return out
 
@@ -131,11 +122,10 @@ def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     total = 0
     for g in data.gpus:
         i, j = g.span(t0, t1)
-        for mask in g.mask[i:j]:
-            total += 1
-            for m, b in bits.items():
-                if mask & b:
-                    counts[m] += 1
+        masks = g.array("mask")[i:j]
+        total += j - i
+        for m, b in bits.items():
+            counts[m] += int(((masks & b) != 0).sum())
     return {m: (counts[m] / total if total else None) for m in REASON_SHARES}
 
 
@@ -204,9 +194,11 @@ def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     if t0 is None or t1 is None:
         return dict.fromkeys(METRICS)
     out = exact_window_metrics(data, t0, t1, all_records=True)
+    from gpuguard.epilog import colstats
+
     out["checkpoint_time_s"] = _p(data.checkpoint_s, 50)
-    peaks = [robust.clean(g.mem) for g in data.gpus]
-    out["mem_peak_mib"] = max((max(p) for p in peaks if p), default=None)
+    peaks = [p for p in (colstats.finite(g.array("mem")) for g in data.gpus) if p.shape[0]]
+    out["mem_peak_mib"] = max((float(p.max()) for p in peaks), default=None)
     return {m: out.get(m) for m in METRICS}
 
 

@@ -369,10 +369,14 @@ def _gpu_series(node: str, g: Mapping[str, Any]) -> GpuSeries:
 
     def col(k: str) -> Any:
         return g[k] if whole else g[k][keep]
-    s.t = col("t").tolist()
-    s.util, s.mem, s.power, s.temp, s.clock = (_values(col(k)) for k in ("util", "mem", "power", "temp", "clock"))
-    s.mask = col("mask").tolist()
-    s.ecc_unc = [None if x != x else int(x) for x in col("ecc").tolist()]
+    for attr, key in (("t", "t"), ("util", "util"), ("mem", "mem"), ("power", "power"), ("temp", "temp"),
+                      ("clock", "clock"), ("mask", "mask"), ("ecc_unc", "ecc")):
+        a = col(key)
+        if attr in ("t", "mask"):
+            setattr(s, attr, a.tolist())
+        else:
+            setattr(s, attr, [None if x != x else int(x) for x in a.tolist()] if attr == "ecc_unc" else _values(a))
+        s.keep_array(attr, a)  # the checks that read arrays (GpuSeries.array) get these as they are
     return s
 
 

@@ -138,16 +138,22 @@ def _memo(fn: Callable[[float, float], float | None]) -> Callable[[float, float]
 
 
 def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
+    import numpy as np
+
+    from gpuguard.epilog import colstats
+
     def value(a: float, b: float) -> float | None:
         i, j = g.span(a, b)
-        return robust.median(c for c, u in zip(g.clock[i:j], g.util[i:j], strict=True)
-                             if u is None or u >= BUSY_UTIL_PCT)
+        u = g.array("util")[i:j]
+        return colstats.median(g.array("clock")[i:j][np.isnan(u) | (u >= BUSY_UTIL_PCT)])
     return _memo(value)
 
 
 def _used(g: GpuSeries, t0: float, t1: float) -> bool:
+    from gpuguard.epilog import colstats
+
     i, j = g.span(t0, t1)
-    u = robust.median(g.util[i:j])
+    u = colstats.median(g.array("util")[i:j])
     return u is None or u >= UNUSED_UTIL_PCT
 
 

@@ -340,6 +340,5 @@ def _record_inventory(store: Any, node: str, snap: NodeSnapshot, now: float) -> 
                                 "field": f, "old": str(prev.get(f)), "new": str(row[f])})
         rows.append(row)
     with store.tx():
-        store.db["inventory"].upsert_all(rows, pk=("node", "uuid"))
-        if changes:
-            store.db["inventory_changes"].insert_all(changes)
+        store.upsert_many("inventory", rows, pk=("node", "uuid"))
+        store.insert_many("inventory_changes", changes)

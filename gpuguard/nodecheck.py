@@ -63,7 +63,7 @@ def bound_store_waits(store: Any, deadline: float | None, share: float = 0.5) ->
         return
     ms = int(max(0.05, (deadline - time.monotonic()) * share) * 1000)
     try:
-        store.db.conn.execute(f"PRAGMA busy_timeout = {ms}")
+        store.conn.execute(f"PRAGMA busy_timeout = {ms}")
     except Exception:
         pass  # a broken connection fails on its first statement anyway
 

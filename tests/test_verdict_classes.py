@@ -160,6 +160,26 @@ def test_power_cap_reason_share_against_history(world):
     assert sh["value"] >= 0.6 and sh["median"] == 0.0
 
 
+def test_small_power_cap_with_small_slowdown(world):
+    """sw_power_cap in most samples vs never in history, clock 4.5 % lower, steps ~4 % slower
+    (under the whole-run limit): the reason's share plus the small effect is throttling."""
+    v = world.run(world.one_8, R.Case("gpu-throttling", 0.045, None, {"reason": "sw_power_cap"}), 25, record=False)
+    assert v.cause == "gpu-throttling", v.summary
+    assert v.evidence["reason_shares"]["sw_power_cap"]["median"] == 0.0
+
+
+def test_small_leaks_and_allocator_chunk(world):
+    """A 4.5 % rise over the run (one GPU, every GPU, host RSS; about 4 % after the warm-up) is a leak; one more
+    allocator chunk of 3 % of capacity in mid-run is not."""
+    for seed, kind in ((26, "one_gpu"), (27, "all_gpus"), (28, "host")):
+        v = world.run(world.one_8, R.Case("memory-leak", 0.045, None, {"kind": kind, "gpu": 6}), seed, record=False)
+        assert v.cause == "memory-leak", (kind, v.summary)
+        assert v.evidence["worst"]["kind"] == ("host" if kind == "host" else "gpu")
+    for seed in (29, 30):
+        v = world.run(world.one_8, R.Case(confuser="allocator-chunk"), seed, record=False)
+        assert v.cause == "healthy", v.summary
+
+
 def test_baseline_relearns_after_consistent_job_changes(tmp_path):
     """A permanent double batch: job-changed K-1 times, re-learned on the K-th
     (relearn_runs = 5), healthy afterwards; shown in `template list`."""
