@@ -268,8 +268,10 @@ def prolog_wants_probe(cfg: Any, env: dict[str, str]) -> bool:
     if mode == "always":
         return True
     if mode == "multi-node":
-        n = env.get("SLURM_JOB_NUM_NODES", "1")
-        return n.isascii() and n.isdigit() and int(n) > 1
+        from gpuguard.hookenv import UINT32_MAX, parse_uint
+
+        n = parse_uint(env.get("SLURM_JOB_NUM_NODES"), UINT32_MAX)  # the hook reader's check: junk is unset
+        return n is not None and n > 1
     return False
 
 
