@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
-from gpuguard.metrics import BY_NAME, stored_column
+from gpuguard.metrics import BY_NAME, series_attrs, stored_column, with_fields
 from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 from gpuguard.net.evidence import FABRIC_CODES
 
@@ -48,8 +48,10 @@ _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlin
 
 
 @dataclass
+@with_fields((a, "list[float | None]", field(default_factory=list), "clock") for a in series_attrs().values())
 class GpuSeries:
-    """One GPU's samples, sorted by time; lists are aligned with ``t``."""
+    """One GPU's samples, sorted by time; lists are aligned with ``t``. A compared GPU
+    metric's series (:data:`SERIES_ATTR`) not declared here becomes a field."""
 
     node: str
     gpu_index: int
@@ -344,9 +346,9 @@ def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: 
     return out
 
 
-#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
-SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
-               "sm_clock_mhz": "clock"}
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point (the
+#: GPU metrics it compares: :func:`gpuguard.metrics.series_attrs`).
+SERIES_ATTR = series_attrs()
 
 
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
@@ -358,29 +360,43 @@ def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[s
     ECC: the bucket's max), so the verdict's memory does not grow with the job."""
     conn = store.db.conn
     out: dict[tuple[str, int], GpuSeries] = {}
-    attr = SERIES_ATTR
-    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
     for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
-        g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
         b = samples.read_buckets(conn, sid, t0, cache=getattr(store, "memo", None))
-        if not b.n:
-            continue
-        g.t = [t0 + x / 1000.0 for x in b.t_min]
-        for name, a in attr.items():
-            sc = BY_NAME[name].scale
-            setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
-        sc = BY_NAME["mem_used_mib"].scale
-        g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
-        mask = [0] * len(b.n)
-        for bit, counts in b.bits.items():
-            for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
-                if c and 2 * c >= n:
-                    mask[i] |= bit
-        g.mask = mask
-        key = "t_ms" if not b.bucket_ms else f"t_ms / {b.bucket_ms}"
-        ecc = dict(conn.execute(f"select {key}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (sid,)))
-        g.ecc_unc = [ecc.get(x if not b.bucket_ms else x // b.bucket_ms) for x in b.t_min]
+        out[(node or "", idx)] = series_from_buckets(conn, node or "", idx, uuid, b)
     return out
+
+
+def series_from_buckets(conn: Any, node: str, idx: int, uuid: str | None, b: samples.Buckets) -> GpuSeries:
+    """One GPU's :class:`GpuSeries` from its :class:`gpuguard.samples.Buckets`: a point per
+    bucket at its first sample time, holding the bucket's means (memory: max; a
+    clock-event bit: set when active in at least half the bucket's samples; ECC: the
+    largest ``gpu_slow`` reading in the bucket, for a sample-by-sample series the one at
+    that sample's time)."""
+    g = GpuSeries(node, idx, uuid)
+    if not b.n:
+        return g
+    t0 = b.t0
+    g.t = [t0 + x / 1000.0 for x in b.t_min]
+    for name, a in SERIES_ATTR.items():
+        sc = BY_NAME[name].scale
+        setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
+    sc = BY_NAME["mem_used_mib"].scale
+    g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
+    mask = [0] * len(b.n)
+    for bit, counts in b.bits.items():
+        for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
+            if c and 2 * c >= n:
+                mask[i] |= bit
+    g.mask = mask
+    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
+    group = b.group_sql()
+    ecc = dict(conn.execute(f"select {group}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (b.sid,)))
+    if not b.bucket_ms:
+        g.ecc_unc = [ecc.get(x) for x in b.t_min]
+    else:
+        off = round(t0 * 1000) if b.align_ms else 0
+        g.ecc_unc = [ecc.get((x + off) // b.bucket_ms) for x in b.t_min]
+    return g
 
 
 def ecc_growth(g: GpuSeries) -> int:

@@ -9,14 +9,18 @@ only. :func:`read_job_gpus` therefore:
   PCI bus id read then, not per tick);
 * reads every job GPU in **one** worker-thread job with one deadline
   (``call_timeout_s``), instead of one thread handoff per call;
-* per GPU per tick: ``nvmlDeviceGetUtilizationRates`` (gpu + memory), ``...MemoryInfo``,
-  ``...PowerUsage``, ``...Temperature``, ``...ClockInfo(SM)``,
-  ``...CurrentClocksEventReasons`` — 6 calls;
+* per GPU per tick: the metric table's NVML reads (:class:`gpuguard.metrics.Nvml`: one
+  call per getter, so ``nvmlDeviceGetUtilizationRates`` answers gpu and memory
+  utilisation) — ``...UtilizationRates``, ``...MemoryInfo``, ``...PowerUsage``,
+  ``...Temperature``, ``...ClockInfo(SM)`` — and ``...CurrentClocksEventReasons``: 6 calls;
 * with ``slow=True`` (the collector asks once a minute, ``[collector] slow_every_s``): the
   cumulative counters (:data:`gpuguard.metrics.GPU_SLOW`) in one
-  ``nvmlDeviceGetFieldValues`` call per GPU (``NVML_FI_DEV_ECC_DBE_VOL_TOTAL``,
-  ``NVML_FI_DEV_PCIE_REPLAY_COUNTER``; NVML API reference, "Field Value Queries"), or
-  the single calls where the driver or nvidia-ml-py lacks it.
+  ``nvmlDeviceGetFieldValues`` call per GPU (their ``Nvml.field_id``: NVML API
+  reference, "Field Value Queries"), or the single getters where the driver or
+  nvidia-ml-py lacks it.
+
+A metric added to the table with an :class:`~gpuguard.metrics.Nvml` read is read here
+with no code of its own.
 
 A 1-GPU job thus costs 1/8 of an 8-GPU job. Error handling follows
 :mod:`gpuguard.gpu.nvml`: NotSupported leaves ``None``; other NVML errors go to
@@ -30,31 +34,39 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpuguard.gpu.nvml import UNSUPPORTED_ERRORS, CallTimeout, _mib, _text, error_name
+from gpuguard.gpu.nvml import UNSUPPORTED_ERRORS, CallTimeout, _text, error_name
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
 from gpuguard.model import GpuState, NodeSnapshot, decode_clock_event_reasons, norm_pci
 
 #: The hung-call scope of the telemetry batch in :attr:`NvmlSource._stuck`.
 SCOPE = "telemetry"
 
-#: ``(fields, nvml function names (fallbacks after the first), args builder, converter)``.
-_FAST: tuple[tuple[tuple[str, ...], tuple[str, ...], Any, Any], ...] = (
-    (("gpu_util_pct", "mem_util_pct"), ("nvmlDeviceGetUtilizationRates",), lambda nv: (),
-     lambda u: (float(u.gpu), float(u.memory))),
-    (("mem_used_mib",), ("nvmlDeviceGetMemoryInfo",), lambda nv: (), lambda m: (_mib(m.used),)),
-    (("power_w",), ("nvmlDeviceGetPowerUsage",), lambda nv: (), lambda mw: (mw / 1000.0,)),
-    (("temp_c",), ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV"),
-     lambda nv: (nv.NVML_TEMPERATURE_GPU,), lambda t: (float(t),)),
-    (("sm_clock_mhz",), ("nvmlDeviceGetClockInfo",), lambda nv: (nv.NVML_CLOCK_SM,), lambda c: (float(c),)),
-    (("clock_event_reasons",), ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-     lambda nv: (), lambda m: (decode_clock_event_reasons(int(m)),)),
-)
+def _fast_reads() -> tuple[tuple[tuple[str, ...], tuple[str, ...], Any, Any], ...]:
+    """``(fields, nvml function names (fallbacks after the first), args builder,
+    converter)`` per NVML call of a tick: the metric table's :class:`~gpuguard.metrics.Nvml`
+    reads of the sampled metrics (one call per getter and arguments, shared by the
+    metrics it answers), then the clock-event reasons (decoded to names)."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Any]] = {}
+    for m in GPU_SAMPLED:
+        if m.nvml is not None:
+            groups.setdefault((m.nvml.getter, m.nvml.fallback, m.nvml.args), []).append(m)
+    out = []
+    for (getter, fallback, args), ms in groups.items():
+        out.append((tuple(m.name for m in ms), (getter, fallback) if fallback else (getter,),
+                    lambda nv, args=args: tuple(getattr(nv, a) for a in args),
+                    lambda v, ms=ms: tuple(m.nvml.convert(v, False) for m in ms)))
+    out.append((("clock_event_reasons",), ("nvmlDeviceGetCurrentClocksEventReasons",
+                                           "nvmlDeviceGetCurrentClocksThrottleReasons"),
+                lambda nv: (), lambda m: (decode_clock_event_reasons(int(m)),)))
+    return tuple(out)
 
-#: Slow counters: GpuState field -> (NVML field id constant, single-call fallback, its args).
-_SLOW = (
-    ("ecc_volatile_uncorrected", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL", "nvmlDeviceGetTotalEccErrors",
-     lambda nv: (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)),
-    ("pcie_replay_count", "NVML_FI_DEV_PCIE_REPLAY_COUNTER", "nvmlDeviceGetPcieReplayCounter", lambda nv: ()),
-)
+
+_FAST = _fast_reads()
+
+#: Slow counters (the table's ``gpu_slow`` metrics with an NVML read): (GpuState field,
+#: NVML field id constant, single-call fallback, its args, the metric's Nvml read).
+_SLOW = tuple((m.name, m.nvml.field_id, m.nvml.getter, lambda nv, a=m.nvml.args: tuple(getattr(nv, x) for x in a),
+               m.nvml) for m in GPU_SLOW if m.nvml is not None)
 
 
 class _Gpu:
@@ -81,7 +93,7 @@ def _call(nv: Any, names: tuple[str, ...], handle: Any, args: tuple[Any, ...]) -
 
 
 def _slow_values(nv: Any, g: GpuState, handle: Any) -> None:
-    ids = [getattr(nv, c, None) for _f, c, _fn, _a in _SLOW]
+    ids = [getattr(nv, c, None) for _f, c, _fn, _a, _r in _SLOW]
     fv = getattr(nv, "nvmlDeviceGetFieldValues", None)
     if fv is not None and None not in ids:
         try:
@@ -92,18 +104,18 @@ def _slow_values(nv: Any, g: GpuState, handle: Any) -> None:
                     g.read_errors[f] = error_name(e)
                 return
         else:
-            for (f, *_), v in zip(_SLOW, vals, strict=True):
+            for (f, *_, rd), v in zip(_SLOW, vals, strict=True):
                 if v.nvmlReturn == 0:
-                    setattr(g, f, int(v.value.ullVal))
+                    setattr(g, f, rd.convert(v.value.ullVal, True))
                 elif v.nvmlReturn != nv.NVML_ERROR_NOT_SUPPORTED:
                     g.read_errors[f] = error_name(nv.NVMLError(v.nvmlReturn))
             return
-    for f, _c, fn, args in _SLOW:
+    for f, _c, fn, args, rd in _SLOW:
         val, err = _call(nv, (fn,), handle, args(nv))
         if err:
             g.read_errors[f] = err
         elif val is not None:
-            setattr(g, f, int(val))
+            setattr(g, f, rd.convert(val, True))
 
 
 def _read_batch(nv: Any, gpus: list[_Gpu], slow: bool) -> list[GpuState]:
