@@ -123,8 +123,12 @@ def test_other_versions_and_malformed_archives_are_refused_with_one_line():
         part.decode_part(_npz(meta=raw(meta), **dict(arrays, gpu_mask=np.zeros(4))))
     with pytest.raises(SpoolError, match="gpu_util has shape \\(3,\\), not 4 rows"):
         part.decode_part(_npz(meta=raw(meta), **dict(arrays, gpu_util=np.zeros(3))))
-    with pytest.raises(SpoolError, match="members differ"):
+    with pytest.raises(SpoolError, match="unexpected part member 'extra.npy'"):
         part.decode_part(_npz(meta=raw(meta), extra=np.zeros(1), **arrays))
+    with pytest.raises(SpoolError, match=r"members unknown to version 2: \['rank_x'\]"):
+        part.decode_part(_npz(meta=raw(meta), rank_x=np.zeros(4), **arrays))
+    with pytest.raises(SpoolError, match="part member rank_q is missing"):
+        part.decode_part(_npz(meta=raw(meta), **{k: v for k, v in arrays.items() if k != "rank_q"}))
     with pytest.raises(SpoolError, match="neither .npz nor gzip"):
         part.decode_part(b"not a part")
     with pytest.raises(SpoolError, match="not a readable part archive"):
@@ -236,3 +240,16 @@ def test_gpu_series_array_follows_its_list():
     assert np.array_equal(g.array("util"), [50.0, np.nan], equal_nan=True)
     g.util = [10.0]
     assert g.array("util").tolist() == [10.0]  # a new list: made again
+
+
+def test_gpu_series_follow_the_metric_table_across_releases():
+    """A node whose metric table lacks a compared series (or has one more) still gives a
+    part the controller reads: the missing series is no values, the unknown one is carried."""
+    meta, arrays = _members_of(_doc())
+    assert np.isnan(arrays["gpu_mem_util"]).all()  # the doc has no mem_util column: no values
+    arrays.pop("gpu_mem_util")
+    arrays["gpu_future_metric"] = np.arange(4.0)
+    p = part.decode_part(_npz(meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays))
+    assert p["gpus"][0]["future_metric"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    g = part.to_job_data("5", {"n1": p}).gpus[0]
+    assert (g.mem_util, g.util) == ([None] * 4, [97.5, None, 98.0, 96.0])
