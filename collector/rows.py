@@ -1,7 +1,12 @@
-"""The rows the collector writes: one ``samples`` row per job GPU (:func:`gpu_row`, the
-GPUs picked by :func:`select_gpus` from ``--gpus``) and the bounded buffer that holds rows
-until the store takes them (:class:`RowBuffer`). :mod:`gpuguard.collector.run`
-re-exports these.
+"""The rows the collector writes and the bounded buffer that holds them until the store
+takes them (:class:`RowBuffer`). :mod:`gpuguard.collector.run` re-exports these.
+
+A ``samples`` row in the buffer is the tuple :func:`gpuguard.samples.write` takes:
+``(job_id, node, at, gpu_index, gpu_uuid, values, slow)``, ``values`` in the metric
+table's :data:`~gpuguard.metrics.GPU_SAMPLED` order and units, ``slow`` in
+:data:`~gpuguard.metrics.GPU_SLOW` order or None (built from a telemetry reading, or
+from a snapshot's GpuState by :func:`sample_of`); one tuple per GPU per tick, no dict.
+:func:`gpu_row` gives the dict form (spill files, tests and tools).
 """
 
 from __future__ import annotations
@@ -57,31 +62,62 @@ def gpu_row(g: GpuState, job_id: str, node: str, at: float) -> dict[str, Any]:
 
 
 _ROW_METRICS = tuple(m.name for m in (*GPU_SAMPLED, *GPU_SLOW) if m.name != "clock_event_mask")
+_SAMPLED = tuple(m.name for m in GPU_SAMPLED)
+_SLOW = tuple(m.name for m in GPU_SLOW)
+
+
+def sample_of(g: GpuState, job_id: str, node: str, at: float) -> tuple[Any, ...]:
+    """The buffered ``samples`` tuple (module docstring) for GPU ``g`` of a snapshot (the
+    GpuState fields named like the metrics; the mask from ``clock_event_reasons``)."""
+    vals = tuple(clock_mask(g.clock_event_reasons) if n == "clock_event_mask" else getattr(g, n, None)
+                 for n in _SAMPLED)
+    slow = tuple(getattr(g, n, None) for n in _SLOW)
+    return (job_id, node, at, g.index, g.uuid, vals, slow if any(v is not None for v in slow) else None)
+
+
+def row_dict(row: tuple[Any, ...] | dict[str, Any]) -> dict[str, Any]:
+    """A buffered ``samples`` row as the dict :func:`gpu_row` makes (dicts pass through)."""
+    if isinstance(row, dict):
+        return row
+    job_id, node, at, gi, uuid, vals, slow = row
+    out: dict[str, Any] = {"job_id": job_id, "node": node, "at": at, "gpu_index": gi, "gpu_uuid": uuid}
+    out.update(zip(_SAMPLED, vals, strict=True))
+    out.update(zip(_SLOW, slow or (None,) * len(_SLOW), strict=True))
+    return out
 
 
 class RowBuffer:
     """Rows waiting for the store, per table; bounded to ``max_rows`` (the oldest
-    ``samples``, then ``host_samples`` rows are dropped first; events last)."""
+    ``samples``, then ``host_samples`` rows are dropped first; events last). ``samples``
+    rows are tuples (module docstring) or dicts; other tables' rows are dicts."""
 
     TABLES = ("events", "samples", "host_samples")
 
     def __init__(self, max_rows: int = MAX_BUFFERED_ROWS):
         self.max_rows = max_rows
-        self.rows: dict[str, deque[dict[str, Any]]] = {t: deque() for t in self.TABLES}
+        self.rows: dict[str, deque[Any]] = {t: deque() for t in self.TABLES}
         self.dropped = 0
         self.written = dict.fromkeys(self.TABLES, 0)
+        self._n = 0
 
-    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
+    def add(self, table: str, rows: list[Any]) -> None:
         self.rows[table].extend(rows)
-        over = len(self) - self.max_rows
-        for t in ("samples", "host_samples", "events"):
-            while over > 0 and self.rows[t]:
-                self.rows[t].popleft()
-                self.dropped += 1
-                over -= 1
+        self._n += len(rows)
+        over = self._n - self.max_rows
+        if over > 0:
+            for t in ("samples", "host_samples", "events"):
+                while over > 0 and self.rows[t]:
+                    self.rows[t].popleft()
+                    self.dropped += 1
+                    self._n -= 1
+                    over -= 1
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.rows.values())
+        return self._n
+
+    def as_dicts(self) -> dict[str, list[dict[str, Any]]]:
+        """Every buffered row as a dict, per table (for a spill file)."""
+        return {t: [row_dict(r) for r in q] if t == "samples" else list(q) for t, q in self.rows.items()}
 
     def flush(self, store: Any) -> None:
         """Write each table's rows in one transaction; rows of a failed table stay.
@@ -94,4 +130,5 @@ class RowBuffer:
             store.insert_many(t, batch)
             for _ in range(len(batch)):
                 q.popleft()
+            self._n -= len(batch)
             self.written[t] += len(batch)

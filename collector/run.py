@@ -62,9 +62,10 @@ from gpuguard.collector.rows import (
     clock_mask,
     gpu_row,
     parse_gpu_list,
+    sample_of,
     select_gpus,
 )
-from gpuguard.model import GpuState, NodeSnapshot
+from gpuguard.model import NodeSnapshot
 
 # Re-exported: liveness and the rows live in their own modules; tests and tools import them here.
 __all__ = [
@@ -129,7 +130,10 @@ class Collector:
         self.exit_reason_fn: Callable[[], str] = lambda: ""
         self._store: Any = None
         self._xid_q: queue.SimpleQueue[tuple[float, int, int]] = queue.SimpleQueue()
-        self._gpu_by_index: dict[int, GpuState] = {}
+        #: job GPU index -> what names it in an XID event row (``uuid``, ``pci_bus_id``)
+        self._gpu_by_index: dict[int, Any] = {}
+        #: the source's per-job reader (``job_telemetry``), made on the first sample
+        self._reader: Any = None
         self._warned: set[str] = set()
         self._store_failures = 0
         self.slow_every_s = slow_every_s
@@ -146,43 +150,73 @@ class Collector:
             self.log.warning(msg, *args)
 
     def sample_once(self) -> None:
-        """Take one GPU snapshot and one host sample into the buffer."""
+        """Read the job's GPUs and one host sample into the buffer."""
         if self.indices or self.uuids:
             try:
-                snap = self._read_gpus()
+                rows = self._gpu_rows()
             except Exception as e:  # a source bug must not end the job's monitoring
                 self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
-                snap = None
-            if snap is not None and snap.error:
-                self._warn_once(f"snaperr:{snap.error}", "GPU source: %s", snap.error)
-            elif snap is not None:
-                gpus = select_gpus(snap, self.indices, self.uuids)
-                if len(gpus) < len(self.indices) + len(self.uuids):
-                    have = {g.index for g in gpus} | {(g.uuid or "").lower() for g in gpus}
-                    missing = [str(i) for i in self.indices if i not in have]
-                    missing += [u for u in self.uuids if u.lower() not in have]
-                    self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
-                self._gpu_by_index = {g.index: g for g in gpus}
-                self.buffer.add("samples", [gpu_row(g, self.job_id, self.node, snap.taken_at) for g in gpus])
+                rows = None
+            if rows:
+                self.buffer.add("samples", rows)
         try:
             self.buffer.add("host_samples", [self.host.sample()])
         except Exception as e:  # unreadable /proc or cgroup files: keep sampling GPUs
             self._warn_once(f"host:{type(e).__name__}", "host sample failed: %s: %s", type(e).__name__, e)
 
-    def _read_gpus(self) -> NodeSnapshot:
-        """The job's GPUs: through the source's per-interval path (``telemetry``: job GPUs
-        only, sampled fields only, slow counters every ``slow_every_s``) when it has one,
-        else a full snapshot."""
-        tele = getattr(self.source, "telemetry", None)
-        if tele is None:
-            return self.source.snapshot()
+    def _slow_due(self) -> bool:
         now = time.monotonic()
-        slow = now >= self._next_slow
-        if slow:
-            self._next_slow = now + self.slow_every_s
-        return tele(self.indices, self.uuids, slow)
+        if now < self._next_slow:
+            return False
+        self._next_slow = now + self.slow_every_s
+        return True
+
+    def _warn_missing(self, have: set[Any]) -> None:
+        missing = [str(i) for i in self.indices if i not in have]
+        missing += [u for u in self.uuids if u.lower() not in have]
+        if missing:
+            self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
+
+    def _gpu_rows(self) -> list[tuple[Any, ...]] | None:
+        """This tick's ``samples`` rows (:mod:`gpuguard.collector.rows`): through the
+        source's per-job reader (``job_telemetry``: job GPUs only, sampled values only,
+        slow counters every ``slow_every_s``, no per-tick objects beyond one tuple per GPU)
+        when it has one, else from a snapshot (``telemetry`` or ``snapshot``)."""
+        if self._reader is None and hasattr(self.source, "job_telemetry"):
+            self._reader = self.source.job_telemetry(self.indices, self.uuids)
+        if self._reader is None:
+            return self._snapshot_rows()
+        r = self._reader.read(self._slow_due())
+        if r.error:
+            self._warn_once(f"snaperr:{r.error}", "GPU source: %s", r.error)
+            return None
+        if not self._gpu_by_index and r.gpus:  # the job's GPUs are resolved once
+            self._gpu_by_index = {g.index: g for g in r.gpus}
+            self._warn_missing({g.index for g in r.gpus} | {(g.uuid or "").lower() for g in r.gpus})
+        job, node, at = self.job_id, self.node, r.taken_at
+        for g in r.gpus:
+            if g.errors:
+                for name, err in g.errors.items():
+                    self._warn_once(f"readerr:{g.index}:{name}:{err}", "GPU %d: reading %s failed: %s "
+                                    "(stored as no reading)", g.index, name, err)
+        return [(job, node, at, g.index, g.uuid, g.values, g.slow) for g in r.gpus]
+
+    def _snapshot_rows(self) -> list[tuple[Any, ...]] | None:
+        tele = getattr(self.source, "telemetry", None)
+        snap: NodeSnapshot = (self.source.snapshot() if tele is None
+                              else tele(self.indices, self.uuids, self._slow_due()))
+        if snap.error:
+            self._warn_once(f"snaperr:{snap.error}", "GPU source: %s", snap.error)
+            return None
+        gpus = select_gpus(snap, self.indices, self.uuids)
+        if len(gpus) < len(self.indices) + len(self.uuids):
+            self._warn_missing({g.index for g in gpus} | {(g.uuid or "").lower() for g in gpus})
+        self._gpu_by_index = {g.index: g for g in gpus}
+        return [sample_of(g, self.job_id, self.node, snap.taken_at) for g in gpus]
 
     def drain_xids(self) -> None:
+        if self._xid_q.empty():
+            return
         rows = []
         while True:
             try:
@@ -309,7 +343,7 @@ class Collector:
         if not ok and self.spill_path:
             from gpuguard.collector.spill import spill_rows
 
-            n = spill_rows(self.spill_path, self.buffer.rows)
+            n = spill_rows(self.spill_path, self.buffer.as_dicts())
             if n:
                 self.log.warning("store unavailable at exit: %d row(s) kept in %s for the epilog", n, self.spill_path)
                 ok = True

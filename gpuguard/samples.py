@@ -168,18 +168,29 @@ class SeriesCache:
         return self.ids[key]
 
 
-_FAST_SCALES = tuple((m.name, m.scale) for m in GPU_SAMPLED)
 _FAST_INS = (f"insert or replace into gpu_samples (sid, t_ms, {', '.join(_cols(GPU_SAMPLED))}) "
              f"values ({', '.join('?' * (len(GPU_SAMPLED) + 2))})")
 _SLOW_INS = (f"insert or replace into gpu_slow (sid, t_ms, {', '.join(_cols(GPU_SLOW))}) "
              f"values ({', '.join('?' * (len(GPU_SLOW) + 2))})")
 
 
-def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str, Any]]) -> int:
-    """Store sample rows given in real units (``{"job_id", "node", "at", "gpu_index",
-    "gpu_uuid", <metric>: value, ...}``; missing metrics are NULL). A row of slow
-    counters (any :data:`GPU_SLOW` value not None) also goes to ``gpu_slow``. Call inside
-    a transaction. Returns the number of rows.
+def sample_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A dict row (``{"job_id", "node", "at", "gpu_index", "gpu_uuid", <metric>: value,
+    ...}``, real units, missing metrics None) as the tuple :func:`write` takes."""
+    sv = tuple(r.get(m.name) for m in GPU_SLOW)
+    return (r.get("job_id"), r.get("node"), r["at"], r.get("gpu_index"), r.get("gpu_uuid"),
+            tuple(r.get(m.name) for m in GPU_SAMPLED), sv if any(v is not None for v in sv) else None)
+
+
+_SCALES = tuple(m.scale for m in GPU_SAMPLED)
+
+
+def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any, ...] | dict[str, Any]]) -> int:
+    """Store sample rows given in real units. A row is the tuple ``(job_id, node, at,
+    gpu_index, gpu_uuid, values, slow)`` (``values`` in :data:`GPU_SAMPLED` order, ``slow``
+    in :data:`GPU_SLOW` order or None when the slow counters were not read: what the
+    collector buffers) or a dict (:func:`sample_row`). A row with a slow counter read (not
+    None) also goes to ``gpu_slow``. Call inside a transaction. Returns the number of rows.
 
     Each series' timeline stays in collection order: a sample stamped at or before the
     series' last one (the wall clock stepped back, or two samples in one millisecond) is
@@ -189,33 +200,33 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
     ids = cache.ids
+    last_of = cache.last
+    scales = _SCALES
     for r in rows:
-        at = float(r["at"])
-        hit = ids.get((r.get("job_id"), r.get("node"), r.get("gpu_index")))
+        if type(r) is dict:
+            r = sample_row(r)
+        job_id, node, at, gi, uuid, vals, sv = r
+        at = float(at)
+        hit = ids.get((job_id, node, gi))
         if hit is None:
-            hit = cache.get(conn, str(r.get("job_id") or ""), str(r.get("node") or ""),
-                            int(r["gpu_index"] if r.get("gpu_index") is not None else -1), r.get("gpu_uuid"), at)
-            ids[(r.get("job_id"), r.get("node"), r.get("gpu_index"))] = hit  # the row's own spelling too
+            hit = cache.get(conn, str(job_id or ""), str(node or ""), int(gi if gi is not None else -1), uuid, at)
+            ids[(job_id, node, gi)] = hit  # the row's own spelling too
         sid, t0 = hit
         t_ms = round((at - t0) * 1000) + cache.offset.get(sid, 0)
-        last = cache.last.get(sid)
+        last = last_of.get(sid)
         if last is None:
-            last = cache.last[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
-                                                  (sid,)).fetchone()[0]
+            last = last_of[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
+                                               (sid,)).fetchone()[0]
         if last is not None and t_ms <= last:
             # the clock stepped back (or two samples share a millisecond): keep the series
             # in collection order; later samples carry the step as an offset
             cache.offset[sid] = cache.offset.get(sid, 0) + last + 1 - t_ms
             t_ms = last + 1
-        cache.last[sid] = t_ms
-        vals: list[Any] = [sid, t_ms]
-        for name, sc in _FAST_SCALES:
-            v = r.get(name)
-            # v - v == 0 only for a finite number: NaN/inf are no reading
-            vals.append(None if v is None or v - v != 0 else round(v * sc))
-        fast.append(tuple(vals))
-        sv = [r.get(m.name) for m in GPU_SLOW]
-        if any(v is not None for v in sv):
+        last_of[sid] = t_ms
+        # v - v == 0 only for a finite number: NaN/inf are no reading
+        fast.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
+                                  for v, sc in zip(vals, scales)]))
+        if sv is not None and any(v is not None for v in sv):
             slow.append((sid, t_ms, *[None if v is None else int(v) for v in sv]))
     conn.executemany(_FAST_INS, fast)
     if slow:
