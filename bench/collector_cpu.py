@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,22 +75,43 @@ class FakeClock:
 
 
 class FakeStop:
-    """The collector's stop event: ``wait`` advances the clock instead of sleeping; set
-    once ``ticks`` samples are due."""
+    """The collector's stop event: set once ``ticks`` samples are due. The sampler thread's
+    ``wait`` advances the clock instead of sleeping (a plain loop's, the reference's, is
+    :meth:`FakeClock.advance`); the main thread's ``wait`` blocks until the clock reaches
+    its wake-up time, and is woken only then, as a timer would."""
+
+    SAMPLER = "gpuguard-sampler"
 
     def __init__(self, clock: FakeClock, ticks: int) -> None:
         self.clock = clock
         self.end = clock.mono + (ticks - 0.5) * INTERVAL_S
         self._set = False
+        self._cond = threading.Condition()
+        self._main_wake = float("inf")
 
     def is_set(self) -> bool:
         return self._set or self.clock.mono >= self.end
 
     def set(self) -> None:
-        self._set = True
+        with self._cond:
+            self._set = True
+            self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
-        self.clock.advance(timeout or 0.0)
+        dt = timeout or 0.0
+        me = threading.current_thread().name
+        if me != self.SAMPLER and any(t.name == self.SAMPLER for t in threading.enumerate()):
+            with self._cond:
+                self._main_wake = self.clock.mono + dt
+                while not self.is_set() and self.clock.mono < self._main_wake:
+                    if not self._cond.wait(10.0):
+                        sys.exit("bench: the main thread was never woken")
+                self._main_wake = float("inf")
+            return self.is_set()
+        self.clock.advance(dt)
+        if self.clock.mono >= self._main_wake or self.is_set():
+            with self._cond:
+                self._cond.notify_all()
         return self.is_set()
 
 

@@ -120,14 +120,15 @@ class RowBuffer:
         return {t: [row_dict(r) for r in q] if t == "samples" else list(q) for t, q in self.rows.items()}
 
     def flush(self, store: Any) -> None:
-        """Write each table's rows in one transaction; rows of a failed table stay.
-        Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
-        for t in self.TABLES:
+        """Write every table's rows in one transaction (:meth:`Store.insert_tables
+        <gpuguard.store.Store.insert_tables>`: one commit per flush); on failure every row
+        stays. Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
+        batches = {t: list(q) for t, q in self.rows.items() if q}
+        if not batches:
+            return
+        store.insert_tables(batches)
+        for t, batch in batches.items():
             q = self.rows[t]
-            if not q:
-                continue
-            batch = list(q)
-            store.insert_many(t, batch)
             for _ in range(len(batch)):
                 q.popleft()
             self._n -= len(batch)

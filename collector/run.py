@@ -124,6 +124,9 @@ class Collector:
         self.xid_source_factory = xid_source_factory
         self.log = log or logging.getLogger("gpuguard")
         self.buffer = RowBuffer(max_rows)
+        #: guards :attr:`buffer` (and the sampler's hung flag) between the main thread and
+        #: the sampler thread
+        self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.exit_reason = ""
         #: why the stop event was set (the signal handler's note), read at exit
@@ -150,19 +153,23 @@ class Collector:
             self.log.warning(msg, *args)
 
     def sample_once(self) -> None:
-        """Read the job's GPUs and one host sample into the buffer."""
-        if self.indices or self.uuids:
-            try:
-                rows = self._gpu_rows()
-            except Exception as e:  # a source bug must not end the job's monitoring
-                self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
-                rows = None
-            if rows:
+        """Read the job's GPUs and one host sample into the buffer (the tick on the
+        calling thread; :mod:`gpuguard.collector.sampler` runs the same on its own)."""
+        rows = self.gpu_rows()
+        if rows:
+            with self.lock:
                 self.buffer.add("samples", rows)
+        self.sample_host()
+
+    def sample_host(self) -> None:
+        """One ``host_samples`` row into the buffer. Never raises."""
         try:
-            self.buffer.add("host_samples", [self.host.sample()])
+            row = self.host.sample()
         except Exception as e:  # unreadable /proc or cgroup files: keep sampling GPUs
             self._warn_once(f"host:{type(e).__name__}", "host sample failed: %s: %s", type(e).__name__, e)
+            return
+        with self.lock:
+            self.buffer.add("host_samples", [row])
 
     def _slow_due(self) -> bool:
         now = time.monotonic()
@@ -177,16 +184,32 @@ class Collector:
         if missing:
             self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
 
-    def _gpu_rows(self) -> list[tuple[Any, ...]] | None:
-        """This tick's ``samples`` rows (:mod:`gpuguard.collector.rows`): through the
-        source's per-job reader (``job_telemetry``: job GPUs only, sampled values only,
-        slow counters every ``slow_every_s``, no per-tick objects beyond one tuple per GPU)
-        when it has one, else from a snapshot (``telemetry`` or ``snapshot``)."""
-        if self._reader is None and hasattr(self.source, "job_telemetry"):
+    def reader(self) -> Any:
+        """The source's per-job reader (``job_telemetry``), or None (no GPUs, or a source
+        without one: replay, nvidia-smi)."""
+        if self._reader is None and (self.indices or self.uuids) and hasattr(self.source, "job_telemetry"):
             self._reader = self.source.job_telemetry(self.indices, self.uuids)
-        if self._reader is None:
-            return self._snapshot_rows()
-        r = self._reader.read(self._slow_due())
+        return self._reader
+
+    def gpu_rows(self, read: Callable[[bool], Any] | None = None) -> list[tuple[Any, ...]] | None:
+        """This tick's ``samples`` rows (:mod:`gpuguard.collector.rows`), None when there
+        are none. Through the source's per-job reader when it has one (job GPUs only,
+        sampled values only, slow counters every ``slow_every_s``, one tuple per GPU and no
+        other per-tick object; ``read``: which of its read methods, default ``read``, the
+        worker hand-off with a deadline), else from a snapshot (``telemetry`` or
+        ``snapshot``). Never raises."""
+        if not (self.indices or self.uuids):
+            return None
+        try:
+            reader = self.reader()
+            if reader is None:
+                return self._snapshot_rows()
+            return self._reading_rows((read or reader.read)(self._slow_due()))
+        except Exception as e:  # a source bug must not end the job's monitoring
+            self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
+            return None
+
+    def _reading_rows(self, r: Any) -> list[tuple[Any, ...]] | None:
         if r.error:
             self._warn_once(f"snaperr:{r.error}", "GPU source: %s", r.error)
             return None
@@ -233,7 +256,8 @@ class Collector:
         if rows:
             for r in rows:
                 self.log.warning("XID %d on GPU %d", r["code"], r["gpu_index"])
-            self.buffer.add("events", rows)
+            with self.lock:
+                self.buffer.add("events", rows)
 
     def flush(self) -> bool:
         """Write buffered rows; True when nothing is left. Never raises."""
@@ -244,7 +268,8 @@ class Collector:
         try:
             if self._store is None:
                 self._store = self._open_store()
-            self.buffer.flush(self._store)
+            with self.lock:  # the sampler thread adds rows meanwhile
+                self.buffer.flush(self._store)
             if self._store_failures:
                 self.log.info("store writable again after %d failed flush(es)", self._store_failures)
             self._store_failures = 0
@@ -259,6 +284,18 @@ class Collector:
         if self.buffer.dropped:
             self._warn_once("dropped", "buffer full: dropping oldest rows (store unwritable)")
         return not len(self.buffer)
+
+    def _start_sampler(self) -> Any:
+        """The sampler thread (:mod:`gpuguard.collector.sampler`) when the source has a
+        per-job reader, else None (this thread ticks)."""
+        reader = self.reader()
+        if reader is None or not hasattr(reader, "read_here"):
+            return None
+        from gpuguard.collector.sampler import Sampler
+
+        sampler = Sampler(self, reader, getattr(self.source, "call_timeout_s", 5.0))
+        sampler.start()
+        return sampler
 
     def _xid_thread(self) -> None:
         job_idx = set(self.indices)
@@ -303,9 +340,16 @@ class Collector:
         next_sample = start
         next_flush = start + self.flush_s
         next_live = start + self.liveness_s
+        sampler = self._start_sampler()
+        hung = None  # a sampler stuck in NVML, while this thread ticks instead
         while not self.stop_event.is_set():
             now = time.monotonic()
-            if now >= next_sample:
+            if sampler is not None and sampler.check(now):
+                hung, sampler, next_sample = sampler, None, now
+            if hung is not None and hung.returned():
+                self.log.info("the hung NVML telemetry read returned; sampling on its own thread again")
+                hung, sampler = None, self._start_sampler()
+            if sampler is None and now >= next_sample:
                 self.sample_once()
                 next_sample += self.interval_s
                 if next_sample <= time.monotonic():  # we fell behind: skip missed ticks
@@ -325,10 +369,13 @@ class Collector:
             if now - start >= self.max_runtime_s:
                 self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"
                 break
-            self.stop_event.wait(max(0.0, min(next_sample, next_flush, next_live) - time.monotonic()))
+            wake = min(next_flush, next_live, next_sample if sampler is None else now + sampler.timeout_s)
+            self.stop_event.wait(max(0.0, wake - time.monotonic()))
         else:
             self.exit_reason = self.exit_reason or self.exit_reason_fn() or "stopped"
         self.stop_event.set()
+        if sampler is not None:
+            sampler.stop(min(2.0, sampler.timeout_s))
         self.drain_xids()
         if self.spill_path:
             # the epilog waits a few seconds at most: a locked store must not eat them;

@@ -36,6 +36,7 @@ not retried while the hung call is outstanding.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -67,8 +68,8 @@ CALLS: dict[str, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {
 #: Sampled metric -> (its call in :data:`CALLS`, the value in the metric's unit from the
 #: call's result). Units: NVML API reference (mW, bytes, MHz, degrees C, percent).
 READS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "gpu_util_pct": ("utilization", lambda u: float(u.gpu)),
-    "mem_util_pct": ("utilization", lambda u: float(u.memory)),
+    "gpu_util_pct": ("utilization", operator.attrgetter("gpu")),
+    "mem_util_pct": ("utilization", operator.attrgetter("memory")),
     "mem_used_mib": ("memory", lambda m: _mib(m.used)),
     "power_w": ("power", lambda mw: mw / 1000.0),
     "temp_c": ("temperature", float),
@@ -127,16 +128,19 @@ class JobGpu:
 
 
 class _Call:
-    """One NVML call of the plan: the functions still to try (the first that the driver
-    does not answer FunctionNotFound), its arguments, ``(position, metric, getter)`` of
-    the values it feeds, and ``alt``: calls made instead when it answers NotSupported or
-    FunctionNotFound as a whole (the single counter calls behind a field-values call)."""
+    """One NVML call of the plan: ``fn`` (the function in use), ``rest`` (older fallbacks,
+    taken when the driver answers FunctionNotFound), its arguments, ``(position,
+    metric, getter)`` of the values it feeds, and ``alt``: calls made instead when it
+    answers NotSupported or FunctionNotFound as a whole (the single counter calls behind
+    a field-values call)."""
 
-    __slots__ = ("alt", "args", "fns", "outs")
+    __slots__ = ("alt", "args", "fn", "outs", "rest")
 
     def __init__(self, fns: list[Callable[..., Any]], args: tuple[Any, ...],
                  outs: list[tuple[int, str, Callable[[Any], Any]]]):
-        self.fns, self.args, self.outs = fns, args, outs
+        self.fn = fns[0] if fns else None
+        self.rest = list(fns[1:])
+        self.args, self.outs = args, outs
         self.alt: list[_Call] = []
 
 
@@ -180,8 +184,8 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
             names, args = CALLS[key]
             calls[key] = _Call([f for f in (getattr(nv, n, None) for n in names) if f is not None], args(nv), [])
         calls[key].outs.append((pos, m.name, get))
-    fast = [c for c in calls.values() if c.fns]
-    unread += [n for c in calls.values() if not c.fns for _p, n, _g in c.outs]
+    fast = [c for c in calls.values() if c.fn is not None]
+    unread += [n for c in calls.values() if c.fn is None for _p, n, _g in c.outs]
     fc = _field_call(nv, fields)
     if fc is not None:
         fast.append(fc)
@@ -209,37 +213,45 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
 
 def _run_calls(calls: list[_Call], handle: Any, out: list[Any], errors: dict[str, str] | None
                ) -> tuple[dict[str, str] | None, bool]:
-    """Make ``calls`` on one GPU, filling ``out`` by position; returns ``(errors, lost)``."""
+    """Make ``calls`` on one GPU, filling ``out`` by position; returns ``(errors, lost)``.
+    The hot path of the collector: failures go to :func:`_failed`."""
     for c in calls:
-        while c.fns:
+        try:
+            raw = c.fn(handle, *c.args)
+        except Exception as e:
+            errors, lost = _failed(c, e, handle, out, errors)
+            if lost:
+                return errors, True
+            continue
+        for pos, name, get in c.outs:
             try:
-                raw = c.fns[0](handle, *c.args)
-            except Exception as e:
-                err = error_name(e)
-                if err == "FunctionNotFound" and len(c.fns) > 1:
-                    c.fns.pop(0)  # the driver predates it: the older function from now on
-                    continue
-                if err in UNSUPPORTED_ERRORS and c.alt:
-                    errors, lost = _run_calls(c.alt, handle, out, errors)
-                    if lost:
-                        return errors, True
-                elif err not in UNSUPPORTED_ERRORS:
-                    errors = errors if errors is not None else {}
-                    for _p, name, _g in c.outs:
-                        errors[name] = err
-                    if err == "GpuIsLost":
-                        return errors, True
-                break
-            for pos, name, get in c.outs:
-                try:
-                    out[pos] = get(raw)
-                except Exception as e:  # an unconvertible value (or a field's own error)
-                    err = error_name(e)
-                    if err not in UNSUPPORTED_ERRORS:
-                        errors = errors if errors is not None else {}
-                        errors[name] = err
-            break
+                out[pos] = get(raw)
+            except Exception as e:  # an unconvertible value (or a field's own error)
+                errors = _note(errors, (name,), e)
     return errors, False
+
+
+def _note(errors: dict[str, str] | None, names: Any, e: BaseException) -> dict[str, str] | None:
+    err = error_name(e)
+    if err in UNSUPPORTED_ERRORS:
+        return errors
+    errors = errors if errors is not None else {}
+    for name in names:
+        errors[name] = err
+    return errors
+
+
+def _failed(c: _Call, e: BaseException, handle: Any, out: list[Any], errors: dict[str, str] | None
+            ) -> tuple[dict[str, str] | None, bool]:
+    """A call of the plan raised ``e``: fall back, read the alternatives, or record it."""
+    err = error_name(e)
+    if err == "FunctionNotFound" and c.rest:
+        c.fn = c.rest.pop(0)  # the driver predates it: the older function from now on
+        return _run_calls([c], handle, out, errors)
+    if err in UNSUPPORTED_ERRORS:
+        return _run_calls(c.alt, handle, out, errors) if c.alt else (errors, False)
+    errors = _note(errors, [n for _p, n, _g in c.outs], e)
+    return errors, err == "GpuIsLost"
 
 
 def _read_batch(gpus: list[JobGpu], fast: list[_Call], slow: list[_Call] | None, n_fast: int,
@@ -254,8 +266,12 @@ def _read_batch(gpus: list[JobGpu], fast: list[_Call], slow: list[_Call] | None,
             sv: list[Any] = [None] * n_slow
             errors, _lost = _run_calls(slow, g.handle, sv, errors)
             svals = tuple(sv)
-        out.append(GpuReading(g.index, g.uuid, g.pci_bus_id, tuple(vals), svals, errors))
+        out.append(_new_reading(GpuReading, (g.index, g.uuid, g.pci_bus_id, tuple(vals), svals, errors)))
     return out
+
+
+#: ``GpuReading(...)`` without its Python-level ``__new__`` (one fewer frame per GPU per tick)
+_new_reading = tuple.__new__
 
 
 def _resolve(nv: Any, indices: list[int], uuids: list[str]) -> list[JobGpu]:
@@ -335,6 +351,39 @@ class JobTelemetry:
         if job.exc is not None:
             return Reading(taken_at, f"tool error: telemetry read failed: {type(job.exc).__name__}: {job.exc}", [])
         return Reading(taken_at, None, job.result)
+
+    def read_here(self, slow: bool) -> Reading:
+        """:meth:`read` on the calling thread, without the worker hand-off and its
+        deadline: for a caller that runs this on a thread of its own and watches it
+        (the collector's sampler thread, :mod:`gpuguard.collector.sampler`). Never raises;
+        a hung NVML call blocks the calling thread until it returns."""
+        src = self.src
+        taken_at = time.time()
+        err = src._init()
+        if err is not None:
+            return Reading(taken_at, err, [])
+        if src._stuck:
+            src._prune_stuck()
+            if SCOPE in src._stuck:
+                return self._timed_out(taken_at)
+        try:
+            if self._plan is None:
+                self._plan = compile_plan(src._nv)
+                self.unread = self._plan[2]
+            if self.gpus is None:
+                try:
+                    self.gpus = _resolve(src._nv, self.indices, self.uuids)
+                except Exception as e:
+                    return Reading(taken_at, f"NVML error: resolving the job's GPUs failed: {error_name(e)}", [])
+            fast, slow_calls, _unread = self._plan
+            return Reading(taken_at, None, _read_batch(self.gpus, fast, slow_calls if slow else None, *self._n))
+        except Exception as e:
+            return Reading(taken_at, f"tool error: telemetry read failed: {type(e).__name__}: {e}", [])
+
+    def timed_out(self, taken_at: float) -> Reading:
+        """The reading of a tick whose batch hung: every job GPU, values None, errors
+        ``{"telemetry": "Timeout"}``."""
+        return self._timed_out(taken_at)
 
 
 def to_gpu_state(r: GpuReading) -> GpuState:
