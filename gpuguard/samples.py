@@ -225,7 +225,7 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
         last_of[sid] = t_ms
         # v - v == 0 only for a finite number: NaN/inf are no reading
         fast.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
-                                  for v, sc in zip(vals, scales)]))
+                                  for v, sc in zip(vals, scales, strict=True)]))
         if sv is not None and any(v is not None for v in sv):
             slow.append((sid, t_ms, *[None if v is None else int(v) for v in sv]))
     conn.executemany(_FAST_INS, fast)
