@@ -185,7 +185,8 @@ def reference(ticks: int, gpus: int, d: str) -> dict:
     hs = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     uuids = [nv.nvmlDeviceGetUUID(h) for h in hs]
     [nv.nvmlDeviceGetPciInfo(h) for h in hs]
-    fids = [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER]
+    fids = [getattr(pynvml, m.nvml.field_id) for m in GPU_SLOW]  # the table's slow counters
+    per = [m.nvml.raw_per_unit * 1.0 for m in GPU_SLOW]
     store = open_store(db)
     conn = store.db.conn
     cache = samples.SeriesCache()
@@ -206,7 +207,7 @@ def reference(ticks: int, gpus: int, d: str) -> dict:
                          nv.nvmlDeviceGetCurrentClocksEventReasons(h) & known))
             if i % SLOW_TICKS == 0:
                 v = nv.nvmlDeviceGetFieldValues(h, fids)
-                slow.append((sids[k], t_ms, v[0].value.ullVal, v[1].value.ullVal))
+                slow.append((sids[k], t_ms, *[round(x.value.ullVal / d) for x, d in zip(v, per, strict=True)]))
         texts = []
         for p in paths:
             fd = os.open(p, os.O_RDONLY)

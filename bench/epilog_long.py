@@ -78,25 +78,63 @@ def build(path: str, hours: float) -> None:
     s.close()
 
 
+class _Drains:
+    """Stands in for the Epilog's pending-drain list: records what the judge would drain."""
+
+    actuator = None
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str]] = []
+
+    def drain(self, node: str, reason: str) -> object:
+        self.made.append((node, reason))
+        return type("Outcome", (), {"status": "done"})()
+
+
 def product(path: str, hours: float) -> dict:
+    """What the node Epilog does after ingest (epilog/hook.py step 6 and
+    :func:`gpuguard.epilog.handover.hand_over` on a single host): the summary, saved; this
+    node's part built from the store and encoded; decoded and judged by
+    :func:`gpuguard.epilog.judge.judge_parts` in the same store. ``judge_here`` is
+    mirrored only to pass a judgment time (the baselines are dated ``T0``)."""
+    import logging
+
     from gpuguard.config import Config, load
+    from gpuguard.epilog import handover
+    from gpuguard.epilog import part as part_mod
+    from gpuguard.epilog.judge import judge_parts
     from gpuguard.epilog.summary import save_summary, summarize_job
-    from gpuguard.epilog.verdict import run_verdict
     from gpuguard.store import open_store
 
     cfg: Config = load(None)
+    cfg.values["paths"]["store"] = path
+    cfg.values["paths"]["cluster_store"] = ""
+    log = logging.getLogger("bench")
     s = open_store(path)
+    with s.tx():  # a fresh judgment each run (the judge skips a job already judged)
+        for table in ("cluster_jobs", "job_summaries"):
+            s.db.execute(f"delete from {table} where job_id = '100'")
+    job = {"user": "alice", "uid": 1000, "account": "a", "partition": "gpu", "comment": "gpuguard:template=bench",
+           "num_nodes": 1, "nodelist": "n1", "exit_code_raw": 0}
+    end = T0 + hours * 3600 + 5
     t = time.perf_counter()
     c0 = time.process_time()
-    summ = summarize_job(s, "100", "n1", exit_status_raw=0, collector_status="ok", ended_at=T0 + hours * 3600 + 5)
+    summ = summarize_job(s, "100", "n1", exit_status_raw=0, collector_status="ok", ended_at=end,
+                         window_align_s=float(cfg.get("verdict", "short_window_s")))
     save_summary(s, summ)
     t_sum = time.perf_counter() - t
-    v, _d = run_verdict(s, "100", cfg=cfg, env={"SLURM_JOB_COMMENT": "gpuguard:template=bench"}, node="n1",
-                        now=T0 + hours * 3600 + 10)
+    blob, window_s = handover.encode_part(s, "100", cfg, "n1", job, summ)
+    t_part = time.perf_counter() - t
+    drains = _Drains()
+    res = judge_parts(s, "100", {"n1": part_mod.decode_part(blob)}, cfg=cfg, meta=dict(job, job_id="100", nodes=["n1"]),
+                      slurm=None, log=log, set_comment=False, drainer=drains, now=end + 5)
     wall = time.perf_counter() - t
     cpu = time.process_time() - c0
     s.close()
-    return {"wall_s": wall, "cpu_s": cpu, "summary_s": t_sum, "what": f"{summ.sample_count} samples, cause {v.cause}"}
+    v = res.verdict or {}
+    return {"wall_s": wall, "cpu_s": cpu, "summary_s": t_sum, "part_s": t_part - t_sum,
+            "what": f"{summ.sample_count} samples, part {len(blob)} B at {window_s:g} s windows, "
+                    f"cause {v.get('cause')}, drains {drains.made}"}
 
 
 def numpy_ref(path: str, hours: float) -> dict:
@@ -158,7 +196,9 @@ def main() -> None:
             cpu = {m: statistics.median(r["cpu_s"] for r in rs) for m, rs in res.items()}
             rss = {m: max(r["rss_mib"] for r in rs) for m, rs in res.items()}
             summ = statistics.median(r["summary_s"] for r in res["product"])
-            print(f"  product (summary+verdict): median wall {med['product']:.2f} s (summary alone {summ:.2f} s), "
+            part = statistics.median(r["part_s"] for r in res["product"])
+            print(f"  product (summary + part + judge): median wall {med['product']:.2f} s (summary {summ:.2f} s, "
+                  f"part {part:.2f} s), "
                   f"CPU {cpu['product']:.2f} s, peak RSS {rss['product']:.0f} MiB  [{res['product'][0]['what']}]")
             print(f"  numpy reference (summary only): median wall {med['numpy']:.2f} s, CPU {cpu['numpy']:.2f} s, "
                   f"peak RSS {rss['numpy']:.0f} MiB")

@@ -18,6 +18,22 @@ confusers, and anomalies judged healthy — all of them, and those at or above t
 detection limits of :data:`DETECTION_LIMITS` (the README states the same limits).
 Figures are printed, never asserted.
 
+**Seed protocol** (fixed before tuning; a seed's misses that were read to change a
+detector no longer measure the detector on data it has not seen):
+
+* *tuning seeds* ``1 2 3 4 5`` (240 scenarios each): the only runs whose misses are read
+  (``--show-misses``) while changing detectors or thresholds. Seed 7 (read while an
+  earlier round tuned the detectors) and seed 11 count as tuning seeds too.
+* *blind seeds* ``101 102 103`` (480 scenarios each): run only to report, after the
+  tuning is done; their misses are not read to change a detector. A change made after
+  reading them would turn them into tuning seeds, and the next blind seeds would be
+  ``104 105 106``.
+
+Every seed run is reported, tuning and blind, each with its own matrix and pooled::
+
+    .venv/bin/python bench/verdict_accuracy.py --generator both --seeds 1,2,3,4,5 --scenarios 240
+    .venv/bin/python bench/verdict_accuracy.py --generator both --seeds 101,102,103 --scenarios 480
+
     .venv/bin/python bench/verdict_accuracy.py [--generator both] [--scenarios 240] [--seed 7]
 """
 
@@ -53,6 +69,30 @@ DETECTION_LIMITS = {
 }
 
 
+class Result:
+    """One generator's tallies over one or more seeds (pooled by :meth:`add`)."""
+
+    def __init__(self) -> None:
+        self.confusion: dict[str, Counter[str]] = defaultdict(Counter)
+        self.confusers: Counter[str] = Counter()
+        self.confuser_alarms: Counter[str] = Counter()
+        self.above: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # cause -> [missed, total] at/above limit
+        self.in_limits = [0, 0]  # right, judged: healthy runs and anomalies at or above the limits
+        self.misses: list[tuple] = []
+
+    def add(self, other: Result) -> None:
+        for k, row in other.confusion.items():
+            self.confusion[k].update(row)
+        self.confusers.update(other.confusers)
+        self.confuser_alarms.update(other.confuser_alarms)
+        for k, (m, n) in other.above.items():
+            self.above[k][0] += m
+            self.above[k][1] += n
+        self.in_limits[0] += other.in_limits[0]
+        self.in_limits[1] += other.in_limits[1]
+        self.misses += other.misses
+
+
 def _print_matrix(confusion: dict[str, Counter[str]], causes: tuple[str, ...]) -> None:
     cols = list(causes) + sorted({c for row in confusion.values() for c in row} - set(causes))
     print("truth \\ verdict".ljust(16) + "".join(c[:9].rjust(10) for c in cols) + "     total")
@@ -68,7 +108,7 @@ def _rate(label: str, k: int, n: int) -> None:
         print(f"{label}: {k}/{n} = {k / n:.1%}")
 
 
-def run_simple(args: argparse.Namespace) -> None:
+def run_simple(args: argparse.Namespace) -> Result:
     rng = random.Random(args.seed)
     tmp = tempfile.mkdtemp(prefix="gpuguard-bench-")
     store = open_store(os.path.join(tmp, "bench.db"))
@@ -82,8 +122,7 @@ def run_simple(args: argparse.Namespace) -> None:
             S.write(store, rows)
             judge_job(store, rows.job_id, cfg=None, template=p.name, exit_code=0, now=rows.end + 30)
             t = rows.end + 60
-    confusion: dict[str, Counter[str]] = defaultdict(Counter)
-    misses = []
+    res = Result()
     for i in range(args.scenarios):
         p = profiles[i % len(profiles)]
         if rng.random() < args.healthy_share:
@@ -94,17 +133,20 @@ def run_simple(args: argparse.Namespace) -> None:
         t = rows.end + 60
         S.write(store, rows)
         v = judge_job(store, rows.job_id, cfg=None, template=p.name, exit_code=0, now=rows.end + 30)
-        confusion[fam][v.cause] += 1
+        res.confusion[fam][v.cause] += 1
+        res.in_limits[0] += v.cause == fam
+        res.in_limits[1] += 1
         if v.cause != fam:
-            misses.append((rows.job_id, p.name, p.nodes, p.gpus_per_node, fam, v.cause, v.summary))
+            res.misses.append((args.seed, rows.job_id, p.name, p.nodes, p.gpus_per_node, fam, v.cause, v.summary))
     print(f"== generator simple (tests/scenarios.py): {args.scenarios} scenarios over {len(profiles)} templates "
           f"({args.baseline_runs} healthy baseline runs each), seed {args.seed}, strength {args.strength:g}, "
           f"{time.time() - started:.1f} s")
-    _summary(confusion, tuple(S.FAMILIES), {}, {}, misses, args.show_misses)
+    _summary(res, tuple(S.FAMILIES), args.show_misses, limits=False)
     store.close()
+    return res
 
 
-def run_real(args: argparse.Namespace) -> None:
+def run_real(args: argparse.Namespace) -> Result:
     rng = random.Random(args.seed)
     tmp = tempfile.mkdtemp(prefix="gpuguard-bench-real-")
     store = open_store(os.path.join(tmp, "bench.db"))
@@ -119,12 +161,7 @@ def run_real(args: argparse.Namespace) -> None:
             judge_job(store, run.job_id, cfg=None, template=w.name, exit_code=0, now=run.end + 30)
             t = run.end + 120
             history += 1
-    confusion: dict[str, Counter[str]] = defaultdict(Counter)
-    confusers: Counter[str] = Counter()
-    confuser_alarms: Counter[str] = Counter()
-    above: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # cause -> [missed, total] at/above the limit
-    misses = []
-    in_limits = [0, 0]  # right, judged: healthy runs and anomalies at or above the detection limits
+    res = Result()
     for i in range(args.scenarios):
         w = works[i % len(works)]
         if rng.random() < args.healthy_share:
@@ -139,54 +176,58 @@ def run_real(args: argparse.Namespace) -> None:
         run = R.run_job(store, w, case, f"r{i:04d}", t, rng.randrange(1 << 30), tmp)
         t = run.end + 120
         v = judge_job(store, run.job_id, cfg=None, template=w.name, exit_code=0, now=run.end + 30)
-        confusion[cause][v.cause] += 1
+        res.confusion[cause][v.cause] += 1
         if case.confuser:
-            confusers[case.confuser] += 1
-            confuser_alarms[case.confuser] += v.cause != "healthy"
+            res.confusers[case.confuser] += 1
+            res.confuser_alarms[case.confuser] += v.cause != "healthy"
         if cause != "healthy" and case.magnitude >= DETECTION_LIMITS[cause]:
-            above[cause][1] += 1
-            above[cause][0] += v.cause == "healthy"
+            res.above[cause][1] += 1
+            res.above[cause][0] += v.cause == "healthy"
         if cause == "healthy" or case.magnitude >= DETECTION_LIMITS[cause]:
-            in_limits[0] += v.cause == cause
-            in_limits[1] += 1
+            res.in_limits[0] += v.cause == cause
+            res.in_limits[1] += 1
         if v.cause != cause:
-            misses.append((run.job_id, w.name, len(w.nodes), w.gpus_per_node, round(w.duration_s), cause,
-                           round(case.magnitude, 3), case.confuser, case.detail, v.cause, v.summary))
+            res.misses.append((args.seed, run.job_id, w.name, len(w.nodes), w.gpus_per_node, round(w.duration_s),
+                               cause, round(case.magnitude, 3), case.confuser, case.detail, v.cause, v.summary))
     print(f"== generator real (tests/scenarios_real.py): {args.scenarios} scenarios over {len(works)} templates "
           f"({history} healthy history runs), seed {args.seed}, strength {args.strength:g}, "
           f"{time.time() - started:.1f} s")
-    _summary(confusion, R.CAUSES, confusers, confuser_alarms, misses, args.show_misses, above, in_limits)
+    _summary(res, R.CAUSES, args.show_misses)
     store.close()
+    return res
 
 
-def _summary(confusion, causes, confusers, confuser_alarms, misses, show, above=None, in_limits=None) -> None:
+def _summary(res: Result, causes: tuple[str, ...], show: bool, limits: bool = True) -> None:
+    confusion = res.confusion
     print()
     _print_matrix(confusion, causes)
     print()
     judged = sum(sum(r.values()) for r in confusion.values())
     right = sum(confusion[c][c] for c in confusion)
     _rate("right cause (all runs, all magnitudes)", right, judged)
-    if in_limits:
-        _rate("right cause (healthy runs and anomalies at or above the detection limits)", *in_limits)
+    if limits:
+        _rate("right cause (healthy runs and anomalies at or above the detection limits)", *res.in_limits)
     anomalous = [c for c in causes if c != "healthy" and confusion.get(c)]
     print("right cause per cause: " + ", ".join(
         f"{c} {confusion[c][c]}/{sum(confusion[c].values())}" for c in anomalous))
     healthy = sum(confusion["healthy"].values())
-    n_conf = sum(confusers.values())
-    plain, plain_alarms = healthy - n_conf, (healthy - confusion["healthy"]["healthy"]) - sum(confuser_alarms.values())
+    n_conf = sum(res.confusers.values())
+    plain = healthy - n_conf
+    plain_alarms = (healthy - confusion["healthy"]["healthy"]) - sum(res.confuser_alarms.values())
     _rate("false alarms on plain healthy runs", plain_alarms, plain)
     if n_conf:
-        _rate("false alarms on confusers", sum(confuser_alarms.values()), n_conf)
-        print("  per confuser: " + ", ".join(f"{k} {confuser_alarms[k]}/{n}" for k, n in sorted(confusers.items())))
+        _rate("false alarms on confusers", sum(res.confuser_alarms.values()), n_conf)
+        print("  per confuser: " + ", ".join(f"{k} {res.confuser_alarms[k]}/{n}"
+                                             for k, n in sorted(res.confusers.items())))
     n_anom = judged - healthy
     _rate("anomalies judged healthy (all magnitudes)", sum(confusion[c]["healthy"] for c in anomalous), n_anom)
-    if above is not None:
+    if limits:
         _rate("anomalies judged healthy (at or above the detection limits)",
-              sum(v[0] for v in above.values()), sum(v[1] for v in above.values()))
+              sum(v[0] for v in res.above.values()), sum(v[1] for v in res.above.values()))
         print("  per cause (missed/at-or-above-limit): " + ", ".join(
-            f"{c} {above[c][0]}/{above[c][1]}" for c in causes if c in above))
+            f"{c} {res.above[c][0]}/{res.above[c][1]}" for c in causes if c in res.above))
     if show:
-        for m in misses:
+        for m in res.misses:
             print("miss:", *m)
     print()
 
@@ -200,14 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=None, help="real: healthy runs per template (default 5-20)")
     ap.add_argument("--healthy-share", type=float, default=0.4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", default=None,
+                    help="comma-separated seeds, each run and reported, then pooled (module docstring: protocol)")
     ap.add_argument("--strength", type=float, default=1.0,
                     help="scale of the injected deviations (1 = the generators' ranges; 0.5 = half)")
     ap.add_argument("--show-misses", action="store_true", help="print every wrong verdict")
     args = ap.parse_args(argv)
-    if args.generator in ("simple", "both"):
-        run_simple(argparse.Namespace(**{**vars(args), "templates": args.templates or 24}))
-    if args.generator in ("real", "both"):
-        run_real(argparse.Namespace(**{**vars(args), "templates": args.templates or 12}))
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    gens = [("simple", run_simple, 24, tuple(S.FAMILIES)), ("real", run_real, 12, R.CAUSES)]
+    for name, fn, templates, causes in gens:
+        if args.generator not in (name, "both"):
+            continue
+        pooled = Result()
+        for seed in seeds:
+            pooled.add(fn(argparse.Namespace(**{**vars(args), "templates": args.templates or templates,
+                                                "seed": seed})))
+        if len(seeds) > 1:
+            print(f"== generator {name}: pooled over seeds {','.join(map(str, seeds))} "
+                  f"({args.scenarios} scenarios each)")
+            _summary(pooled, causes, False, limits=name == "real")
     return 0
 
 

@@ -49,6 +49,9 @@ nodes, files of other users, gigabyte lines, non-JSON. So :func:`read_job_record
   ``1e12`` or ``1e300``, values that stretch a job's time axis over centuries. Each such
   line is one ``malformed`` line; the rest of the job's records are kept.
 
+During the job the collector reads the same files incrementally and the Epilog only the
+tail (:mod:`gpuguard.collector.ingest_tail`); the caps above then apply per call.
+
 A NaN/inf loss (``NaN``/``Infinity`` literals, which Python's JSON reader accepts) or
 ``loss_nonfinite: true`` becomes ``loss: None, loss_nonfinite: True`` and is counted in
 ``nonfinite_loss``. Records come back normalised to exactly the schema's keys, steps and
@@ -362,3 +365,4 @@ def _parse_line(res: IngestResult, line: bytes, lim: _Limits) -> bool:
     else:
         res.checkpoints.append(rec)
     return True
+

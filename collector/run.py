@@ -107,6 +107,7 @@ class Collector:
                  xid_source_factory: Callable[[], Any] | None = None,
                  log: logging.Logger | None = None, max_rows: int = MAX_BUFFERED_ROWS,
                  job_dir_check: Callable[[], None] | None = None, spill_path: str | None = None,
+                 record_ingest: Callable[[Any], None] | None = None,
                  slow_every_s: float = SLOW_EVERY_S):
         if interval_s <= 0 or flush_s <= 0 or liveness_s <= 0:
             raise ValueError("interval_s, flush_s and liveness_s must be > 0")
@@ -143,6 +144,8 @@ class Collector:
         self._next_slow = 0.0  # the first sample reads the slow counters too
         #: called every liveness period: the job directory's size cap (jobdir_cap)
         self.job_dir_check = job_dir_check
+        #: training records stored during the job (gpuguard.collector.ingest.record_ingest_tick)
+        self.record_ingest = record_ingest
         #: where rows the store did not take at exit go (a locked store), for the epilog
         self.spill_path = spill_path
 
@@ -365,6 +368,8 @@ class Collector:
                     break
                 if self.job_dir_check is not None:
                     self.job_dir_check()
+                if self.record_ingest is not None and self._store is not None:
+                    self.record_ingest(self._store)
                 next_live = time.monotonic() + self.liveness_s
             if now - start >= self.max_runtime_s:
                 self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"
@@ -465,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
+    from gpuguard.collector.ingest_tail import record_ingest_tick
     from gpuguard.collector.jobdir_cap import job_dir_cap_check
     from gpuguard import config as config_mod
     from gpuguard import log as log_mod
@@ -512,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         xid_source_factory=make_source if kind == "nvml" else None, log=log,
         job_dir_check=job_dir_cap_check(cfg, args.job_id, log),
         spill_path=os.path.join(cfg.get("paths", "state_dir"), f"collector.{args.job_id}.spill.jsonl"),
+        record_ingest=record_ingest_tick(cfg, args.job_id, node, args.uid, log),
     )
 
     coll.stop_event = stop

@@ -9,7 +9,12 @@ released one.
 
 from __future__ import annotations
 
-from gpuguard.store import MigrationSet, register_set, sqlite_utils
+from typing import TYPE_CHECKING
+
+from gpuguard.store import MigrationSet, register_set
+
+if TYPE_CHECKING:  # annotations only: the hooks do not import sqlite-utils (gpuguard.store)
+    import sqlite_utils
 
 MIGRATIONS = register_set(MigrationSet("collector", legacy={"samples": 1, "samples_by_gpu": 2}))
 
@@ -56,3 +61,32 @@ def _compact_minutes(db: sqlite_utils.Database) -> None:
     from gpuguard import samples
 
     samples.migrate_minutes(db.conn)
+
+
+#: Sample columns of the compact layout when it was released (``compact_samples``). Every
+#: metric-table row added since gets a step of its own, ``metric_<name>``, that adds the
+#: columns the table declares and the store lacks (:func:`gpuguard.samples.add_missing_columns`:
+#: idempotent, so a new store whose tables already have them records the step and changes
+#: nothing). A metric removed from the table keeps its name here and its step.
+RELEASED_SAMPLE_COLUMNS = frozenset({
+    "gpu_util_pct", "mem_util_pct", "mem_used_mib", "power_w", "temp_c", "sm_clock_mhz", "clock_event_mask",
+    "ecc_volatile_uncorrected", "pcie_replay_count"})
+
+
+def _add_metric_columns(db: sqlite_utils.Database) -> None:
+    """Columns of a metric added to the table after the compact layout (and the
+    ``samples``/``minutes_view`` views rebuilt with them)."""
+    from gpuguard import samples
+
+    samples.add_missing_columns(db.conn)
+
+
+def _register_metric_steps() -> None:
+    from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
+
+    for m in (*GPU_SAMPLED, *GPU_SLOW):
+        if m.name not in RELEASED_SAMPLE_COLUMNS:
+            MIGRATIONS(name=f"metric_{m.name}")(_add_metric_columns)
+
+
+_register_metric_steps()

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuguard.epilog import baseline as baseline_mod
-from gpuguard.epilog.metrics import METRICS
+from gpuguard.epilog.compare import unit_of
 from gpuguard.output import display_tz, emit, iso_time, output_options
 
 
@@ -92,7 +92,7 @@ def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
         doc["since"] = iso_time(b.since or None, tz)
         emit(fmt, doc)
         return
-    rows = [{"metric": m, "unit": METRICS[m][0], "median": st.median, "mad": st.mad, "n": st.n}
+    rows = [{"metric": m, "unit": unit_of(m), "median": st.median, "mad": st.mad, "n": st.n}
             for m, st in b.stats.items()]
     if fmt == "text":
         click.echo(f"template {b.template}: {b.state}, {b.runs} baseline run(s)"

@@ -20,9 +20,9 @@ from typing import Any
 from gpuguard.epilog import baseline as baseline_mod
 from gpuguard.epilog import leak as leak_mod
 from gpuguard.epilog import peers
-from gpuguard.epilog.compare import Comparison, Settings, Windows
+from gpuguard.epilog.compare import Comparison, Settings, Windows, unit_of
 from gpuguard.epilog.jobdata import SLOWDOWN_REASONS, JobData, ecc_growth, reasons_share
-from gpuguard.epilog.metrics import METRICS, REASON_SHARES, sustained
+from gpuguard.epilog.metrics import REASON_SHARES, sustained
 from gpuguard.model import HARD_SLOWDOWN_REASONS
 
 #: Reasons that are never part of a healthy run (power cap is: GPUs at TDP run capped).
@@ -34,6 +34,12 @@ PERF_UP = ("step_time_p50_s", "step_time_p95_s")
 #: the samples is far above the sampling noise of a share over hundreds of readings and
 #: the run-to-run variation of power-capped templates).
 REASON_SHARE_MIN_RISE = 0.25
+#: With such a rise, a median step time (SM clock) this much above (below) the template's
+#: median, or a throughput this much below, is the performance effect that makes it
+#: throttling (our choice: the driver reporting a new clock-event reason is the cause's
+#: own evidence, so the effect needs no z test of its own; 3 % is twice the run-to-run
+#: spread of a template's median step time on dedicated nodes).
+REASON_PERF_MIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -120,17 +126,28 @@ class Context:
 
     def records_count(self) -> bool:
         """Per-rank records may name a straggler: the baseline is ready and the run is
-        slower than it (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
-        return self.once("records_count", lambda: self.judged and self.slower())
+        slower than it, or its rank compute spread rose against the template's history
+        (:mod:`gpuguard.epilog.peers`: ranks can differ by role)."""
+        return self.once("records_count", lambda: self.judged and (self.slower() or self.spread_up()))
+
+    def spread_up(self) -> bool:
+        """The rank compute spread is flagged up against the template's history."""
+        return self.up("rank_compute_spread")
+
+    def rank_settings(self) -> Settings:
+        """Peer thresholds for per-rank records: :func:`peers.spread_settings` when the
+        spread rose against history, else ``[verdict]``'s."""
+        return peers.spread_settings(self.s) if self.spread_up() else self.s
 
     def gpu_hits(self) -> list[dict[str, Any]]:
         return self.once("gpu_hits", lambda: peers.stragglers_gpu(
-            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count()))
+            self.data, self.wins, self.s, self.base.stats if self.judged else None, self.records_count(),
+            self.rank_settings()))
 
 
 def fmt(c: Comparison) -> str:
     """``metric value unit vs median (+rel%)`` for summaries."""
-    unit = METRICS[c.metric][0]
+    unit = unit_of(c.metric)
     rel = "" if c.rel_change is None or not math.isfinite(c.rel_change) else f" ({c.rel_change:+.0%})"
     return f"{c.metric} {c.value:.4g} {unit} vs {c.median:.4g}{rel}"
 
@@ -157,7 +174,8 @@ def hardware_fault(ctx: Context) -> Found | None:
 
 def straggler_node(ctx: Context) -> Found | None:
     """One node of a multi-node job slower than the others (:func:`peers.stragglers_node`)."""
-    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count())
+    hit = peers.stragglers_node(ctx.data, ctx.wins, ctx.gpu_hits(), ctx.s, ctx.records_count(),
+                                ctx.rank_settings())
     if not hit:
         return None
     return Found(f"node {hit['node']} straggles: {hit['metric']} {hit['value']} vs "
@@ -171,6 +189,9 @@ def straggler_gpu(ctx: Context) -> Found | None:
         return None
     h = hits[0]
     rs = ", ".join(h["reasons"]) or "no slowdown reason reported"
+    if h["metric"] == "hard_reason_share":
+        return Found(f"{h['node']} GPU {h['gpu_index']} straggles: hard clock-event reasons active in "
+                     f"{h['value']:.0%} of its samples vs {h['peer_median']:.0%} on its peers; {rs}", {"gpus": hits})
     return Found(f"{h['node']} GPU {h['gpu_index']} straggles: {h['metric']} {h['value']} vs peers "
                  f"{h['peer_median']} ({h['rel_change']:+.0%}); {rs}", {"gpus": hits})
 
@@ -217,9 +238,20 @@ def reason_shares_up(ctx: Context) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _reason_effect(ctx: Context) -> bool:
+    """Median step time or SM clock at least :data:`REASON_PERF_MIN` worse than the
+    template's median, or the throughput that much lower (judged comparisons only)."""
+    for m, sign in (("step_time_p50_s", 1), ("throughput_per_s", -1), ("sm_clock_mhz", -1)):
+        c = ctx.comps.get(m)
+        if c and c.z is not None and c.rel_change is not None and sign * c.rel_change >= REASON_PERF_MIN:
+            return True
+    return False
+
+
 def gpu_throttling(ctx: Context) -> Found | None:
     """A clock-event reason's share flagged up against the template's own history
-    (:func:`reason_shares_up`) with the run slower or its SM clock down; or the SM clock
+    (:func:`reason_shares_up`) with the run slower or its SM clock down (flagged, or
+    :data:`REASON_PERF_MIN` worse: :func:`_reason_effect`); or the SM clock
     flagged down with slowdown reasons active in at least ``throttle_active_share`` of
     GPU samples (or with a slower run when no reason is reported and the utilisation did
     not fall with the clock: idle readings between steps lower the median clock); or,
@@ -237,7 +269,7 @@ def gpu_throttling(ctx: Context) -> Found | None:
         rs = ", ".join(f"{r} {v:.0%}" for r, v in reasons.items()) or "no reason reported (application clocks?)"
         return Found(f"SM clock down: {fmt(c)}; active: {rs}",
                      {"reasons": reasons, "sm_clock": c.to_dict(), "reason_shares": rose})
-    if rose and (ctx.down("sm_clock_mhz") or ctx.slower()):
+    if rose and (ctx.down("sm_clock_mhz") or ctx.slower() or _reason_effect(ctx)):
         rs = ", ".join(f"{m} {d['value']:.0%} vs {d['median']:.0%}" for m, d in rose.items())
         perf = ctx.perf_lines() or [fmt(ctx.comps["sm_clock_mhz"])]
         return Found(f"clock-event reasons above the template's history: {rs}; {perf[0]}",

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
+from gpuguard.metrics import gpu_columns
 from gpuguard.output import cell, display_tz, emit, isoify, output_options, table
 from gpuguard.store import StoreError
 
@@ -124,14 +125,12 @@ def format_text(rep: dict[str, Any]) -> str:
     for s in rep["summaries"]:
         out += ["", f"Summary ({s['node']})", table(summary_rows(s), ["METRIC", "VALUE", "UNIT"])]
         if s["gpus"]:
-            grows = [[g["gpu_index"], g["sample_count"], g["gpu_util_mean_pct"], g["sm_clock_mean_mhz"],
-                      g["power_mean_w"], g["temp_max_c"], g["mem_used_peak_mib"],
-                      g["ecc_volatile_uncorrected_increase"],
+            cols = gpu_columns()
+            grows = [[g["gpu_index"], g["sample_count"], *[g.get(f) for f, _label in cols],
                       ", ".join(f"{k} {cell(v)}s" for k, v in sorted(g["clock_event_s"].items())) or "-"]
                      for g in s["gpus"]]
             out += ["", f"Per GPU ({s['node']})",
-                    table(grows, ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
-                                   "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"])]
+                    table(grows, ["GPU", "SAMPLES", *[label for _f, label in cols], "CLOCK_EVENTS"])]
     out += ["", "Findings"]
     out.append(table([[f["node"], f["hook"], f["severity"], f["action"], f["code"], f["gpu_index"], f["message"]]
                        for f in rep["findings"]], ["NODE", "HOOK", "SEVERITY", "ACTION", "CODE", "GPU", "MESSAGE"])

@@ -5,7 +5,8 @@ Spool layout (``[paths] spool_dir``, a directory shared by the nodes and the con
 owned by SlurmUser)::
 
     {spool_dir}/{job_id}/job.json              manifest: EpilogSlurmctld's view of the job
-    {spool_dir}/{job_id}/{node}.part.json.gz   one part per node (gpuguard.epilog.part)
+    {spool_dir}/{job_id}/{node}.part.npz       one part per node (gpuguard.epilog.part_codec;
+                                               the previous release's {node}.part.json.gz is read too)
 
 A job directory is removed once the job was judged with every node's part and its
 AdminComment is set; a job judged with parts missing keeps its directory (a late part
@@ -53,13 +54,13 @@ def wait_for_parts(spool_dir: str, job_id: str, nodes: list[str], timeout_s: flo
     """Poll until every node in ``nodes`` has its part in the spool or ``timeout_s``
     passes (EpilogSlurmctld starts with, or before, the node Epilogs: SLURM-FACTS §3).
     Returns the parts there are. Only new files are decoded on each poll."""
-    from gpuguard.epilog.part import SUFFIX, job_dir, read_parts
+    from gpuguard.epilog.part import job_dir, part_node, read_parts
 
     deadline = time.monotonic() + timeout_s
     d = job_dir(spool_dir, job_id)
     while True:
         try:
-            have = {n[: -len(SUFFIX)] for n in os.listdir(d) if n.endswith(SUFFIX) and not n.startswith(".")}
+            have = {part_node(n) for n in os.listdir(d)}
         except OSError:
             have = set()
         if all(n in have for n in nodes) or time.monotonic() >= deadline:

@@ -123,8 +123,18 @@ class Comparison:
         for k in ("z", "rel_change"):
             if d[k] is not None and not math.isfinite(d[k]):
                 d[k] = "inf" if d[k] > 0 else "-inf"
-        d["unit"] = METRICS[self.metric][0]
+        d["unit"] = unit_of(self.metric)
         return d
+
+
+def unit_of(metric: str) -> str:
+    """The unit of a compared value: the metric table's, or a peer spread's
+    (:data:`gpuguard.epilog.peers.SPREAD_METRICS`)."""
+    if metric in METRICS:
+        return METRICS[metric][0]
+    from gpuguard.epilog.peers import SPREAD_METRICS
+
+    return SPREAD_METRICS[metric][0]
 
 
 def deviates(metric: str, x: float, med: float, mad_raw: float, s: Settings,
@@ -151,13 +161,13 @@ def settled_warmup_s(data: JobData, s: Settings) -> float:
     if data.start is None or data.end is None or not data.steps:
         return s.warmup_s
     dur = data.end - data.start
-    ref = robust.median(r.step_time_s for r in data.steps_between(data.start + dur / 2, data.end + 1.0))
+    ref = robust.median(data.step_columns(data.start + dur / 2, data.end + 1.0).column("step_time_s"))
     if not ref:
         return s.warmup_s
     probe = max(s.short_window_s, min(s.long_window_s / 2, dur / 20))
     t = data.start + s.warmup_s
     while t + probe <= data.start + MAX_SETTLE_FRAC * dur:
-        m = robust.median(r.step_time_s for r in data.steps_between(t, t + probe))
+        m = robust.median(data.step_columns(t, t + probe).column("step_time_s"))
         if m is None or m <= ref * (1.0 + SETTLE_TOL):
             return t - data.start
         t += probe / 2
@@ -209,5 +219,32 @@ def compare(metrics: Mapping[str, float | None], base: baseline_mod.Baseline, wi
         elif dev:
             held = (wins.span[1] or 0) - (wins.span[0] or 0)
         out.append(Comparison(m, x, st.median, st.mad, z, rel, dev, st.n, round(held, 1)))
+    out += compare_spreads(base, wins, s, min_runs)
     return out
+
+
+def compare_spreads(base: baseline_mod.Baseline, wins: Windows, s: Settings, min_runs: int) -> list[Comparison]:
+    """The run's peer spreads (:data:`gpuguard.epilog.peers.SPREAD_METRICS`) against the
+    same spreads in the template's history runs: flagged when at least
+    :data:`gpuguard.epilog.peers.SPREAD_MIN_RISE` above the history median with robust z
+    >= ``z_threshold`` (MAD floor :data:`gpuguard.epilog.peers.SPREAD_MAD_FLOOR` of the
+    median, and never under a tenth of the rise: a spread of a few tenths of a per cent
+    has no meaningful relative floor). Up only: a smaller spread is no anomaly."""
+    from gpuguard.epilog import peers
+
+    t0, t1 = wins.span
+    x = peers.rank_compute_spread(wins.data, t0, t1) if t0 is not None else None  # type: ignore[arg-type]
+    st = base.stats.get("rank_compute_spread")
+    m = "rank_compute_spread"
+    if x is None or st is None:
+        return [Comparison(m, x, st.median if st else None, st.mad if st else None, None, None, False,
+                           st.n if st else 0)]
+    rel = robust.rel_change(x, st.median)
+    if base.state != baseline_mod.READY or st.n < min_runs:
+        return [Comparison(m, x, st.median, st.mad, None, rel, False, st.n)]
+    scale = 1.4826 * max(st.mad, peers.SPREAD_MAD_FLOOR * abs(1.0 + st.median), peers.SPREAD_MIN_RISE / 10)
+    z = (x - st.median) / scale
+    flagged = z >= s.z_threshold and x - st.median >= peers.SPREAD_MIN_RISE
+    return [Comparison(m, x, st.median, st.mad, z, rel, flagged, st.n,
+                       round((t1 or 0) - (t0 or 0), 1) if flagged else 0.0)]
 

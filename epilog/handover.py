@@ -56,16 +56,20 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
 def encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], summary: Any) -> tuple[bytes, float]:
     """This node's part of ``job_id`` encoded (:func:`gpuguard.epilog.part.encode_part`):
     ``(blob, window_s)``: windows start at ``[verdict] short_window_s`` and double until the
-    part fits. Raises :class:`gpuguard.epilog.part.SpoolError` when a day's window does not."""
+    part fits. Built straight from the store (:func:`gpuguard.epilog.nodepart.build_node_part`),
+    reusing the summary's bucketed pass when the summary was made with ``window_align_s``
+    = ``short_window_s``. Raises :class:`gpuguard.epilog.part.SpoolError` when a day's
+    window does not fit."""
     from gpuguard.epilog import part as part_mod
-    from gpuguard.epilog.jobdata import load_job
+    from gpuguard.epilog.nodepart import build_node_part
 
-    data = load_job(store, job_id, [node])
     names = {r["uuid"]: r["name"] for r in store.query("select uuid, name from inventory where node = ?", [node])}
     sdict = summary.to_dict()
+    align_s = float(cfg.get("verdict", "short_window_s"))
     return part_mod.encode_part(
-        lambda ws: part_mod.build_part(data, node, window_s=ws, job=job, summary=sdict, gpu_names=names),
-        float(cfg.get("verdict", "short_window_s")))
+        lambda ws: build_node_part(store, job_id, node, window_s=ws, job=job, summary=sdict, gpu_names=names,
+                                   align_s=align_s),
+        align_s)
 
 
 def judge_here(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], part: dict[str, Any],

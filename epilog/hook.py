@@ -18,9 +18,10 @@ What it does, in order of importance, inside ``[epilog] time_budget_s``:
 4. take the job's lock (:mod:`gpuguard.epilog.joblock`): a second or concurrent Epilog of
    the same job waits, then finds the first one's summary and keeps it;
 5. open the store, record the run; ingest the training records of
-   ``{job_dir_root}/{job_id}`` (:func:`gpuguard.collector.ingest.read_job_records`) into
-   ``steps`` and ``checkpoints`` (replacing the job's earlier rows on this node when
-   there are new ones, never wiping them with nothing);
+   ``{job_dir_root}/{job_id}`` into ``steps`` and ``checkpoints``: only the tail the
+   collector has not stored during the job
+   (:func:`gpuguard.collector.ingest_tail.ingest_new_records`; a new attempt of the job
+   replaces the job's earlier rows on this node, nothing never wipes them);
 6. write the job summary (:func:`gpuguard.epilog.summary.summarize_job`,
    :func:`~gpuguard.epilog.summary.save_summary`) and this node's *part* (summary plus
    per-window series, :mod:`gpuguard.epilog.part`): in cluster mode to the spool for the
@@ -59,10 +60,11 @@ import time
 from typing import Any
 
 # Cheap to import (their own imports are lazy). save_training_records stays a name of this
-# module so tests can replace it here; _encode_part is what the cluster tests build parts with.
+# module (the scenario generators store records with it); _encode_part is what the cluster
+# tests build parts with.
 from gpuguard.epilog.handover import encode_part as _encode_part  # noqa: F401
 from gpuguard.epilog.handover import hand_over
-from gpuguard.epilog.training_rows import save_training_records
+from gpuguard.epilog.training_rows import save_training_records  # noqa: F401
 
 EXIT_OK = 0
 
@@ -84,6 +86,21 @@ def read_job_records(job_dir: str, expected_uid: int) -> Any:
     from gpuguard.collector.ingest import read_job_records as read
 
     return read(job_dir, expected_uid)
+
+
+def ingest_records(store: Any, job_dir: str, job_id: str, node: str, expected_uid: int) -> Any:
+    """The Epilog's (final) call of :func:`gpuguard.collector.ingest_tail.ingest_new_records`:
+    the records the collector has not stored yet. Raises :class:`gpuguard.store.StoreError`."""
+    from gpuguard.collector.ingest_tail import ingest_new_records
+
+    return ingest_new_records(store, job_dir, job_id, node, expected_uid, final=True)
+
+
+def forget_ingest_offsets(store: Any, job_id: str, node: str) -> None:
+    """:func:`gpuguard.collector.ingest_tail.forget_offsets`."""
+    from gpuguard.collector.ingest_tail import forget_offsets
+
+    forget_offsets(store, job_id, node)
 
 
 def remove_job_dir(root: str, job_id: str) -> bool:
@@ -140,6 +157,8 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
         if problem.startswith("SLURM_JOB_ID"):
             log.error("tool error: %s; post-job checks only", problem)
+        elif problem.startswith("SLURM_JOB_GPUS"):  # bad input from slurmd: judged as no GPU list, never a drain
+            log.error("tool error: %s; the job's GPUs are not checked by index", problem)
         else:
             log.warning("hook environment: %s; treated as unset", problem)
     job_id = henv.job_id
@@ -345,8 +364,10 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
     from gpuguard.epilog.summary import save_summary, summarize_job
 
     try:
+        # buckets aligned on the part's windows: the part reuses the summary's pass
         summary = summarize_job(store, job_id, node, exit_status_raw=exit_raw,
-                                collector_status=status, ingest=ingest)
+                                collector_status=status, ingest=ingest,
+                                window_align_s=float(cfg.get("verdict", "short_window_s")))
         if restarts:
             summary.collector_restarts = int(restarts.get("restarts") or 0)
             summary.collector_down_s = float(restarts.get("down_s") or 0.0)
@@ -372,15 +393,26 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
                     else deadline - time.monotonic(), log)
 
     # 7. the job directory
+    _remove_job_dir(store, cfg, job_id, node, job_dir, keep_dir, log)
+
+
+def _remove_job_dir(store: Any, cfg: Any, job_id: str, node: str, job_dir: str, keep_dir: bool, log: Any) -> None:
+    """Step 7: delete the job directory (unless kept for a look) and, once it is gone,
+    the job's training-record offsets. Our errors are logged only."""
     if keep_dir:
         log.info("job directory kept: %s", job_dir)
-    else:
-        try:
-            remove_job_dir(cfg.get("paths", "job_dir_root"), job_id)
-        except FileNotFoundError:
-            pass  # no job_dir_root: the job never had a directory
-        except Exception as e:
-            log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+        return
+    try:
+        remove_job_dir(cfg.get("paths", "job_dir_root"), job_id)
+    except FileNotFoundError:
+        pass  # no job_dir_root: the job never had a directory
+    except Exception as e:
+        log.error("tool error: removing %s: %s: %s", job_dir, type(e).__name__, e)
+        return
+    try:  # the directory is gone: a requeued attempt of the job starts its ingest afresh
+        forget_ingest_offsets(store, job_id, node)
+    except Exception as e:
+        log.error("tool error: training-record offsets: %s: %s", type(e).__name__, e)
 
 
 def _ingest(store: Any, job_dir: str, job_id: str, node: str, uid: int | None, log: Any) -> tuple:
@@ -393,20 +425,22 @@ def _ingest(store: Any, job_dir: str, job_id: str, node: str, uid: int | None, l
         keep_dir = True
     else:
         try:
-            ingest = read_job_records(job_dir, uid)
+            ingest = ingest_records(store, job_dir, job_id, node, uid)
             for path, why in ingest.rejected_files:
                 log.warning("training records: %s rejected: %s", path, why)
             if ingest.malformed:
                 log.warning("training records: %d malformed line(s) skipped", ingest.malformed)
             if ingest.truncated:
+                n_steps, n_ckpt = (store.db.conn.execute(f"select count(*) from {t} where job_id = ? and node = ?",
+                                                         (job_id, node)).fetchone()[0]
+                                   for t in ("steps", "checkpoints"))
                 log.warning("training records: truncated at the ingest caps; the summary covers the "
-                            "first %d step and %d checkpoint record(s)", len(ingest.steps),
-                            len(ingest.checkpoints))
-            n_steps, n_ckpt = save_training_records(store, job_id, node, ingest)
+                            "first %d step and %d checkpoint record(s)", n_steps, n_ckpt)
             # a rejected file (symlink, FIFO, hard link: planted by the user) is logged and
             # in the summary; it does not keep the directory (users could pin dirs forever)
-            if n_steps or n_ckpt:
-                log.info("ingested %d step and %d checkpoint record(s)", n_steps, n_ckpt)
+            if ingest.steps or ingest.checkpoints:
+                log.info("ingested %d step and %d checkpoint record(s) (the rest during the job)",
+                         len(ingest.steps), len(ingest.checkpoints))
         except Exception as e:  # StoreError, a bug in the reader: keep the dir for a look
             log.error("tool error: training records: %s: %s", type(e).__name__, e)
             keep_dir = True

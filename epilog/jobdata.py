@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard import samples
-from gpuguard.metrics import BY_NAME, stored_column
+from gpuguard.metrics import BY_NAME, series_attrs, stored_column, with_fields
 from gpuguard.model import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, reasons_mask
 from gpuguard.net.evidence import FABRIC_CODES
 
@@ -48,8 +48,10 @@ _HW_FINDING_PREFIXES = ("xid.", "sxid.", "ecc.uncorrectable", "gpu.lost", "nvlin
 
 
 @dataclass
+@with_fields((a, "list[float | None]", field(default_factory=list), "clock") for a in series_attrs().values())
 class GpuSeries:
-    """One GPU's samples, sorted by time; lists are aligned with ``t``."""
+    """One GPU's samples, sorted by time; lists are aligned with ``t``. A compared GPU
+    metric's series (:data:`SERIES_ATTR`) not declared here becomes a field."""
 
     node: str
     gpu_index: int
@@ -71,6 +73,27 @@ class GpuSeries:
     def span(self, t0: float, t1: float) -> tuple[int, int]:
         """Index range ``[i, j)`` of samples with ``t0 <= t < t1``."""
         return bisect.bisect_left(self.t, t0), bisect.bisect_left(self.t, t1)
+
+    def array(self, name: str) -> Any:
+        """Series ``name`` (``t``, ``util``, ..., ``mask``, ``ecc_unc``) as a numpy array,
+        NaN where the list holds None (``mask``: int64). Made once and kept while the list
+        is the same object of the same length: the judge's checks over a 64-node job's
+        512 GPUs read these instead of walking 700,000 list items per metric."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        lst = getattr(self, name)
+        hit = cache.get(name)
+        if hit is None or hit[0] is not lst or hit[1] != len(lst):
+            import numpy as np
+
+            arr = (np.array(lst, dtype=np.int64) if name == "mask" else
+                   np.array([np.nan if v is None else v for v in lst], dtype=np.float64))
+            hit = cache[name] = (lst, len(lst), arr)
+        return hit[2]
+
+    def keep_array(self, name: str, arr: Any) -> None:
+        """Record ``arr`` as :meth:`array`'s value of series ``name`` (whose list was made from it)."""
+        lst = getattr(self, name)
+        self.__dict__.setdefault("_arrays", {})[name] = (lst, len(lst), arr)
 
 
 @dataclass(slots=True)
@@ -124,6 +147,24 @@ class JobData:
         i = bisect.bisect_left(self.step_t, t0)
         j = bisect.bisect_left(self.step_t, t1)
         return self.steps[i:j]
+
+    def step_columns(self, t0: float | None = None, t1: float | None = None) -> Any:
+        """The step records in ``[t0, t1)`` (default: all) as a
+        :class:`gpuguard.epilog.steptable.StepTable`: ``steps`` itself when the judge built
+        it so, else a table of ``steps`` made once and kept (the verdict asks per window)."""
+        from gpuguard.epilog.steptable import StepTable
+
+        tab = self.steps if isinstance(self.steps, StepTable) else None
+        if tab is None:
+            cached = self.window_cache.get("step_columns")
+            if cached is None or cached[0] is not self.steps or len(cached[1]) != len(self.steps):
+                cached = self.window_cache["step_columns"] = (self.steps, StepTable.of(self.steps))
+            tab = cached[1]
+        if t0 is None and t1 is None:
+            return tab
+        i = bisect.bisect_left(self.step_t, t0) if t0 is not None else 0
+        j = bisect.bisect_left(self.step_t, t1) if t1 is not None else len(tab)
+        return tab[i:j]
 
 
 def _tables(store: Any) -> set[str]:
@@ -305,9 +346,9 @@ def step_times(store: Any, job_id: str, nodes: list[str] | None, t0: float, t1: 
     return out
 
 
-#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point.
-SERIES_ATTR = {"gpu_util_pct": "util", "mem_util_pct": "mem_util", "power_w": "power", "temp_c": "temp",
-               "sm_clock_mhz": "clock"}
+#: GpuSeries attribute of each sampled metric the verdict reads as a mean per point (the
+#: GPU metrics it compares: :func:`gpuguard.metrics.series_attrs`).
+SERIES_ATTR = series_attrs()
 
 
 def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[str, int], GpuSeries]:
@@ -319,29 +360,43 @@ def _load_gpus(store: Any, job_id: str, nodes: list[str] | None) -> dict[tuple[s
     ECC: the bucket's max), so the verdict's memory does not grow with the job."""
     conn = store.db.conn
     out: dict[tuple[str, int], GpuSeries] = {}
-    attr = SERIES_ATTR
-    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
     for sid, node, idx, uuid, t0 in samples.series_of(conn, job_id, nodes):
-        g = out[(node or "", idx)] = GpuSeries(node or "", idx, uuid)
         b = samples.read_buckets(conn, sid, t0, cache=getattr(store, "memo", None))
-        if not b.n:
-            continue
-        g.t = [t0 + x / 1000.0 for x in b.t_min]
-        for name, a in attr.items():
-            sc = BY_NAME[name].scale
-            setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
-        sc = BY_NAME["mem_used_mib"].scale
-        g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
-        mask = [0] * len(b.n)
-        for bit, counts in b.bits.items():
-            for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
-                if c and 2 * c >= n:
-                    mask[i] |= bit
-        g.mask = mask
-        key = "t_ms" if not b.bucket_ms else f"t_ms / {b.bucket_ms}"
-        ecc = dict(conn.execute(f"select {key}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (sid,)))
-        g.ecc_unc = [ecc.get(x if not b.bucket_ms else x // b.bucket_ms) for x in b.t_min]
+        out[(node or "", idx)] = series_from_buckets(conn, node or "", idx, uuid, b)
     return out
+
+
+def series_from_buckets(conn: Any, node: str, idx: int, uuid: str | None, b: samples.Buckets) -> GpuSeries:
+    """One GPU's :class:`GpuSeries` from its :class:`gpuguard.samples.Buckets`: a point per
+    bucket at its first sample time, holding the bucket's means (memory: max; a
+    clock-event bit: set when active in at least half the bucket's samples; ECC: the
+    largest ``gpu_slow`` reading in the bucket, for a sample-by-sample series the one at
+    that sample's time)."""
+    g = GpuSeries(node, idx, uuid)
+    if not b.n:
+        return g
+    t0 = b.t0
+    g.t = [t0 + x / 1000.0 for x in b.t_min]
+    for name, a in SERIES_ATTR.items():
+        sc = BY_NAME[name].scale
+        setattr(g, a, [None if not c else v / c / sc for v, c in zip(b.sums[name], b.counts[name], strict=True)])
+    sc = BY_NAME["mem_used_mib"].scale
+    g.mem = [None if v is None else v / sc for v in b.maxes["mem_used_mib"]]
+    mask = [0] * len(b.n)
+    for bit, counts in b.bits.items():
+        for i, (c, n) in enumerate(zip(counts, b.n, strict=True)):
+            if c and 2 * c >= n:
+                mask[i] |= bit
+    g.mask = mask
+    ecc_col = stored_column(BY_NAME["ecc_volatile_uncorrected"])
+    group = b.group_sql()
+    ecc = dict(conn.execute(f"select {group}, max({ecc_col}) from gpu_slow where sid = ? group by 1", (b.sid,)))
+    if not b.bucket_ms:
+        g.ecc_unc = [ecc.get(x) for x in b.t_min]
+    else:
+        off = round(t0 * 1000) if b.align_ms else 0
+        g.ecc_unc = [ecc.get((x + off) // b.bucket_ms) for x in b.t_min]
+    return g
 
 
 def ecc_growth(g: GpuSeries) -> int:
@@ -355,15 +410,11 @@ def _slow_cum(g: GpuSeries) -> list[list[int]]:
     entry per sample), computed once per series: a window's count is two lookups."""
     cum = getattr(g, "_slow_cum", None)
     if cum is None or len(cum[0]) != len(g.mask) + 1:
-        cum = []
-        for r in SLOWDOWN_REASONS:
-            bit = CLOCK_EVENT_REASONS[r][0]
-            run = [0]
-            c = 0
-            for m in g.mask:
-                c += 1 if m & bit else 0
-                run.append(c)
-            cum.append(run)
+        import numpy as np
+
+        mask = g.array("mask")
+        cum = [np.concatenate([[0], np.cumsum((mask & CLOCK_EVENT_REASONS[r][0]) != 0)]).tolist()
+               for r in SLOWDOWN_REASONS]
         g._slow_cum = cum  # type: ignore[attr-defined]
     return cum
 

@@ -15,9 +15,6 @@ A job Slurm does not show the user and no readable store holds is :class:`JobNot
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import urllib.parse
 from typing import Any
 
 #: sacct fields of the header, in this order (``sacct --helpformat``).
@@ -32,29 +29,10 @@ class JobNotVisible(LookupError):
 
 
 def open_readonly(path: str) -> Any:
-    """A :class:`gpuguard.store.Store` on ``path`` opened read-only through SQLite's
-    ``mode=ro`` URI (no create, no migration, no WAL switch: a reader never writes;
-    ``immutable=1`` as well while no writer has a WAL open, so not even ``-shm``/``-wal``
-    files are created beside it).
-    Raises :class:`gpuguard.store.StoreError` when it cannot be read by this user."""
-    from gpuguard.store import Store, StoreError, sqlite_utils
+    """:func:`gpuguard.store.open_readonly` (kept here under its first name)."""
+    from gpuguard.store import open_readonly as _open
 
-    if not os.path.exists(path):
-        raise StoreError(f"store {path}: does not exist")
-    if not os.access(path, os.R_OK):
-        raise StoreError(f"store {path}: not readable by this user")
-    # No -wal file: no writer has the store open, and SQLite would otherwise create
-    # -wal/-shm beside it (a write in the directory; impossible for a user in a
-    # read-only one). immutable=1 reads the file as it is, creating nothing. With a
-    # -wal present, mode=ro reads through the writer's WAL index as any reader does.
-    flags = "mode=ro" if os.path.exists(path + "-wal") else "mode=ro&immutable=1"
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + flags
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
-        conn.execute("select count(*) from sqlite_master").fetchone()
-    except sqlite3.Error as e:
-        raise StoreError(f"store {path}: cannot open read-only: {e}") from None
-    return Store(sqlite_utils.Database(conn), path)
+    return _open(path)
 
 
 def _gpus_of(tres: str) -> int | None:

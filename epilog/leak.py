@@ -18,22 +18,29 @@ from gpuguard.epilog.compare import Settings, Windows
 from gpuguard.epilog.jobdata import JobData
 
 
-def _leak_of(ts: list[float], ys: list[float | None], t0: float, t1: float, capacity: float | None,
+def _leak_of(ts: Any, ys: Any, t0: float, t1: float, capacity: float | None,
              s: Settings) -> dict[str, Any] | None:
-    pts = [(t, y) for t, y in zip(ts, ys, strict=True) if t0 <= t < t1 and y is not None]
+    """``ts``/``ys``: numpy arrays (NaN = no value) or lists (None = no value)."""
+    import numpy as np
+
+    from gpuguard.epilog import colstats
+
+    ts = np.asarray(ts, dtype=np.float64)
+    ys = ys if isinstance(ys, np.ndarray) else np.array([np.nan if y is None else y for y in ys], dtype=np.float64)
+    keep = (ts >= t0) & (ts < t1) & ~np.isnan(ys)
+    tt_a, yy_a = ts[keep], ys[keep]
+    n = tt_a.shape[0]
     # a long window, or most of a shorter job's span after warm-up
-    if len(pts) < 8 or pts[-1][0] - pts[0][0] < min(s.long_window_s, 0.8 * (t1 - t0)):
+    if n < 8 or tt_a[-1] - tt_a[0] < min(s.long_window_s, 0.8 * (t1 - t0)):
         return None
-    tt = [p[0] for p in pts]
-    yy = [p[1] for p in pts]
-    n = len(pts)
-    q = [robust.median(yy[k * n // 4:(k + 1) * n // 4]) for k in range(4)]
+    q = [colstats.median(yy_a[k * n // 4:(k + 1) * n // 4]) for k in range(4)]
     total = q[3] - q[0]  # type: ignore[operator]
     # every test below must pass for a leak; the quarter test is linear, the Theil-Sen
     # slope quadratic in its (bounded) points, so the cheap one goes first: a flat series
     # (almost every GPU of a healthy job) never pays for the slope. Same result either order.
     if total <= 0 or any(q[k + 1] - q[k] < 0.15 * total for k in range(3)):  # type: ignore[operator]
         return None
+    tt, yy = tt_a.tolist(), yy_a.tolist()
     slope = robust.theil_sen(tt, yy)
     if not slope or slope <= 0:
         return None
@@ -63,7 +70,7 @@ def memory_leak(data: JobData, wins: Windows, s: Settings) -> dict[str, Any] | N
         return None
     hits = []
     for g in data.gpus:
-        r = _leak_of(g.t, g.mem, t0, t1, data.mem_total_mib.get(g.key), s)
+        r = _leak_of(g.array("t"), g.array("mem"), t0, t1, data.mem_total_mib.get(g.key), s)
         if r:
             hits.append(dict(r, where=g.key, kind="gpu", node=g.node, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid))
     for node, (ts, vs) in data.host.items():

@@ -62,11 +62,11 @@ def job_page_text(job_id: str) -> str:
     from gpuguard.epilog.cli import job_report
     from gpuguard.epilog.jobpage import format_page, job_header
     from gpuguard.output import display_tz
-    from gpuguard.store import open_store
+    from gpuguard.store import open_readonly
 
     cfg = config_mod.load()
     path = cfg.get("mail", "store") or cfg.cluster_store_path
-    store = open_store(path, create=False)
+    store = open_readonly(path)  # a reader: never migrates or writes the store
     try:
         tz = display_tz(cfg)
         rep = job_report(store, job_id, tz)

@@ -46,59 +46,55 @@ def _p(values: list[float | None], p: float) -> float | None:
 
 
 def _step_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | None]:
-    """Step-record metrics over ``[t0, t1)``, in one pass over the records (a 64-node
-    day-long job has about 740,000 of them in its whole span; sums are taken in record
-    order, as ``sum()`` over the same values would)."""
-    recs = data.steps_between(t0, t1)
-    times: list[float] = []
-    counts: list[float | None] = []
-    by_rank: dict[Any, list[float]] = {}
-    phase_sum = {"data_wait_s": [0, 0.0, 0.0], "comm_s": [0, 0.0, 0.0]}  # pairs, phase total, step total
-    wait_acc, comm_acc = phase_sum["data_wait_s"], phase_sum["comm_s"]
-    for r in recs:
-        st = r.step_time_s
-        n = r.samples if r.samples is not None else r.tokens
-        counts.append(n)
-        if not st:
-            continue
-        times.append(st)
-        if n is not None:
-            acc = by_rank.get((r.node, r.rank))
-            if acc is None:
-                acc = by_rank[(r.node, r.rank)] = [0.0, 0.0]
-            acc[0] += n
-            acc[1] += st
-        if r.data_wait_s is not None:
-            wait_acc[0] += 1
-            wait_acc[1] += r.data_wait_s
-            wait_acc[2] += st
-        if r.comm_s is not None:
-            comm_acc[0] += 1
-            comm_acc[1] += r.comm_s
-            comm_acc[2] += st
+    """Step-record metrics over ``[t0, t1)``, on the records' columns
+    (:meth:`JobData.step_columns`: a 64-node day-long job has about 740,000 of them in its
+    whole span). Sums are taken in record order, as a loop over the records would."""
+    import numpy as np
+
+    from gpuguard.epilog.colstats import nearest_rank, seq_sum
+
+    recs = data.step_columns(t0, t1)
+    st = recs.step_time_s
+    counts = np.where(np.isnan(recs.samples), recs.tokens, recs.samples)
+    ok = ~np.isnan(st) & (st != 0)
     out: dict[str, float | None] = {
-        "step_time_p50_s": _p(times, 50),
-        "step_time_p95_s": _p(times, 95),
+        "step_time_p50_s": None, "step_time_p95_s": None,
         "throughput_per_s": None, "data_wait_share": None, "comm_share": None,
-        "samples_per_step": _p(counts, 50),
+        "samples_per_step": nearest_rank(counts, 50),
     }
-    if not times:
+    if not ok.any():
         return out
-    if by_rank:
-        out["throughput_per_s"] = sum(n / s for n, s in by_rank.values() if s > 0)
-    for phase, name in (("data_wait_s", "data_wait_share"), ("comm_s", "comm_share")):
-        pairs, part, total = phase_sum[phase]
-        if pairs and total > 0:
-            out[name] = part / total
+    times = np.sort(st[ok])
+    out["step_time_p50_s"] = float(percentile(times, 50))  # type: ignore[arg-type]
+    out["step_time_p95_s"] = float(percentile(times, 95))  # type: ignore[arg-type]
+    has_n = ok & ~np.isnan(counts)
+    if has_n.any():
+        # per (node, rank), in order of first appearance: the sum over ranks is then the
+        # same sequence of additions as over a dict filled record by record
+        ranks, rank_code = np.unique(np.nan_to_num(recs.rank[has_n], nan=-np.inf), return_inverse=True)
+        key = recs.node[has_n].astype(np.int64) * len(ranks) + rank_code.reshape(-1)
+        _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        n_sum = np.bincount(inv, weights=counts[has_n]).tolist()
+        s_sum = np.bincount(inv, weights=st[has_n]).tolist()
+        out["throughput_per_s"] = sum(n_sum[k] / s_sum[k] for k in np.argsort(first).tolist() if s_sum[k] > 0)
+    for col, name in ((recs.data_wait_s, "data_wait_share"), (recs.comm_s, "comm_share")):
+        pair = ok & ~np.isnan(col)
+        total = seq_sum(st[pair])
+        if pair.any() and total > 0:
+            out[name] = seq_sum(col[pair]) / total
     return out
 
 
-def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> list[float | None]:
-    vals: list[float | None] = []
+def _gpu_values(data: JobData, attr: str, t0: float, t1: float) -> Any:
+    """Every GPU's samples of series ``attr`` in ``[t0, t1)``, one array (NaN = no value)."""
+    import numpy as np
+
+    parts = []
     for g in data.gpus:
         i, j = g.span(t0, t1)
-        vals.extend(getattr(g, attr)[i:j])
-    return vals
+        parts.append(g.array(attr)[i:j])
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bool = False
@@ -106,6 +102,8 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
     """The windowed metrics over ``[t0, t1)`` (epoch seconds), from every point loaded;
     with ``all_records``, step-time percentiles from every stored record when the loader
     bucketed them (one SQL query: for the compared whole-span value)."""
+    from gpuguard.epilog.colstats import nearest_rank
+
     out = _step_metrics(data, t0, t1)
     if all_records and data.exact_step_times is not None:
         times = data.exact_step_times(t0, t1)
@@ -113,7 +111,7 @@ def exact_window_metrics(data: JobData, t0: float, t1: float, *, all_records: bo
         out["step_time_p95_s"] = percentile(times, 95)
     for name, metric in compared_gpu().items():
         if metric in _SERIES_ATTR:  # the clock-event shares come from _reason_shares below
-            out[name] = _p(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
+            out[name] = nearest_rank(_gpu_values(data, _SERIES_ATTR[metric], t0, t1), 50)
     out.update(_reason_shares(data, t0, t1))
     return out
 
@@ -124,11 +122,10 @@ def _reason_shares(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     total = 0
     for g in data.gpus:
         i, j = g.span(t0, t1)
-        for mask in g.mask[i:j]:
-            total += 1
-            for m, b in bits.items():
-                if mask & b:
-                    counts[m] += 1
+        masks = g.array("mask")[i:j]
+        total += j - i
+        for m, b in bits.items():
+            counts[m] += int(((masks & b) != 0).sum())
     return {m: (counts[m] / total if total else None) for m in REASON_SHARES}
 
 
@@ -197,9 +194,11 @@ def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     if t0 is None or t1 is None:
         return dict.fromkeys(METRICS)
     out = exact_window_metrics(data, t0, t1, all_records=True)
+    from gpuguard.epilog import colstats
+
     out["checkpoint_time_s"] = _p(data.checkpoint_s, 50)
-    peaks = [robust.clean(g.mem) for g in data.gpus]
-    out["mem_peak_mib"] = max((max(p) for p in peaks if p), default=None)
+    peaks = [p for p in (colstats.finite(g.array("mem")) for g in data.gpus) if p.shape[0]]
+    out["mem_peak_mib"] = max((float(p.max()) for p in peaks), default=None)
     return {m: out.get(m) for m in METRICS}
 
 

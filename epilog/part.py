@@ -44,8 +44,6 @@ the same reduction (single host included), so a run is always compared like with
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
 import stat
@@ -55,15 +53,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuguard.epilog.jobdata import GpuSeries, JobData, StepRec
+from gpuguard.epilog.part_codec import FORMAT, SUFFIX, V1_SUFFIX, VERSION
 from gpuguard.epilog.spool import SpoolError, check_name
 
-FORMAT = "gpuguard-part"
-VERSION = 1
-SUFFIX = ".part.json.gz"
-#: Compressed size cap of one part (the issue's bound for a 24 h job on one node: 1 MB).
+#: Size cap of one encoded part (the issue's bound for a 24 h job on one node: 1 MB).
 MAX_PART_BYTES = 1_000_000
-#: Decompressed size cap when reading: a part is a few MB of JSON at most; a gzip bomb is not ours.
-MAX_PART_JSON_BYTES = 64 * 1024 * 1024
 #: At most this many checkpoint durations and hardware events/findings are carried.
 MAX_LIST = 200
 
@@ -214,14 +208,16 @@ def build_part(data: JobData, node: str, *, window_s: float, job: Mapping[str, A
 
 
 def encode_part(build: Any, window_s: float, max_bytes: int = MAX_PART_BYTES) -> tuple[bytes, float]:
-    """gzip-compressed JSON of ``build(window_s)`` (a function returning the part dict),
-    doubling the window until it is at most ``max_bytes``. Returns ``(bytes, window_s)``.
-    Raises :class:`SpoolError` when even a window of a whole day does not fit."""
+    """The part ``build(window_s)`` (a function returning the part dict) encoded
+    (:func:`gpuguard.epilog.part_codec.encode`, version 2), doubling the window until it
+    is at most ``max_bytes``. Returns ``(bytes, window_s)``. Raises :class:`SpoolError`
+    when even a window of a whole day does not fit."""
+    from gpuguard.epilog import part_codec
+
     ws = float(window_s)
     while True:
         doc = build(ws)
-        raw = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str).encode()
-        blob = gzip.compress(raw, compresslevel=6, mtime=0)
+        blob = part_codec.encode(doc)
         if len(blob) <= max_bytes:
             return blob, ws
         if ws >= 86400:
@@ -275,7 +271,7 @@ def write_file_atomic(d: str, name: str, blob: bytes) -> str:
 
 
 def write_part(spool_dir: str, job_id: str, node: str, blob: bytes) -> str:
-    """Store an encoded part as ``{spool_dir}/{job_id}/{node}.part.json.gz``; returns the
+    """Store an encoded part as ``{spool_dir}/{job_id}/{node}.part.npz``; returns the
     path. Raises :class:`SpoolError` (unsafe names) and ``OSError``."""
     d = job_dir(spool_dir, job_id, create=True)
     return write_file_atomic(d, check_name("node name", node) + SUFFIX, blob)
@@ -301,46 +297,45 @@ def _read_bounded(path: str, max_bytes: int) -> bytes | None:
             os.close(fd)
 
 
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number gpuguard writes")
-
-
 def decode_part(blob: bytes) -> dict[str, Any]:
-    """Inverse of :func:`encode_part`. Raises :class:`SpoolError` for anything that is not
-    a part of a version this code reads."""
-    try:
-        with gzip.GzipFile(fileobj=__import__("io").BytesIO(blob)) as gz:
-            raw = gz.read(MAX_PART_JSON_BYTES + 1)
-        if len(raw) > MAX_PART_JSON_BYTES:
-            raise SpoolError("part decompresses to more than 64 MiB")
-        doc = json.loads(raw, parse_constant=_no_constant)
-    except (OSError, EOFError, ValueError) as e:
-        raise SpoolError(f"not a gzip JSON part: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise SpoolError("not a gpuguard part")
-    if doc.get("v") != VERSION:
-        raise SpoolError(f"part version {doc.get('v')!r} is not {VERSION}")
-    return doc
+    """The part in ``blob``, series as numpy arrays (:func:`gpuguard.epilog.part_codec.decode`:
+    version 2, or version 1 from a node not yet upgraded). Raises :class:`SpoolError` for
+    anything else."""
+    from gpuguard.epilog import part_codec
+
+    return part_codec.decode(blob)
+
+
+def part_node(name: str) -> str | None:
+    """The node a spool file name is the part of (``n1.part.npz``, or a version-1
+    ``n1.part.json.gz``), or None for any other name (temp files start with ``.``)."""
+    if name.startswith("."):
+        return None
+    for suffix in (SUFFIX, V1_SUFFIX):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return None
 
 
 def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[str, Any]]:
-    """``node -> part`` for every readable part of the job now in the spool. Unreadable,
-    foreign, oversized or mismatched files are skipped (logged when ``log`` is given)."""
+    """``node -> part`` for every readable part of the job now in the spool (a node's
+    version-2 part wins over a version-1 one). Unreadable, foreign, oversized or
+    mismatched files are skipped (one line each in ``log`` when given)."""
     d = job_dir(spool_dir, job_id)
     out: dict[str, dict[str, Any]] = {}
     try:
-        names = sorted(os.listdir(d))
+        names = sorted(os.listdir(d), key=lambda n: n.endswith(SUFFIX))  # version 1 first
     except OSError:
         return out
     for n in names:
-        if not n.endswith(SUFFIX) or n.startswith("."):
+        node = part_node(n)
+        if node is None:
             continue
         blob = _read_bounded(os.path.join(d, n), MAX_PART_BYTES)
         try:
             if blob is None:
                 raise SpoolError("not a regular file, a symlink, or over the size bound")
             doc = decode_part(blob)
-            node = n[: -len(SUFFIX)]
             if doc.get("node") != node or str(doc.get("job_id")) != str(job_id):
                 raise SpoolError(f"names job {doc.get('job_id')!r} node {doc.get('node')!r}")
         except SpoolError as e:
@@ -352,114 +347,122 @@ def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[s
 
 
 # -- the judge's view ------------------------------------------------------------------------
-_NUMBER = (int, float)
+def _number(v: Any) -> float | None:
+    """A number of a part's JSON fields, else None (``bool`` is not a number)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _f(v: Any) -> float | None:
-    """A number of a decoded part, else None (``bool`` is not a number; NaN and infinity
-    never get here: :func:`decode_part` refuses them)."""
-    return v if type(v) in _NUMBER else None
+def _values(a: Any) -> list[float | None]:
+    """An array's values as a list, NaN as None."""
+    vals = a.tolist()
+    return [None if x != x else x for x in vals] if vals and bool((a != a).any()) else vals
 
 
-def _col(d: Mapping[str, Any], k: str, n: int) -> list[Any]:
-    v = d.get(k)
-    if not isinstance(v, list):
-        return [None] * n
-    return (v + [None] * n)[:n]
+def _gpu_series(node: str, g: Mapping[str, Any]) -> GpuSeries:
+    """One GPU's windows (one sample each) from its decoded part entry."""
+    import numpy as np
+
+    index = g.get("index")
+    s = GpuSeries(node, int(index) if _number(index) is not None else -1, g.get("uuid"))
+    keep = ~np.isnan(g["t"])
+    whole = bool(keep.all())
+
+    def col(k: str) -> Any:
+        return g[k] if whole else g[k][keep]
+    for attr, key in (("t", "t"), ("util", "util"), ("mem", "mem"), ("power", "power"), ("temp", "temp"),
+                      ("clock", "clock"), ("mask", "mask"), ("ecc_unc", "ecc")):
+        a = col(key)
+        if attr in ("t", "mask"):
+            setattr(s, attr, a.tolist())
+        else:
+            setattr(s, attr, [None if x != x else int(x) for x in a.tolist()] if attr == "ecc_unc" else _values(a))
+        s.keep_array(attr, a)  # the checks that read arrays (GpuSeries.array) get these as they are
+    return s
 
 
-#: The per-window totals a step record carries, in :class:`StepRec` field order after
-#: ``step_time_s``: samples, tokens, then the phases.
-_TOTALS = ("samples", "tokens", *_PHASES)
-_NO_TOTALS = (None,) * len(_TOTALS)
+def _rank_steps(node: str, r: Mapping[str, Any], per_window: int) -> Any:
+    """One rank's step records, ``per_window`` at most per window (module docstring), as
+    a :class:`~gpuguard.epilog.steptable.StepTable` in window order: a window's
+    step-time quantiles ``q`` that are numbers other than 0 (else its ``p50``), evenly
+    spaced when more than ``per_window`` (the middle one when only one is kept), each
+    carrying the window's totals scaled by its share of the window's step time."""
+    import numpy as np
 
+    from gpuguard.epilog.steptable import StepTable
 
-def _rank_steps(node: str, r: Mapping[str, Any], per_window: int) -> list[StepRec]:
-    """One rank's step records, ``per_window`` at most per window (module docstring).
-
-    Built column-wise with positional :class:`StepRec` fields: a 64-node day-long job has
-    about 740,000 of them, and per-record dicts were a third of the judge's time."""
-    ts = r.get("t") or []
-    n = len(ts)
-    rank = r.get("rank")
-    p50, qs, sums = _col(r, "p50", n), _col(r, "q", n), _col(r, "sum_s", n)
-    totals = [_col(r, k, n) for k in _TOTALS]
-    out: list[StepRec] = []
-    for i in range(n):
-        t = _f(ts[i])
-        if t is None:
-            continue
-        tot = _f(sums[i])
-        q = qs[i]
-        pts = [x for x in (_f(v) for v in q) if x] if isinstance(q, list) else []
-        pts = pts or [x for x in (_f(p50[i]),) if x]
-        if len(pts) > per_window:  # evenly spaced, the middle one when only one is kept
-            pts = [pts[(2 * k + 1) * len(pts) // (2 * per_window)] for k in range(per_window)]
-        vals = [x if type(x) in _NUMBER else None for x in [c[i] for c in totals]]  # _f, inlined
-        for st in pts:
-            # totals scaled by st / sum: throughput and phase shares over any span of
-            # windows stay the exact sums' ratios
-            if tot:
-                sc = st / tot
-                out.append(StepRec(node, rank, t, st, *[x * sc if x is not None else None for x in vals]))
-            else:
-                out.append(StepRec(node, rank, t, st, *_NO_TOTALS))
-    return out
+    q = r["q"]
+    valid = ~np.isnan(q) & (q != 0)
+    p50 = r["p50"]
+    fallback = ~valid.any(axis=1) & ~np.isnan(p50) & (p50 != 0)
+    if fallback.any():
+        q = q.copy()
+        q[fallback, 0] = p50[fallback]
+        valid[fallback, 0] = True
+    count = valid.sum(axis=1)[:, None]
+    compact = np.take_along_axis(q, np.argsort(~valid, axis=1, kind="stable"), axis=1)  # numbers first, in order
+    k = np.arange(q.shape[1])
+    pick = np.where(count <= per_window, k, (2 * k + 1) * count // (2 * per_window))
+    take = (k < np.minimum(count, per_window)) & ~np.isnan(r["t"])[:, None]
+    st = np.take_along_axis(compact, np.minimum(pick, q.shape[1] - 1), axis=1)[take]
+    win = np.nonzero(take)[0]
+    tot = r["sum_s"][win]
+    has_tot = ~np.isnan(tot) & (tot != 0)
+    # totals scaled by st / sum: throughput and phase shares over any span of windows stay
+    # the exact sums' ratios
+    sc = st / np.where(has_tot, tot, 1.0)
+    sc[~has_tot] = np.nan
+    rank = _number(r.get("rank"))
+    cols = {"t": r["t"][win], "step_time_s": st,
+            **{c: r[k][win] * sc for c, k in (("samples", "samples"), ("tokens", "tokens"),
+                                               *((p + "_s", p) for p in _PHASES))}}
+    return StepTable([node], np.zeros(st.shape[0], dtype=np.int32),
+                     np.full(st.shape[0], np.nan if rank is None else float(rank)), cols)
 
 
 def to_job_data(job_id: str, parts: Mapping[str, Mapping[str, Any]], nodes: list[str] | None = None) -> JobData:
-    """A :class:`~gpuguard.epilog.jobdata.JobData` for the judge from every node's part
-    (module docstring: one GPU sample per GPU and window, one step record per rank and
-    window). ``nodes``: the job's node list (default: the parts' nodes)."""
+    """A :class:`~gpuguard.epilog.jobdata.JobData` for the judge from every node's decoded
+    part (:func:`decode_part`; module docstring: one GPU sample per GPU and window, up to
+    five step records per rank and window). Its ``steps`` are a
+    :class:`~gpuguard.epilog.steptable.StepTable` (columns, sorted by time; it reads as a
+    sequence of :class:`StepRec`). ``nodes``: the job's node list (default: the parts' nodes)."""
+    import numpy as np
+
+    from gpuguard.epilog.jobdata import capacity_from_name
+    from gpuguard.epilog.steptable import StepTable
+
     gpus: list[GpuSeries] = []
-    steps: list[StepRec] = []
+    tables = []
     host: dict[str, tuple[list[float], list[float | None]]] = {}
     ckpt: list[float] = []
     hw_events: list[dict[str, Any]] = []
     hw_findings: list[dict[str, Any]] = []
     caps: dict[str, float] = {}
-    from gpuguard.epilog.jobdata import capacity_from_name
-
-    rank_windows = sum(len(r.get("t") or []) for p in parts.values() for r in p.get("ranks") or [])
+    rank_windows = sum(r["t"].shape[0] for p in parts.values() for r in p.get("ranks") or [])
     per_window = max(1, min(len(QUANTILES), MAX_STEP_RECORDS // max(1, rank_windows)))
     for node in sorted(parts):
         p = parts[node]
         for g in p.get("gpus") or []:
-            ts = [_f(x) for x in g.get("t") or []]
-            n = len(ts)
-            s = GpuSeries(node, int(g.get("index") if g.get("index") is not None else -1), g.get("uuid"))
-            keep = [i for i, t in enumerate(ts) if t is not None]
-            s.t = [ts[i] for i in keep]
-            for attr, key in (("util", "util"), ("mem", "mem"), ("power", "power"), ("temp", "temp"),
-                              ("clock", "clock")):
-                col = _col(g, key, n)
-                setattr(s, attr, [_f(col[i]) for i in keep])
-            masks = _col(g, "mask", n)
-            s.mask = [int(masks[i]) if isinstance(masks[i], int) else 0 for i in keep]
-            eccs = _col(g, "ecc", n)
-            s.ecc_unc = [eccs[i] if isinstance(eccs[i], int) else None for i in keep]
+            s = _gpu_series(node, g)
             gpus.append(s)
-            cap = _f(g.get("mem_total_mib")) or capacity_from_name(g.get("name"))
+            cap = _number(g.get("mem_total_mib")) or capacity_from_name(g.get("name"))
             if cap:
                 caps[s.key] = cap
-        for r in p.get("ranks") or []:
-            ts = r.get("t") or []
-            n = len(ts)
-            steps += _rank_steps(node, r, per_window)
+        tables += [_rank_steps(node, r, per_window) for r in p.get("ranks") or []]
         h = p.get("host") or {}
-        hts = [_f(x) for x in h.get("t") or []]
-        if hts:
-            rss = _col(h, "rss", len(hts))
-            host[node] = ([t for t in hts if t is not None], [_f(rss[i]) for i, t in enumerate(hts) if t is not None])
-        ckpt += [x for x in (_f(v) for v in p.get("checkpoints_s") or []) if x is not None]
+        if h.get("t") is not None and h["t"].shape[0]:
+            keep = ~np.isnan(h["t"])
+            host[node] = (h["t"][keep].tolist(), _values(h["rss"][keep]))
+        ckpt += [x for x in (_number(v) for v in p.get("checkpoints_s") or []) if x is not None]
         hw_events += [e for e in p.get("hw_events") or [] if isinstance(e, dict)]
         hw_findings += [f for f in p.get("hw_findings") or [] if isinstance(f, dict)]
-    steps.sort(key=lambda s: s.t)
+    steps = StepTable.concat(tables).sorted_by_t()
     gpus.sort(key=lambda g: (g.node, g.gpu_index))
     times = [g.t[0] for g in gpus if g.t] + [g.t[-1] for g in gpus if g.t]
-    times += [steps[0].t - (steps[0].step_time_s or 0.0), steps[-1].t] if steps else []
+    if len(steps):
+        first = steps[0]
+        times += [first.t - (first.step_time_s or 0.0), steps[-1].t]
     seen = sorted(set(parts))
     return JobData(str(job_id), list(nodes) if nodes else seen, min(times) if times else None,
-                   max(times) if times else None, gpus, steps, [s.t for s in steps], host, ckpt,
+                   max(times) if times else None, gpus, steps, steps.t, host, ckpt,  # type: ignore[arg-type]
                    sorted(hw_events, key=lambda e: e.get("at") or 0),
                    sorted(hw_findings, key=lambda f: f.get("at") or 0), caps)

@@ -20,11 +20,27 @@ straggler is found on a template's first run. Two kinds of evidence, tried in th
     would make per-GPU medians differ by chance. Power and utilisation alone are never a
     straggler: a GPU drawing less power at normal clocks does the same work.
 
-Both must hold over at least one long window too (:func:`gpuguard.epilog.metrics.sustained`).
-Rank records count only when the template's baseline is ready and the run is slower than
-it (:meth:`gpuguard.epilog.causes.Context.slower`): ranks can differ by role (pipeline
-stages, the rank that computes the loss), and such a structural imbalance is in every
-run — naming it would alert, then escalate to a drain, on a healthy GPU. The clock
+``hard_reason_share`` (per GPU, from the samples)
+    a GPU with hard clock-event reasons (thermal, HW slowdown, power brake: never part of
+    a healthy run) active in at least ``throttle_active_share`` of its samples while
+    its peers' median share stays under a fifth of that: the hardware slows that one GPU,
+    whatever its clock deficit (a HW slowdown that costs 6 % is below the clock test's
+    ``peer_min_rel_change`` but is still the GPU's fault). Job-wide reasons are
+    throttling (:func:`gpuguard.epilog.causes.gpu_throttling`), not a straggler.
+
+All must hold over at least one long window too (:func:`gpuguard.epilog.metrics.sustained`).
+Rank records count only when the template's baseline is ready and either the run is slower
+than it (:meth:`gpuguard.epilog.causes.Context.slower`) or the run's *rank compute spread*
+(:func:`rank_compute_spread`: the slowest rank's median compute over the median of the
+others, minus 1) rose against the same spread in the template's history runs by at least
+:data:`SPREAD_MIN_RISE` (compared like a metric, :func:`gpuguard.epilog.compare.compare`):
+ranks can differ by role (pipeline stages, the rank that computes the loss), and such a
+structural imbalance is in every run — naming it would alert, then escalate to a drain,
+on a healthy GPU. With the spread risen, the straggler needs only
+:data:`SPREAD_MIN_RISE` over its peers, with a MAD floor of :data:`SPREAD_MAD_FLOOR`: in a
+synchronous job every rank computes the same work per step, so ranks' median compute
+times agree to about a per cent, run after run, and a rank a few per cent slower that was
+not so in the history is the GPU (or its node). The clock
 evidence needs no baseline.
 Two GPUs have no majority: by records, the rank whose compute is that much longer;
 by clock, the GPU that far below the other *and* flagged low against the template
@@ -38,6 +54,7 @@ GPUs are at least half of one node's GPUs (at least two).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,6 +65,26 @@ from gpuguard.epilog import robust
 from gpuguard.epilog.compare import Settings, Windows, deviates
 from gpuguard.epilog.jobdata import GpuSeries, JobData, reasons_share
 from gpuguard.epilog.metrics import sustained
+from gpuguard.model import HARD_SLOWDOWN_REASONS
+
+#: The rank compute spread must rise this much over the template's history median for
+#: per-rank records to count without a slower run, and the straggler must be this far
+#: above its peers (our choice: 3 points of compute time, about three times the
+#: spread of ranks' median compute among healthy GPUs of one model, and half the
+#: smallest change the verdict reports on a whole run).
+SPREAD_MIN_RISE = 0.03
+#: MAD floor (fraction of the median) for the peer test in that case (our choice: ranks'
+#: median compute times over hundreds of steps agree to well under 1 %).
+SPREAD_MAD_FLOOR = 0.005
+#: Compared values that are not rows of the metric table: name -> (unit, description).
+SPREAD_METRICS = {
+    "rank_compute_spread": ("ratio", "slowest rank's median fwd_bwd_s over the median of the other ranks, minus 1"),
+}
+
+#: Peers' median hard-reason share must stay under this fraction of
+#: ``throttle_active_share`` for one GPU's hard reasons to single it out (our choice: a
+#: fifth; a job-wide throttle shows on every GPU and is throttling, not a straggler).
+HARD_PEER_FRAC = 0.2
 
 #: A GPU whose median utilisation over the job stays under this (percent) is *unused* by
 #: the job, not a straggler: a job that allocates 4 GPUs and computes on 3 must not look
@@ -101,16 +138,22 @@ def _memo(fn: Callable[[float, float], float | None]) -> Callable[[float, float]
 
 
 def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
+    import numpy as np
+
+    from gpuguard.epilog import colstats
+
     def value(a: float, b: float) -> float | None:
         i, j = g.span(a, b)
-        return robust.median(c for c, u in zip(g.clock[i:j], g.util[i:j], strict=True)
-                             if u is None or u >= BUSY_UTIL_PCT)
+        u = g.array("util")[i:j]
+        return colstats.median(g.array("clock")[i:j][np.isnan(u) | (u >= BUSY_UTIL_PCT)])
     return _memo(value)
 
 
 def _used(g: GpuSeries, t0: float, t1: float) -> bool:
+    from gpuguard.epilog import colstats
+
     i, j = g.span(t0, t1)
-    u = robust.median(g.util[i:j])
+    u = colstats.median(g.array("util")[i:j])
     return u is None or u >= UNUSED_UTIL_PCT
 
 
@@ -123,13 +166,7 @@ def gpu_units(data: JobData, t0: float, t1: float) -> list[Unit]:
 def rank_units(data: JobData) -> list[Unit]:
     """The job's ranks, valued by their median ``fwd_bwd_s`` (comm: median ``comm_s``),
     each mapped to its node's GPU in rank order (module docstring)."""
-    series: dict[tuple[str, int], tuple[list[float], list[float | None], list[float | None]]] = {}
-    for r in data.steps:  # sorted by t
-        if r.rank is not None and r.fwd_bwd_s is not None:
-            ts, fb, cm = series.setdefault((r.node or "", int(r.rank)), ([], [], []))
-            ts.append(r.t)
-            fb.append(r.fwd_bwd_s)
-            cm.append(r.comm_s)
+    series = data.step_columns().rank_series()  # (node, rank) -> t, fwd_bwd_s, comm_s; by t
     gpus_on: dict[str, list[GpuSeries]] = {}
     for g in data.gpus:
         gpus_on.setdefault(g.node, []).append(g)
@@ -148,13 +185,25 @@ def rank_units(data: JobData) -> list[Unit]:
     return out
 
 
-def _hit(u: Unit, data: JobData, metric: str, x: float, pm: float, rel: float, z: float, secs: float | None,
+def rank_compute_spread(data: JobData, t0: float, t1: float) -> float | None:
+    """The slowest rank's median ``fwd_bwd_s`` over ``[t0, t1)`` divided by the median of
+    the other ranks' medians, minus 1 (0.05: the slowest rank computes 5 % longer);
+    ``None`` with fewer than two ranks with compute times."""
+    vals = robust.clean(u.value(t0, t1) for u in rank_units(data))
+    if len(vals) < 2:
+        return None
+    vals.sort()
+    pm = robust.median(vals[:-1])
+    return vals[-1] / pm - 1.0 if pm else None
+
+
+def _hit(u: Unit, data: JobData, metric: str, x: float, pm: float, rel: float, z: float | None, secs: float | None,
          t0: float, t1: float) -> dict[str, Any]:
     gs = [g for g in data.gpus if g.node == u.node and g.gpu_index == u.gpu_index]
     reasons = reasons_share(gs, t0, t1) if gs else {}
     return {"node": u.node, "gpu_index": u.gpu_index, "gpu_uuid": u.gpu_uuid, "rank": u.rank, "metric": metric,
-            "value": round(x, 4), "peer_median": round(pm, 4), "rel_change": round(rel, 3), "z": round(z, 2),
-            "sustained_s": None if secs is None else round(secs, 1),
+            "value": round(x, 4), "peer_median": round(pm, 4), "rel_change": round(rel, 3),
+            "z": None if z is None else round(z, 2), "sustained_s": None if secs is None else round(secs, 1),
             "reasons": {r: round(v, 3) for r, v in reasons.items()}}
 
 
@@ -208,17 +257,58 @@ def _clock_pair(units: list[Unit], data: JobData, wins: Windows, s: Settings,
     return []
 
 
+def _hard_share(g: GpuSeries) -> Callable[[float, float], float | None]:
+    def value(a: float, b: float) -> float | None:
+        i, j = g.span(a, b)
+        if j <= i:
+            return None
+        return max((v for r, v in reasons_share([g], a, b).items() if r in HARD_SLOWDOWN_REASONS), default=0.0)
+    return _memo(value)
+
+
+def hard_reason_gpus(data: JobData, wins: Windows, s: Settings) -> list[dict[str, Any]]:
+    """GPUs singled out by their own hard clock-event reasons (module docstring)."""
+    t0, t1 = wins.span
+    if t0 is None or len(data.gpus) < 2 or s.throttle_active_share <= 0:
+        return []
+    units = [(g, _hard_share(g)) for g in data.gpus if g.t]
+    vals = {id(g): f(t0, t1) for g, f in units}  # type: ignore[arg-type]
+    if not any(v for v in vals.values()):
+        return []
+    out = []
+    for g, f in units:
+        x = vals[id(g)]
+        peers_ = robust.clean(vals[id(p)] for p, _ in units if p is not g)
+        if x is None or x < s.throttle_active_share or not peers_:
+            continue
+        pm = robust.median(peers_) or 0.0
+        if pm >= HARD_PEER_FRAC * s.throttle_active_share:
+            continue
+        held, secs = sustained(wins.windows, f, lambda v: v >= s.throttle_active_share)
+        if held:
+            u = Unit(g.node, g.gpu_index, g.gpu_uuid, None, f)
+            out.append(_hit(u, data, "hard_reason_share", x, pm, x - pm, None, secs, t0, t1))  # type: ignore[arg-type]
+    return out
+
+
+def spread_settings(s: Settings) -> Settings:
+    """``s`` with the peer thresholds for a rank compute spread risen against history."""
+    return dataclasses.replace(s, peer_min_rel_change=min(s.peer_min_rel_change, SPREAD_MIN_RISE),
+                               mad_floor_frac=min(s.mad_floor_frac, SPREAD_MAD_FLOOR))
+
+
 def stragglers_gpu(data: JobData, wins: Windows, s: Settings,
                    stats: Mapping[str, baseline_mod.Stat] | None = None,
-                   records: bool = True) -> list[dict[str, Any]]:
+                   records: bool = True, rank_s: Settings | None = None) -> list[dict[str, Any]]:
     """Straggling GPUs (module docstring), at most one line per GPU: records first (when
-    ``records``), then clock. Each: ``node, gpu_index, gpu_uuid, rank, metric, value,
-    peer_median, rel_change, z, sustained_s, reasons``."""
+    ``records``, judged with ``rank_s``, default ``s``), then clock, then hard reasons.
+    Each: ``node, gpu_index, gpu_uuid, rank, metric, value, peer_median, rel_change, z,
+    sustained_s, reasons``."""
     t0, t1 = wins.span
     if t0 is None:
         return []
     ranks = rank_units(data) if records else []
-    hits = _outliers(ranks, data, wins, s, "fwd_bwd_s", +1) if len(ranks) >= 2 else []
+    hits = _outliers(ranks, data, wins, rank_s or s, "fwd_bwd_s", +1) if len(ranks) >= 2 else []
     gpus = gpu_units(data, t0, t1)  # type: ignore[arg-type]
     if len(gpus) >= 3:
         seen = {(h["node"], h["gpu_index"]) for h in hits}
@@ -226,6 +316,8 @@ def stragglers_gpu(data: JobData, wins: Windows, s: Settings,
                  if (h["node"], h["gpu_index"]) not in seen]
     elif len(gpus) == 2 and stats and not hits:
         hits = _clock_pair(gpus, data, wins, s, stats)
+    seen = {(h["node"], h["gpu_index"]) for h in hits}
+    hits += [h for h in hard_reason_gpus(data, wins, s) if (h["node"], h["gpu_index"]) not in seen]
     return hits
 
 
@@ -237,34 +329,34 @@ def _node_best(units: list[Unit], node: str, worse: int, a: float, b: float) -> 
 
 
 def stragglers_node(data: JobData, wins: Windows, gpu_hits: list[dict[str, Any]],
-                    s: Settings, records: bool = True) -> dict[str, Any] | None:
+                    s: Settings, records: bool = True, rank_s: Settings | None = None) -> dict[str, Any] | None:
     """A straggling node of a multi-node job (module docstring): ``node, metric, value``
     (its best GPU/rank), ``others_median``, ``rel_change``, ``z``, ``sustained_s``,
     ``reasons``; or ``gpus_straggling`` with the GPU lines. ``None`` when none. Rank
-    records count only with ``records``."""
+    records count only with ``records`` (judged with ``rank_s``, default ``s``)."""
     t0, t1 = wins.span
-    nodes = sorted({g.node for g in data.gpus} | {r.node for r in data.steps if r.node})
+    nodes = sorted({g.node for g in data.gpus} | data.step_columns().node_names())
     if len(nodes) < 2 or t0 is None:
         return None
-    sources = [("fwd_bwd_s", rank_units(data), 1)] if records else []
-    sources.append(("sm_clock_mhz", gpu_units(data, t0, t1), -1))  # type: ignore[arg-type]
-    for metric, units, worse in sources:
+    sources = [("fwd_bwd_s", rank_units(data), 1, rank_s or s)] if records else []
+    sources.append(("sm_clock_mhz", gpu_units(data, t0, t1), -1, s))  # type: ignore[arg-type]
+    for metric, units, worse, ps in sources:
         for node in nodes:
             x = _node_best(units, node, worse, t0, t1)  # type: ignore[arg-type]
             others = robust.clean(u.value(t0, t1) for u in units if u.node != node)  # type: ignore[arg-type]
             if x is None or not others:
                 continue
-            ok, z, rel, pm = peer_outlier(x, others, s, worse)
+            ok, z, rel, pm = peer_outlier(x, others, ps, worse)
             if not ok:
                 continue
 
             def win_value(a: float, b: float, node: str = node, units: list[Unit] = units,
-                          worse: int = worse) -> float | None:
+                          worse: int = worse, ps: Settings = ps) -> float | None:
                 v = _node_best(units, node, worse, a, b)
                 os_ = robust.clean(u.value(a, b) for u in units if u.node != node)
                 if v is None or not os_:
                     return None
-                return v if peer_outlier(v, os_, s, worse)[0] else math.nan
+                return v if peer_outlier(v, os_, ps, worse)[0] else math.nan
 
             held, secs = sustained(wins.windows, win_value, lambda v: not math.isnan(v))
             if held:

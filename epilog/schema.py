@@ -13,7 +13,12 @@
 from __future__ import annotations
 
 import gpuguard.collector.schema  # noqa: F401  (registers the "collector" set this one requires)
-from gpuguard.store import MigrationSet, register_set, sqlite_utils
+from typing import TYPE_CHECKING
+
+from gpuguard.store import MigrationSet, register_set
+
+if TYPE_CHECKING:  # annotations only: the hooks do not import sqlite-utils (gpuguard.store)
+    import sqlite_utils
 
 #: Requires ``collector``: the summary is computed from its ``samples``.
 MIGRATIONS = register_set(MigrationSet("epilog", requires=("collector",), legacy={"job_records": 2, "baselines": 3}))
@@ -91,3 +96,17 @@ def _cluster_jobs(db: sqlite_utils.Database) -> None:
         pk="id",
     )
     db["cluster_drains"].create_index(["job_id", "node"], unique=True)
+
+
+@MIGRATIONS(name="train_offsets")
+def _train_offsets(db: sqlite_utils.Database) -> None:
+    """Incremental training-record ingest (:func:`gpuguard.collector.ingest_tail.ingest_new_records`):
+    per (job, node, record file) the file's identity (``dev``, ``ino``), the byte ``offset``
+    up to which its lines are stored in ``steps``/``checkpoints``, whether that offset is
+    inside an over-long line being skipped, and the lines parsed, malformed lines and
+    non-finite losses so far; ``truncated``: the job-wide record cap was reached."""
+    db["train_offsets"].create(
+        {"job_id": str, "node": str, "name": str, "dev": int, "ino": int, "offset": int, "skipping": int,
+         "records": int, "malformed": int, "nonfinite": int, "truncated": int},
+        pk=("job_id", "node", "name"),
+    )

@@ -154,11 +154,12 @@ def _slow_increase(conn: Any, sid: int, lo: int, hi: int) -> dict[str, int | Non
 
 
 def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float | None, end: float | None,
-              memo: dict[Any, Any] | None = None) -> None:
+              memo: dict[Any, Any] | None = None, align_s: float | None = None) -> None:
     """Fill the GPU fields from the compact sample store: one bucketed pass per GPU
-    (:func:`gpuguard.samples.read_buckets`, reused by the verdict) plus one ``GROUP BY``
-    per percentile metric, all in SQLite over integer-scaled columns, so memory does not
-    grow with the job's length."""
+    (:func:`gpuguard.samples.read_buckets`, buckets aligned on ``align_s``; reused by the
+    spool part, :mod:`gpuguard.epilog.nodepart`) plus one ``GROUP BY`` per percentile
+    metric, all in SQLite over integer-scaled columns, so memory does not grow with the
+    job's length."""
     pooled = {m.name: [0, 0] for m in _MEANS}
     pooled_max: dict[str, float | None] = {m.name: None for m in _MAXES}
     hists: dict[str, dict[int, int]] = {m.name: {} for m in _PCTS}
@@ -171,7 +172,7 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
         lo, hi = samples.t_range(t0, start, end)
         if not conn.execute("select 1 from gpu_samples where sid = ? and t_ms >= ? limit 1", (sid, lo)).fetchone():
             lo = -(2**62)  # nothing stamped after the start: the clock stepped back before the first sample
-        b = samples.read_buckets(conn, sid, t0, lo, hi, cache=memo)
+        b = samples.read_buckets(conn, sid, t0, lo, hi, cache=memo, align_s=align_s)
         n = sum(b.n)
         if not n:
             continue
@@ -353,7 +354,8 @@ def _post_job_part(summary: JobSummary, store: Any, job_id: str, node: str) -> N
 def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | None,
                   collector_status: str = "unknown", ingest: Any = None,
                   started_at: float | None = None, ended_at: float | None = None,
-                  window_s: float | None = None, max_windows: int = MAX_WINDOWS) -> JobSummary:
+                  window_s: float | None = None, max_windows: int = MAX_WINDOWS,
+                  window_align_s: float | None = None) -> JobSummary:
     """Summarise job ``job_id`` on ``node`` from ``store`` (a :class:`gpuguard.store.Store`).
 
     * ``exit_status_raw``: ``SLURM_JOB_EXIT_CODE`` as an int (raw wait status), or None;
@@ -361,7 +363,11 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     * ``ingest``: the collector's ``IngestResult`` (``malformed``, ``rejected_files``,
       ``truncated``) or None when nothing was ingested;
     * ``started_at``/``ended_at``: the job window (module docstring); default: the end of
-      the job's latest Prolog run on ``node``, and now.
+      the job's latest Prolog run on ``node``, and now;
+    * ``window_align_s``: the spool part's first window width (``[verdict]
+      short_window_s``): a long GPU series is then read in buckets aligned on it
+      (:func:`gpuguard.samples.read_buckets`), so that this node's part
+      (:func:`gpuguard.epilog.nodepart.build_node_part`) reuses this pass.
 
     Reads only; raises :class:`gpuguard.store.StoreError` when the store cannot be read.
     """
@@ -381,7 +387,8 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     # window (the store's per-GPU timeline stays monotonic: gpuguard.samples.write).
     conn = store.db.conn
     try:
-        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None, getattr(store, "memo", None))
+        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None, getattr(store, "memo", None),
+                  window_align_s)
         _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
         _step_part(s, conn, job_id, node)
         if window_s is not None:

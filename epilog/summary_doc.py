@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.metrics import summary_fields
+from gpuguard.metrics import document_fields, summary_fields, with_fields
 
 #: Bump when a field's meaning changes; stored beside the summary.
 SUMMARY_VERSION = 1
@@ -78,21 +78,17 @@ def decode_exit_status(raw: int | None) -> ExitStatus:
 
 # -- the summary -------------------------------------------------------------------------
 @dataclass
+@with_fields(document_fields(per_gpu=True, after={"gpu": "sample_count"}))
 class GpuSummary:
-    """One GPU of the job (issue 4's straggler-GPU verdict compares these with each
-    other). ``clock_event_s``: reason name -> seconds that reason was active."""
+    """One GPU of the job (the straggler-GPU verdict compares these with each other).
+    After ``sample_count`` come the per-GPU statistics of the metric table's GPU metrics
+    (:func:`gpuguard.metrics.document_fields`: ``gpu_util_mean_pct``, ``power_mean_w``,
+    ``ecc_volatile_uncorrected_increase``, ...; None: no sample had the value).
+    ``clock_event_s``: reason name -> seconds that reason was active."""
 
     gpu_index: int
     gpu_uuid: str | None
     sample_count: int
-    gpu_util_mean_pct: float | None = None
-    mem_util_mean_pct: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    power_mean_w: float | None = None
-    temp_max_c: float | None = None
-    mem_used_peak_mib: float | None = None
-    ecc_volatile_uncorrected_increase: int | None = None
-    pcie_replay_count_increase: int | None = None
     clock_event_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,9 +96,14 @@ class GpuSummary:
 
 
 @dataclass
+@with_fields(document_fields(per_gpu=False, after={"gpu": "gpus", "host": "host_sample_count", "step": "ranks"}))
 class JobSummary:
     """Everything the Epilog knows about one job on one node. Field units are in the
-    names (module docstring); :data:`METRICS` lists the scalar metrics.
+    names (module docstring); :data:`METRICS` lists the scalar metrics. The statistics of
+    the metric table (:func:`gpuguard.metrics.document_fields`) are fields too, placed
+    after ``gpus`` (GPU metrics: ``gpu_util_p95_pct``, ``energy_increase_j``, ...),
+    ``host_sample_count`` (``host_cpu_mean_pct``, ...) and ``ranks``
+    (``step_time_p50_s``, ...); None means no data.
 
     * ``exit_*``: the decoded ``SLURM_JOB_EXIT_CODE`` (:func:`decode_exit_status`);
     * ``collector_status``: one of :data:`COLLECTOR_STATUSES`;
@@ -138,29 +139,13 @@ class JobSummary:
     last_sample_at: float | None = None
     sample_interval_s: float | None = None
     gpus: list[GpuSummary] = field(default_factory=list)
-    gpu_util_mean_pct: float | None = None
-    gpu_util_p95_pct: float | None = None
-    mem_util_mean_pct: float | None = None
-    mem_used_peak_mib: float | None = None
-    power_mean_w: float | None = None
-    temp_max_c: float | None = None
-    sm_clock_mean_mhz: float | None = None
     clock_event_gpu_s: dict[str, float] = field(default_factory=dict)
-    ecc_volatile_uncorrected_increase: int | None = None
-    pcie_replay_count_increase: int | None = None
     xid_event_count: int = 0
     xid_events: list[dict[str, Any]] = field(default_factory=list)
     host_sample_count: int = 0
-    host_cpu_mean_pct: float | None = None
-    host_rss_peak_mib: float | None = None
-    host_io_read_increase_mib: float | None = None
-    host_io_write_increase_mib: float | None = None
     step_records: int = 0
     steps: int = 0
     ranks: int = 0
-    step_time_p50_s: float | None = None
-    step_time_p95_s: float | None = None
-    step_time_p99_s: float | None = None
     throughput_samples_per_s: float | None = None
     throughput_tokens_per_s: float | None = None
     data_wait_share_pct: float | None = None

@@ -15,10 +15,24 @@ without a record the fault would be lost for good. The rule:
    (:meth:`PendingDrains.retry`) before anything else talks to Slurm.
 
 One entry per node (a second decision for a node already pending keeps the first
-reason and counts the repeats). A node that carries someone else's drain reason (an
-administrator's) is left alone and the entry stays, so the fault is acted on once the
-node is resumed. Entries older than :data:`MAX_AGE_S` are dropped with an error: by
-then a human has looked at the node.
+reason and counts the repeats). Entries older than :data:`MAX_AGE_S` are dropped with an
+error: by then a human has looked at the node.
+
+Stale evidence. Each entry keeps the recovery kind of its findings
+(:mod:`gpuguard.recovery`) and when its evidence was last seen; an entry fires only on
+evidence that still stands:
+
+* ``auto`` (a *state* every run re-reads: a degraded PCIe link, a port down, a low NCCL
+  probe): refused by someone else's reason on the node (an administrator's drain), the
+  entry is dropped, not kept to fire after the resume; retried, it fires only when its
+  evidence was seen within :data:`AUTO_STALE_S`, else it is dropped. Nothing is lost:
+  the next run reads that state again and drains on fresh evidence if it still holds.
+* ``reset`` / ``reboot`` (an *event*, read once from the kernel log): kept through an
+  administrator's drain and fired after the resume, unless the node has booted since
+  the evidence was seen (a reboot resets every GPU, which is the recovery those faults
+  ask for; a fault that survives it is read again by the checks).
+* ``rma`` / ``manual``: kept through an administrator's drain and fired after the
+  resume (a human must look at the part; an unrelated resume does not clear it).
 
 This module wraps the one drain implementation, :class:`gpuguard.actuator.Actuator`
 (ownership rules, dry run, budget-capped ``scontrol`` calls); it adds only the durable
@@ -44,6 +58,13 @@ CALL_TIMEOUT_S = 15.0
 MIN_CALL_S = 0.2
 #: A pending drain older than this (s) is dropped (our choice: a week).
 MAX_AGE_S = 7 * 86400.0
+#: An ``auto`` entry whose evidence was last seen longer ago than this (s) is dropped
+#: instead of fired (our choice: two of Slurm's usual HealthCheckInterval of 300 s; the
+#: state is re-read by the next run anyway, so dropping it loses nothing).
+AUTO_STALE_S = 600.0
+#: Recovery kinds a reboot satisfies (:mod:`gpuguard.recovery`: NVIDIA's RESET_GPU and
+#: RESTART_BM actions).
+CLEARED_BY_REBOOT = ("reset", "reboot")
 #: At most this many nodes pending (one per slurmd on this host; more is not ours).
 MAX_ENTRIES = 64
 #: Share of the time left that retrying earlier drains may take, so a slurmctld that
@@ -61,7 +82,8 @@ class Outcome:
     drain of ours that Slurm had accepted), ``applied`` (``scontrol`` accepted it but the
     node could not be read back yet: kept, never re-drained after a resume), ``pending``
     (kept for the next run, ``why`` says why), ``refused`` (someone else's reason is on
-    the node; kept) or ``dry-run``."""
+    the node; kept, except for ``auto`` evidence), ``dropped`` (its evidence no longer
+    stands, ``why`` says why: module docstring, "Stale evidence") or ``dry-run``."""
 
     node: str
     reason: str
@@ -95,17 +117,29 @@ class PendingDrains:
             self.log.error("tool error: pending drains: cannot write %s in %s: %s", FILE, self.dirs, e)
             return False
 
-    def add(self, node: str, reason: str) -> bool:
-        """Record a drain decision. Returns False when no copy could be written."""
+    def add(self, node: str, reason: str, recovery: str = "manual") -> bool:
+        """Record a drain decision whose findings need ``recovery`` (a kind of
+        :data:`gpuguard.recovery.RECOVERY_KINDS`; :func:`decision_recovery`). Returns False
+        when no copy could be written. A repeat refreshes when the evidence was seen and
+        keeps the most demanding kind (with its reason)."""
+        from gpuguard.recovery import RECOVERY_KINDS, worst
+
+        recovery = recovery if recovery in RECOVERY_KINDS else "manual"
         entries = self.entries()
+        now = time.time()
         if node in entries:
-            entries[node]["repeats"] = int(entries[node].get("repeats", 0)) + 1
+            e = entries[node]
+            e["repeats"] = int(e.get("repeats", 0)) + 1
+            e["seen"] = now
+            old = _kind(e)
+            if worst([old, recovery]) != old or old == "auto":  # fresh evidence replaces stale
+                e["reason"], e["recovery"] = reason, worst([old, recovery])
         else:
             if len(entries) >= MAX_ENTRIES:
                 oldest = min(entries, key=lambda n: entries[n].get("since", 0))
                 entries.pop(oldest)
-            entries[node] = {"reason": reason, "since": time.time(), "attempts": 0, "repeats": 0,
-                             "last_error": ""}
+            entries[node] = {"reason": reason, "since": now, "seen": now, "recovery": recovery, "attempts": 0,
+                             "repeats": 0, "last_error": ""}
         return self._save(entries)
 
     # -- acting ---------------------------------------------------------------------------
@@ -152,13 +186,14 @@ class PendingDrains:
         # scontrol accepted it (exit 0) but the node could not be read back yet
         return Outcome(node, reason, "applied", f"not confirmed: {err or f'node reason is {current!r}'}")
 
-    def drain(self, node: str, reason: str) -> Outcome:
-        """Record the decision (if not already pending), drain, confirm, and remove the
-        entry when confirmed. Never raises; logs the outcome."""
+    def drain(self, node: str, reason: str, recovery: str = "manual") -> Outcome:
+        """Record the decision (if not already pending; ``recovery`` as for :meth:`add`),
+        drain, confirm, and remove the entry when confirmed. Never raises; logs the
+        outcome."""
         if self.dry_run:
             self.log.warning("dry run: would drain %s: %s", node, reason)
             return Outcome(node, reason, "dry-run")
-        if not self.add(node, reason):
+        if not self.add(node, reason, recovery):
             self.log.error("tool error: drain of %s not recorded as pending; trying it anyway", node)
         return self._settle(node, self.entries().get(node, {"reason": reason}))
 
@@ -194,6 +229,12 @@ class PendingDrains:
                                node, MAX_AGE_S / 86400, e.get("reason"))
                 self._forget(node)
                 continue
+            stale = _stale(e)
+            if stale:
+                self.log.warning("pending drain of %s dropped, not fired: %s: %s", node, stale, e.get("reason"))
+                self._forget(node)
+                out.append(Outcome(node, str(e.get("reason", "")), "dropped", stale))
+                continue
             out.append(self._settle(node, e))
         return out
 
@@ -202,6 +243,11 @@ class PendingDrains:
         res = self._drain_one(node, reason, applied=bool(entry.get("applied_at")))
         if res.status == "confirmed":
             self.log.info("drain of %s confirmed: %s", node, res.why or "the node shows a gpuguard reason")
+            self._forget(node)
+        elif res.status == "refused" and _kind(entry) == "auto":
+            self.log.warning("drain of %s not kept: %s; its evidence is a state every run re-reads, so it is "
+                             "drained on fresh evidence after the resume if the fault still holds: %s",
+                             node, res.why, reason)
             self._forget(node)
         else:
             self.log.error("tool error: drain of %s %s (%s); it stays pending for the next hook run",
@@ -219,3 +265,46 @@ class PendingDrains:
         entries = self.entries()
         if entries.pop(node, None) is not None:
             self._save(entries)
+
+
+def _kind(entry: dict[str, Any]) -> str:
+    """An entry's recovery kind; ``manual`` for entries written before kinds were kept."""
+    return str(entry.get("recovery") or "manual")
+
+
+def boot_time() -> float | None:
+    """When this host booted (UTC epoch seconds: ``btime`` of ``/proc/stat``, proc(5)),
+    or None when it cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _stale(entry: dict[str, Any], now: float | None = None) -> str:
+    """Why ``entry``'s evidence no longer stands (module docstring, "Stale evidence"), or
+    "" when it may fire."""
+    now = time.time() if now is None else now
+    kind = _kind(entry)
+    seen = float(entry.get("seen") or entry.get("since") or 0)
+    if kind == "auto" and now - seen > AUTO_STALE_S:
+        return (f"its evidence (recovery kind auto) was last seen {now - seen:.0f} s ago; the checks read that "
+                "state again")
+    if kind in CLEARED_BY_REBOOT and not entry.get("applied_at"):
+        booted = boot_time()
+        if booted is not None and booted > seen:
+            return f"the node has booted since its evidence was seen (recovery kind {kind}: a reboot resets the GPUs)"
+    return ""
+
+
+def decision_recovery(decision: Any) -> str:
+    """The recovery kind of a :class:`gpuguard.policy.Decision` to drain: the most
+    demanding kind among its findings whose action is ``drain``
+    (:func:`gpuguard.recovery.recovery_of_findings`)."""
+    from gpuguard.recovery import recovery_of_findings
+
+    return recovery_of_findings([{"code": f.code, "action": a} for f, a in getattr(decision, "actions", [])])

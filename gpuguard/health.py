@@ -165,20 +165,57 @@ class Collected:
     events: list[Any]
     new_cursor: str | None
     tool_errors: list[str]
+    cursor_lock: Any = None
+
+    def release_cursor(self) -> None:
+        """Release the kernel-log cursor lock (:mod:`gpuguard.cursorlock`) once the
+        cursor has moved or will not; idempotent."""
+        if self.cursor_lock is not None:
+            self.cursor_lock.release()
+
+
+#: Share of ``collect``'s budget the cursor lock may be waited for (our choice: the
+#: snapshot and the checks keep the rest).
+CURSOR_LOCK_SHARE = 0.25
 
 
 def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str | None = None,
-            kernel_log: str | None = None, scan_xid: bool = True, store: Any = None) -> Collected:
+            kernel_log: str | None = None, scan_xid: bool = True, store: Any = None,
+            lock_cursor: bool = False) -> Collected:
     """Take the GPU snapshot and read the kernel log since the cursor. Touches the store
-    only to find a cursor when no cursor file exists (``store`` may be None)."""
+    only to find a cursor when no cursor file exists (``store`` may be None).
+
+    ``lock_cursor`` (a caller that moves the cursor): the kernel log is read under the
+    cursor lock (:mod:`gpuguard.cursorlock`), waited for at most
+    :data:`CURSOR_LOCK_SHARE` of ``budget_s``; the caller releases it with
+    :meth:`Collected.release_cursor` after moving the cursor. When the lock is not taken
+    the kernel log is not read this run (one tool error; no event, no cursor to move),
+    so a lock failure never drains."""
     started = time.time()
     snap, errors = take_snapshot(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file)
     events: list[Any] = []
     new_cursor = None
+    lock = None
+    if scan_xid and lock_cursor:
+        from gpuguard import cursorlock
+
+        try:
+            lock = cursorlock.acquire(cfg, None if budget_s is None else budget_s * CURSOR_LOCK_SHARE)
+            if lock.fd is None:
+                errors.append(f"kernel log: cursor lock {lock.path} held longer than {cursorlock.STALE_S:.0f} s "
+                              "by a stuck process; read without it")
+        except cursorlock.LockNotTaken as e:
+            errors.append(f"kernel log: not read this run: {e} (that run reads these events)")
+            scan_xid = False
     if scan_xid:
-        events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log)
+        try:
+            events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
         errors += errs
-    return Collected(started, snap, events, new_cursor, errors)
+    return Collected(started, snap, events, new_cursor, errors, lock)
 
 
 def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: str | None = None,
@@ -232,18 +269,21 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
     The hooks use :mod:`gpuguard.nodecheck` instead, which acts before any store I/O.
     """
     col = collect(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file, kernel_log=kernel_log,
-                  scan_xid=scan_xid, store=store)
-    result = judge(cfg, col, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus, record=record)
-    if store is not None and record:
-        try:
-            result.run_id = record_run(store, cfg, hook, job_id, col.started, result, col.new_cursor)
-        except Exception as e:
-            result.tool_errors.append(f"store: {e}")
-    if record and col.new_cursor is not None:
-        try:
-            write_cursor_file(cfg, col.new_cursor)
-        except OSError as e:
-            result.tool_errors.append(f"cursor file: {e}")
+                  scan_xid=scan_xid, store=store, lock_cursor=record)
+    try:
+        result = judge(cfg, col, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus, record=record)
+        if store is not None and record:
+            try:
+                result.run_id = record_run(store, cfg, hook, job_id, col.started, result, col.new_cursor)
+            except Exception as e:
+                result.tool_errors.append(f"store: {e}")
+        if record and col.new_cursor is not None:
+            try:
+                write_cursor_file(cfg, col.new_cursor)
+            except OSError as e:
+                result.tool_errors.append(f"cursor file: {e}")
+    finally:
+        col.release_cursor()
     return result
 
 
@@ -300,6 +340,5 @@ def _record_inventory(store: Any, node: str, snap: NodeSnapshot, now: float) -> 
                                 "field": f, "old": str(prev.get(f)), "new": str(row[f])})
         rows.append(row)
     with store.tx():
-        store.db["inventory"].upsert_all(rows, pk=("node", "uuid"))
-        if changes:
-            store.db["inventory_changes"].insert_all(changes)
+        store.upsert_many("inventory", rows, pk=("node", "uuid"))
+        store.insert_many("inventory_changes", changes)

@@ -62,10 +62,11 @@ def parse_job_gpus(value: str | None) -> list[int] | None:
     ValueError when an index is above :data:`MAX_GPU_INDEX`."""
     if not value:
         return None
-    out = [int(x) for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
-    if any(i > MAX_GPU_INDEX for i in out):
+    digits = [x.strip() for x in value.split(",") if x.strip().isascii() and x.strip().isdigit()]
+    # the length test first: int() of a 5,000-digit string raises its own ValueError
+    if any(len(x) > len(str(MAX_GPU_INDEX)) or int(x) > MAX_GPU_INDEX for x in digits):
         raise ValueError(f"GPU index above {MAX_GPU_INDEX}")
-    return out or None
+    return [int(x) for x in digits] or None
 
 
 def _name(value: str | None) -> str | None:

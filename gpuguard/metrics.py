@@ -13,12 +13,22 @@ Driven by this table:
 * the baseline and the verdict's comparisons (:func:`compared`);
 * ``gpuguard job show`` (:func:`unit_of`, :func:`fmt_value`).
 
-Adding a sampled GPU metric = one :class:`Metric` row here, its NVML read in
-``gpuguard.gpu.telemetry`` (and the GpuState field the read fills), a collector migration
-step calling :func:`gpuguard.samples.add_missing_columns` (the columns come from this
-table), and its summary field lines in ``JobSummary``/``GpuSummary``; a
-:class:`Compared` row has the verdict compare it (its series attribute in
-``gpuguard.epilog.jobdata.SERIES_ATTR``).
+Adding a sampled GPU metric = one :class:`Metric` row here. A plain NVML value (a getter
+returning a number or a structure with the number in one attribute, or an
+``NVML_FI_*`` field id) is declared by its :class:`Nvml` read and needs no reader code;
+from the row come
+
+* the :class:`~gpuguard.model.GpuState` field the collector's NVML read fills
+  (:func:`gpu_state_fields`; ``gpuguard.gpu.telemetry`` reads every declared :class:`Nvml`);
+* the sample row, the store columns and a named collector migration step adding them to
+  existing stores (``gpuguard.collector.schema``, :func:`gpuguard.samples.add_missing_columns`);
+* the summary fields of ``JobSummary``/``GpuSummary`` (:func:`document_fields`) and their
+  published JSON paths (``gpuguard.epilog.summary_shape``);
+* ``gpuguard job show``'s summary rows and per-GPU columns (:func:`gpu_columns`).
+
+A :class:`Compared` row has the verdict compare it with the template baseline; a
+windowed per-GPU median (``stat="p50"``) needs nothing else (its series attribute:
+:func:`series_attrs`).
 
 Names carry units (DESIGN.md, "Storage"): the summary field of statistic ``stat`` of
 metric ``<stem>_<unit>`` is ``<prefix><stem>_<stat>_<unit>`` (``gpu_util_pct`` + ``p95``
@@ -32,12 +42,14 @@ different *window*, after the warm-up, and are labelled so).
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Unit suffixes a metric name may end in (DESIGN.md, "Storage").
-UNIT_SUFFIXES = ("pct", "mib", "w", "c", "mhz", "s")
+UNIT_SUFFIXES = ("pct", "mib", "w", "c", "mhz", "s", "j")
 
 #: Summary statistics a :class:`Metric` may ask for, with their meaning.
 STATS = {
@@ -47,6 +59,41 @@ STATS = {
     "max": "largest sample", "peak": "largest sample (memory: the name operators use)",
     "increase": "growth of a cumulative counter over the job (last - first, >= 0)",
 }
+
+
+@dataclass(frozen=True)
+class Nvml:
+    """How a GPU metric is read through NVML (NVML API reference, "Device Queries" and
+    "Field Value Queries"), for metrics that are one number:
+
+    * ``getter``: the ``nvmlDevice*`` function, called as ``getter(handle, *args)``;
+    * ``args``: names of ``pynvml`` constants passed after the handle
+      (``("NVML_CLOCK_SM",)``);
+    * ``attr``: attribute of the returned structure holding the value (``"used"`` of
+      ``nvmlMemory_t``); empty: the value itself;
+    * ``raw_per_unit``: raw units per unit of the metric; the metric is the raw value
+      divided by it (mW per W: 1000; bytes per MiB: 2**20);
+    * ``fallback``: an older name of the getter, tried when the first is missing;
+    * ``field_id``: the ``NVML_FI_*`` constant of the same value: the slow counters
+      (scope ``gpu_slow``) are read in one ``nvmlDeviceGetFieldValues`` call per GPU, the
+      getter being the fallback where the driver or nvidia-ml-py lacks the field.
+
+    Metrics read from one getter with the same ``args`` share one call per GPU per tick."""
+
+    getter: str
+    args: tuple[str, ...] = ()
+    attr: str = ""
+    raw_per_unit: float = 1
+    fallback: str = ""
+    field_id: str = ""
+
+    def convert(self, raw: Any, integer: bool) -> int | float:
+        """The metric from the getter's result (``raw``) or a field value's number:
+        ``int`` for counters (``integer``) read with ``raw_per_unit`` 1, else ``float``."""
+        v = getattr(raw, self.attr) if self.attr else raw
+        if integer and self.raw_per_unit == 1:
+            return int(v)
+        return float(v) if self.raw_per_unit == 1 else v / self.raw_per_unit
 
 
 @dataclass(frozen=True)
@@ -62,7 +109,14 @@ class Metric:
       0.1 W); 0 = not sampled (derived in the summary);
     * ``stats``: summary statistics (:data:`STATS`) over the whole job;
     * ``fmt``: ``format()`` spec for text display;
-    * ``prefix``: summary-field prefix (``host_`` for host metrics).
+    * ``prefix``: summary-field prefix (``host_`` for host metrics);
+    * ``nvml``: the :class:`Nvml` read of a plain NVML value (the collector reads it
+      with no code of its own); None where a reader computes it (the clock-event mask,
+      cgroup and training values);
+    * ``label``: column label in ``job show``'s per-GPU table (default: the name's stem
+      in capitals);
+    * ``series``: attribute of ``gpuguard.epilog.jobdata.GpuSeries`` holding the
+      verdict's per-point values of a compared GPU metric (default: the name).
     """
 
     name: str
@@ -74,10 +128,18 @@ class Metric:
     fmt: str
     description: str
     prefix: str = ""
+    nvml: Nvml | None = None
+    label: str = ""
+    series: str = ""
 
     @property
     def sampled(self) -> bool:
         return self.scale > 0
+
+    @property
+    def integer(self) -> bool:
+        """Whole counts (format ``d``): ``int`` fields, else ``float``."""
+        return self.fmt == "d"
 
     def field(self, stat: str) -> str:
         """Summary field name of ``stat`` (module docstring)."""
@@ -92,22 +154,36 @@ class Metric:
 #: record format (``gpuguard.collector.train``).
 METRICS: tuple[Metric, ...] = (
     Metric("gpu_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().gpu", 1, ("mean", "p95"), ".1f",
-           "GPU utilisation: share of time a kernel ran"),
+           "GPU utilisation: share of time a kernel ran",
+           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="gpu"), label="UTIL", series="util"),
     Metric("mem_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().memory", 1, ("mean",), ".1f",
-           "memory-controller utilisation: share of time device memory was read or written"),
+           "memory-controller utilisation: share of time device memory was read or written",
+           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="memory"), label="MEMUTIL", series="mem_util"),
     Metric("mem_used_mib", "MiB", "gpu", "nvmlDeviceGetMemoryInfo().used (bytes / 2**20)", 1, ("peak",), ".0f",
-           "GPU memory used"),
-    Metric("power_w", "W", "gpu", "nvmlDeviceGetPowerUsage (mW / 1000)", 10, ("mean",), ".1f", "board power"),
+           "GPU memory used", nvml=Nvml("nvmlDeviceGetMemoryInfo", attr="used", raw_per_unit=2**20), label="MEM"),
+    Metric("power_w", "W", "gpu", "nvmlDeviceGetPowerUsage (mW / 1000)", 10, ("mean",), ".1f", "board power",
+           nvml=Nvml("nvmlDeviceGetPowerUsage", raw_per_unit=1000), series="power"),
     Metric("temp_c", "°C", "gpu", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)", 1, ("max",), ".0f",
-           "GPU core temperature"),
-    Metric("sm_clock_mhz", "MHz", "gpu", "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)", 1, ("mean",), ".0f", "SM clock"),
+           "GPU core temperature", nvml=Nvml("nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",),
+                                             fallback="nvmlDeviceGetTemperatureV"), series="temp"),
+    Metric("sm_clock_mhz", "MHz", "gpu", "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)", 1, ("mean",), ".0f", "SM clock",
+           nvml=Nvml("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_SM",)), label="SM", series="clock"),
     Metric("clock_event_mask", "bits", "gpu", "nvmlDeviceGetCurrentClocksEventReasons", 1, (), "d",
            "active clock-event (throttle) reasons; summarised as seconds per reason"),
     Metric("ecc_volatile_uncorrected", "errors", "gpu_slow",
            "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", 1, ("increase",), "d",
-           "volatile uncorrectable ECC errors"),
+           "volatile uncorrectable ECC errors",
+           nvml=Nvml("nvmlDeviceGetTotalEccErrors", args=("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+                     field_id="NVML_FI_DEV_ECC_DBE_VOL_TOTAL"), label="ECC_UNC"),
     Metric("pcie_replay_count", "replays", "gpu_slow", "nvmlDeviceGetPcieReplayCounter", 1, ("increase",), "d",
-           "PCIe link-level replays (a rising count means a marginal link)"),
+           "PCIe link-level replays (a rising count means a marginal link)",
+           nvml=Nvml("nvmlDeviceGetPcieReplayCounter", field_id="NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
+           label="PCIE_REPLAY"),
+    # Not compared: a job's energy grows with its length; its power median is compared.
+    Metric("energy_j", "J", "gpu_slow", "nvmlDeviceGetTotalEnergyConsumption (mJ since the driver loaded / 1000)", 1,
+           ("increase",), ".0f", "GPU energy (board, read with the slow counters: the last slow interval of a job "
+           "is not counted)", nvml=Nvml("nvmlDeviceGetTotalEnergyConsumption", raw_per_unit=1000,
+                                         field_id="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), label="ENERGY"),
     Metric("cpu_pct", "%", "host", "cgroup cpu.stat usage_usec over wall time (100 = one core)", 0, ("mean",), ".1f",
            "job CPU use", prefix="host_"),
     Metric("rss_mib", "MiB", "host", "cgroup memory.stat anon", 0, ("peak",), ".0f", "job host memory (RSS)",
@@ -217,6 +293,93 @@ def compared_gpu() -> dict[str, str]:
     (``gpu_util_pct`` -> ``gpu_util_pct``); the verdict computes their p50 per window."""
     return {c.name: c.metric for c in COMPARED if c.windowed and c.stat == "p50" and c.metric in BY_NAME
             and BY_NAME[c.metric].scope == "gpu"}
+
+
+def series_attrs() -> dict[str, str]:
+    """Sampled metric -> attribute of ``gpuguard.epilog.jobdata.GpuSeries`` holding its
+    per-point values, for every metric the verdict compares per GPU (:func:`compared_gpu`),
+    in table order."""
+    want = set(compared_gpu().values())
+    return {m.name: m.series or m.name for m in GPU_SAMPLED if m.name in want}
+
+
+# -- fields driven by the table -------------------------------------------------------------
+#: Statistics kept per GPU as well as for the node (percentiles only for the node: they
+#: pool the samples of all its GPUs).
+PER_GPU_STATS = ("mean", "max", "peak", "increase")
+
+#: How a statistic reads as a column label (:func:`gpu_columns`).
+STAT_LABELS = {"mean": "MEAN", "max": "MAX", "peak": "PEAK", "increase": "NEW",
+               "p50": "P50", "p95": "P95", "p99": "P99"}
+#: Unit -> column-label suffix; units absent here are counts and add none.
+UNIT_LABELS = {"%": "%", "MiB": "MIB", "W": "W", "°C": "C", "MHz": "MHZ", "J": "J", "s": "S"}
+
+
+def _annotation(m: Metric) -> str:
+    return "int | None" if m.integer else "float | None"
+
+
+def document_fields(per_gpu: bool, after: dict[str, str]) -> list[tuple[str, str, Any, str | None]]:
+    """The summary fields the table declares, as :func:`with_fields` specs: for a GPU's
+    summary (``per_gpu``: the :data:`PER_GPU_STATS` of GPU metrics) or the node's (every
+    statistic of every metric). ``after``: scope -> the field they follow in the document
+    (scopes not named are left out)."""
+    out = []
+    for m in METRICS:
+        scope = "gpu" if m.scope == "gpu_slow" else m.scope
+        if scope not in after or (per_gpu and scope != "gpu"):
+            continue
+        for st in m.stats:
+            if per_gpu and st not in PER_GPU_STATS:
+                continue
+            out.append((m.field(st), _annotation(m), None, after[scope]))
+    return out
+
+
+def gpu_state_fields() -> list[tuple[str, str, Any, str | None]]:
+    """:class:`~gpuguard.model.GpuState` fields for the values the collector's NVML read
+    fills (every metric with an :class:`Nvml` read), as :func:`with_fields` specs."""
+    return [(m.name, _annotation(m), None, None) for m in (*GPU_SAMPLED, *GPU_SLOW) if m.nvml is not None]
+
+
+def gpu_columns() -> list[tuple[str, str]]:
+    """``job show``'s per-GPU columns: ``(summary field, label)`` for each per-GPU
+    statistic, in table order (``("power_mean_w", "POWER_MEAN_W")``)."""
+    out = []
+    for m in (*GPU_SAMPLED, *GPU_SLOW):
+        base, _, suffix = m.name.rpartition("_")
+        stem = m.label or (base if suffix in UNIT_SUFFIXES else m.name).upper()
+        unit = UNIT_LABELS.get(m.unit)
+        for st in m.stats:
+            if st in PER_GPU_STATS:
+                out.append((m.field(st), f"{stem}_{STAT_LABELS[st]}" + (f"_{unit}" if unit else "")))
+    return out
+
+
+def with_fields(specs: Iterable[tuple[str, str, Any, str | None]]) -> Callable[[type], type]:
+    """Class decorator, applied under ``@dataclass``: adds each ``(name, annotation,
+    default, after)`` the class body does not declare itself, as if written there after
+    field ``after`` (None: at the end), in the order given. This is how the table's
+    fields reach the documents (:func:`document_fields`, :func:`gpu_state_fields`)
+    while hand-written fields keep their place; ``default`` may be a
+    ``dataclasses.field(...)``."""
+    specs = list(specs)
+
+    def deco(cls: type) -> type:
+        ann = dict(inspect.get_annotations(cls))
+        order = list(ann)
+        last: dict[str | None, str] = {}
+        for name, annotation, default, after in specs:
+            if name in ann:
+                continue
+            ann[name] = annotation
+            setattr(cls, name, default)
+            prev = last.get(after, after)
+            order.insert(order.index(prev) + 1 if prev in order else len(order), name)
+            last[after] = name
+        cls.__annotations__ = {n: ann[n] for n in order}
+        return cls
+    return deco
 
 
 def unit_of(name: str) -> str:

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.metrics import gpu_state_fields, with_fields
+
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 #: Policy actions, mildest first (see :mod:`gpuguard.policy`).
@@ -149,9 +151,12 @@ class NvLinkState:
 
 
 @dataclass
+@with_fields(gpu_state_fields())
 class GpuState:
     """Everything gpuguard reads from one GPU at one time. See the module docstring for
-    units and the meaning of ``None``."""
+    units and the meaning of ``None``. A metric-table row with an NVML read
+    (:func:`gpuguard.metrics.gpu_state_fields`) that is not declared here becomes a field
+    (after ``read_errors``), filled by the collector's NVML read."""
 
     index: int
     uuid: str | None = None

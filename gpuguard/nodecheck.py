@@ -7,7 +7,9 @@ Order (each step bounded by the hook's deadline, a :func:`time.monotonic` instan
    corrupt, full or hung store cannot delay or change the verdict); on ``drain`` the
    decision is written to the pending-drain list, *then* the kernel-log cursor moves past
    the events, then the drain is tried and confirmed (:mod:`gpuguard.drainq`);
-   without a drain the cursor moves at once;
+   without a drain the cursor moves at once. The kernel log is read under the cursor
+   lock (:mod:`gpuguard.cursorlock`: one reader at a time, a bounded wait), released
+   as soon as the cursor has moved, before any ``scontrol`` call;
 3. :func:`record_with_store`: with the store open, the checks run again with history
    (counters, inventory, idle baseline), the run is recorded, and a drain that only the
    history shows (a site policy can make one) goes through the same pending list.
@@ -22,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.drainq import Outcome, PendingDrains
+from gpuguard.drainq import Outcome, PendingDrains, decision_recovery
 from gpuguard.health import Collected, HealthResult, collect, judge, record_run, write_cursor_file
 
 
@@ -61,7 +63,7 @@ def bound_store_waits(store: Any, deadline: float | None, share: float = 0.5) ->
         return
     ms = int(max(0.05, (deadline - time.monotonic()) * share) * 1000)
     try:
-        store.db.conn.execute(f"PRAGMA busy_timeout = {ms}")
+        store.conn.execute(f"PRAGMA busy_timeout = {ms}")
     except Exception:
         pass  # a broken connection fails on its first statement anyway
 
@@ -80,11 +82,14 @@ def drain_then_commit(cfg: Any, pend: PendingDrains, col: Collected, res: Health
     """Drain this node for ``res``'s decision: record it as pending first, move the
     kernel-log cursor only once it is recorded (otherwise the events are read again next
     run, so the fault is never lost), then drain and confirm. Returns the drain's outcome."""
-    if pend.add(cfg.node_name, res.decision.reason):
-        commit_cursor(cfg, col.new_cursor, res.tool_errors)
-    else:
-        res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
-                               "so these events are read again next run")
+    try:
+        if pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
+            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+        else:
+            res.tool_errors.append("pending drains: not recorded; the kernel-log cursor stays, "
+                                   "so these events are read again next run")
+    finally:
+        col.release_cursor()  # before scontrol: a slow slurmctld never holds the next reader
     return pend.settle(cfg.node_name, res.decision.reason)
 
 
@@ -97,15 +102,19 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
         col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
         return LiveCheck(col, judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus))
     pend.retry()
-    col = collect(cfg, budget_s=_budget_left(deadline, 0.5))
-    res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)
-    out = LiveCheck(col, res)
-    if res.decision.outcome == "drain" and not pend.dry_run:
-        out.drain = drain_then_commit(cfg, pend, col, res)
-    else:
-        if res.decision.outcome == "drain":
-            pend.log.warning("dry run: would drain %s: %s", cfg.node_name, res.decision.reason)
-        commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    # read under the cursor lock (gpuguard.cursorlock), released once the cursor moved
+    col = collect(cfg, budget_s=_budget_left(deadline, 0.5), lock_cursor=True)
+    try:
+        res = judge(cfg, col, hook=hook, store=None, job_id=job_id, job_gpus=job_gpus)
+        out = LiveCheck(col, res)
+        if res.decision.outcome == "drain" and not pend.dry_run:
+            out.drain = drain_then_commit(cfg, pend, col, res)
+        else:
+            if res.decision.outcome == "drain":
+                pend.log.warning("dry run: would drain %s: %s", cfg.node_name, res.decision.reason)
+            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    finally:
+        col.release_cursor()
     return out
 
 
@@ -123,6 +132,6 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
         live.result.tool_errors.append(f"store: {e}")
         return live.result
     if res.decision.outcome == "drain" and live.result.decision.outcome != "drain":
-        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason):
+        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
             live.drain = pend.settle(cfg.node_name, res.decision.reason)
     return res

@@ -32,7 +32,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, stored_column
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, series_attrs, stored_column
 
 MINUTE_S = 60
 
@@ -183,6 +183,7 @@ def sample_row(r: dict[str, Any]) -> tuple[Any, ...]:
 
 
 _SCALES = tuple(m.scale for m in GPU_SAMPLED)
+_SLOW_SCALE = tuple(m.scale for m in GPU_SLOW)
 
 
 def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any, ...] | dict[str, Any]]) -> int:
@@ -227,7 +228,8 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
         fast.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
                                   for v, sc in zip(vals, scales, strict=True)]))
         if sv is not None and any(v is not None for v in sv):
-            slow.append((sid, t_ms, *[None if v is None else int(v) for v in sv]))
+            slow.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
+                                      for v, sc in zip(sv, _SLOW_SCALE, strict=True)]))
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)
@@ -275,25 +277,39 @@ class Buckets:
     job summary and the verdict use (:func:`read_buckets`). Lists are aligned, one entry
     per non-empty bucket in time order; times are ``t_ms`` of the series:
 
-    * ``n``, ``t_min``, ``t_max``: samples in the bucket, first and last sample time;
+    * ``n``, ``t_min``, ``t_max``, ``t_sum``: samples in the bucket, first, last and summed
+      sample time;
     * ``sums[m]``, ``counts[m]``, ``maxes[m]``: per value metric (stored integer scale);
     * ``bits[b]``: samples with clock-event bit ``b`` set.
 
-    With ``bucket_ms == 0`` every sample is its own bucket (the series was short)."""
+    With ``bucket_ms == 0`` every sample is its own bucket (the series was short). With
+    ``align_ms`` (non-zero only with ``bucket_ms``) buckets are aligned on the epoch:
+    bucket ``k`` holds the samples with ``(t0 * 1000 + t_ms) // bucket_ms == k``, so that
+    every series' buckets (and the spool part's windows) line up."""
 
-    __slots__ = ("bits", "bucket_ms", "counts", "maxes", "n", "sid", "sums", "t0", "t_max", "t_min")
+    __slots__ = ("align_ms", "bits", "bucket_ms", "counts", "maxes", "n", "sid", "sums", "t0", "t_max", "t_min",
+                 "t_sum")
 
-    def __init__(self, sid: int, t0: float, bucket_ms: int):
+    def __init__(self, sid: int, t0: float, bucket_ms: int, align_ms: int = 0):
         from gpuguard.model import CLOCK_EVENT_REASONS
 
-        self.sid, self.t0, self.bucket_ms = sid, t0, bucket_ms
+        self.sid, self.t0, self.bucket_ms, self.align_ms = sid, t0, bucket_ms, align_ms
         self.n: list[int] = []
         self.t_min: list[int] = []
         self.t_max: list[int] = []
+        self.t_sum: list[int] = []
         self.sums: dict[str, list[Any]] = {m.name: [] for m in _VALUE_METRICS}
         self.counts: dict[str, list[int]] = {m.name: [] for m in _VALUE_METRICS}
         self.maxes: dict[str, list[Any]] = {m.name: [] for m in _VALUE_METRICS}
         self.bits: dict[int, list[int]] = {bit: [] for bit, _label in CLOCK_EVENT_REASONS.values()}
+
+    def group_sql(self) -> str:
+        """SQL expression (over ``t_ms``) of the bucket a row of this series falls in."""
+        if not self.bucket_ms:
+            return "t_ms"
+        if self.align_ms:
+            return f"(t_ms + {round(self.t0 * 1000)}) / {self.bucket_ms}"
+        return f"t_ms / {self.bucket_ms}"
 
     def per_sample_s(self) -> list[float]:
         """Seconds each bucket's samples stand for on average: from the bucket's first
@@ -307,62 +323,99 @@ class Buckets:
         return out
 
 
-_FIELD_BITS = 20
 #: Series kept in a :func:`read_buckets` cache (a node's GPUs, with room to spare).
 _CACHE_SERIES = 16
 
 
+def bucket_width_ms(n: int, span_ms: int, max_points: int = MAX_POINTS, align_s: float | None = None) -> int:
+    """Bucket width (ms) :func:`read_buckets` uses for a series of ``n`` samples spanning
+    ``span_ms``: 0 (sample by sample) for at most ``max_points`` samples; else whole
+    seconds giving at most ``max_points`` buckets, or with ``align_s`` the smallest
+    ``align_s * 2**k`` that does (so the spool part's windows, which start at ``align_s``
+    and double, are unions of whole buckets)."""
+    if n <= max_points:
+        return 0
+    if align_s:
+        w = max(1, round(align_s * 1000))
+        while span_ms // w + 1 > max_points:
+            w *= 2
+        return w
+    return 1000 * -(-span_ms // (1000 * max_points))
+
+
 def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**62), hi: int = 2**62,
-                 max_points: int = MAX_POINTS, cache: dict[Any, Any] | None = None) -> Buckets:
+                 max_points: int = MAX_POINTS, cache: dict[Any, Any] | None = None,
+                 align_s: float | None = None) -> Buckets:
     """Series ``sid`` between ``t_ms`` ``lo`` and ``hi`` (inclusive) as :class:`Buckets`:
-    one SQL pass (plus a count). With ``cache`` (the store's :attr:`Store.memo
-    <gpuguard.store.Store.memo>`, which lives as long as that store object and is cleared
-    by its sample writes), a result is kept keyed by the rows it covered (count, first and
-    last time), so the Epilog's verdict reuses the pass its summary just made instead of
-    reading the samples again."""
+    one grouped SQL pass (plus a count). A series of
+    more than ``max_points`` samples is bucketed (:func:`bucket_width_ms`); ``align_s``
+    aligns its buckets on the epoch at ``align_s * 2**k`` seconds. With ``cache`` (the
+    store's :attr:`Store.memo <gpuguard.store.Store.memo>`, which lives as long as that
+    store object and is cleared by its sample writes), a result is kept keyed by the rows
+    it covered (count, first and last time) and the bucketing, so the Epilog's part and
+    verdict reuse the pass its summary just made instead of reading the samples again."""
     n, a, b = conn.execute("select count(*), min(t_ms), max(t_ms) from gpu_samples where sid = ? and t_ms "
                            "between ? and ?", (sid, lo, hi)).fetchone()
-    bucket_ms = 0 if n <= max_points else 1000 * -(-(b - a) // (1000 * max_points))
-    key = ("buckets", sid, n, a, b, bucket_ms)
+    bucket_ms = bucket_width_ms(n, (b - a) if n else 0, max_points, align_s)
+    align_ms = 1 if bucket_ms and align_s else 0
+    key = ("buckets", sid, n, a, b, bucket_ms, align_ms)
     hit = None if cache is None else cache.get(key)
     if hit is not None:
         return hit
-    out = Buckets(sid, t0, bucket_ms)
+    out = Buckets(sid, t0, bucket_ms, align_ms)
     names = [m.name for m in _VALUE_METRICS]
     cols = {m.name: stored_column(m) for m in _VALUE_METRICS}
-    agg = [f"sum({cols[n]})" for n in names]
-    agg += [f"max({cols[n]})" for n in names if n in _MAX_NEEDED]
-    # Counts of non-NULL values and of each clock-event bit, three per integer: one
-    # aggregate step per three counts instead of one each (measured: 0.74 s -> 0.41 s per
-    # day-long GPU series). Exact while a bucket holds fewer than 2**20 samples.
-    counts = [f"({cols[n]} is not null)" for n in names]
-    bits = list(out.bits)
-    flags = [f"(({_MASK_COL} & {bit}) != 0)" for bit in bits]
-    packed = counts + flags
-    for k in range(0, len(packed), 3):
-        agg.append("sum(" + " + ".join(f"{x} * {1 << (_FIELD_BITS * j)}" for j, x in enumerate(packed[k:k + 3])) + ")")
-    group = "t_ms" if not bucket_ms else f"t_ms / {bucket_ms}"
-    rows = conn.execute(f"select count(*), min(t_ms), max(t_ms), {', '.join(agg)} from gpu_samples "
-                        f"where sid = ? and t_ms between ? and ? group by {group} order by 2", (sid, lo, hi))
     maxed = [n for n in names if n in _MAX_NEEDED]
+    # One grouped pass of plain sum/max/count aggregates per (bucket, clock-event mask): a
+    # bucket holds a few distinct masks, whose bits are counted here in Python. Measured
+    # per day-long GPU series at 1 s: 0.08 s, against 0.15 s for one flag expression per
+    # bit in SQL and 0.11 s for a second pass for the masks.
+    agg = ([f"sum({cols[n]})" for n in names] + [f"max({cols[n]})" for n in maxed]
+           + [f"count({cols[n]})" for n in names])
+    group = out.group_sql()
+    rows = conn.execute(f"select {group}, {_MASK_COL}, count(*), min(t_ms), max(t_ms), sum(t_ms), {', '.join(agg)} "
+                        f"from gpu_samples where sid = ? and t_ms between ? and ? group by 1, 2 order by 1",
+                        (sid, lo, hi))
     n_sum, n_max = len(names), len(maxed)
-    mask = (1 << _FIELD_BITS) - 1
+    sums = [out.sums[n] for n in names]
+    maxes = [out.maxes[n] for n in maxed]
+    counts = [out.counts[n] for n in names]
+    bits = list(out.bits.values())
+    bit_values = list(out.bits)
+    last = None
     for r in rows:
-        out.n.append(r[0])
-        out.t_min.append(r[1])
-        out.t_max.append(r[2])
-        for i, name in enumerate(names):
-            out.sums[name].append(r[3 + i])
-        for i, name in enumerate(maxed):
-            out.maxes[name].append(r[3 + n_sum + i])
-        unpacked = []
-        for v in r[3 + n_sum + n_max:]:
-            v = v or 0
-            unpacked += [v & mask, (v >> _FIELD_BITS) & mask, (v >> (2 * _FIELD_BITS)) & mask]
-        for i, name in enumerate(names):
-            out.counts[name].append(unpacked[i])
-        for i, bit in enumerate(bits):
-            out.bits[bit].append(unpacked[n_sum + i])
+        mask, c = r[1], r[2]
+        if r[0] != last:
+            last = r[0]
+            out.n.append(c)
+            out.t_min.append(r[3])
+            out.t_max.append(r[4])
+            out.t_sum.append(r[5])
+            for i in range(n_sum):
+                sums[i].append(r[6 + i])
+                counts[i].append(r[6 + n_sum + n_max + i])
+            for i in range(n_max):
+                maxes[i].append(r[6 + n_sum + i])
+            for lst, bit in zip(bits, bit_values, strict=True):
+                lst.append(c if mask and mask & bit else 0)
+            continue
+        out.n[-1] += c
+        out.t_min[-1] = min(out.t_min[-1], r[3])
+        out.t_max[-1] = max(out.t_max[-1], r[4])
+        out.t_sum[-1] += r[5]
+        for i in range(n_sum):
+            v = r[6 + i]
+            if v is not None:
+                sums[i][-1] = v if sums[i][-1] is None else sums[i][-1] + v
+            counts[i][-1] += r[6 + n_sum + n_max + i]
+        for i in range(n_max):
+            v = r[6 + n_sum + i]
+            if v is not None and (maxes[i][-1] is None or v > maxes[i][-1]):
+                maxes[i][-1] = v
+        if mask:
+            for lst, bit in zip(bits, bit_values, strict=True):
+                if mask & bit:
+                    lst[-1] += c
     if cache is not None:
         if sum(1 for k in cache if k[0] == "buckets") >= _CACHE_SERIES:
             for k in [k for k in cache if k[0] == "buckets"]:
@@ -372,10 +425,9 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
 
 
 #: Per-window values of :func:`windows_of` per GPU: metric -> how a window combines its
-#: samples (the verdict's short windows; means, and the peak for memory).
-WINDOW_VALUES = {"gpu_util_pct": "mean", "mem_util_pct": "mean", "power_w": "mean", "temp_c": "mean",
-                 "sm_clock_mhz": "mean", "mem_used_mib": "max"}
-
+#: samples (the verdict's short windows): the mean of each GPU metric the verdict compares
+#: (:func:`gpuguard.metrics.series_attrs`), and the peak for memory.
+WINDOW_VALUES = {**dict.fromkeys(series_attrs(), "mean"), "mem_used_mib": "max"}
 
 def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict[str, list[float | None]]:
     """One GPU's :class:`Buckets` regrouped into ``n_windows`` windows of ``width_s`` from

@@ -2,7 +2,7 @@
 
 WAL journal, a busy timeout, and named migration sets: each stage owns its tables as a
 :class:`MigrationSet` (sqlite-utils ``Migrations``) registered with :func:`register_set`
-(the core's set :data:`CORE` here; ``gpuguard.collector.schema``,
+(:mod:`gpuguard.migrations`; the core's set :data:`CORE` here; ``gpuguard.collector.schema``,
 ``gpuguard.epilog.schema``, ``gpuguard.reports.schema``), applied by :func:`open_store`. The file is
 created on first use with mode 0640. Times are UTC epoch seconds (REAL); column names
 carry units.
@@ -18,32 +18,36 @@ import contextlib
 import json
 import os
 import sqlite3
-import sys
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gpuguard.migrations import (  # MigrationSet, NAMED_SETS_VERSION, register_set(s): re-exported
+    NAMED_SETS_VERSION,
+    _SETS,  # noqa: F401  (the registry; tests register a set of their own)
+    MigrationSet,
+    _database,
+    _migrate,
+    register_set,
+    registered_sets,
+    sqlite_utils_module,
+)
+
+__all__ = ["BUSY_TIMEOUT_MS", "CORE", "NAMED_SETS_VERSION", "MigrationSet", "Store", "StoreError", "ensure_sets",
+           "open_store", "register_set", "registered_sets"]
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 
-def _import_sqlite_utils():  # type: ignore[no-untyped-def]
-    """Import sqlite-utils without letting it pull in pandas and numpy: it imports both at
-    import time when they are installed, only to accept DataFrames and numpy scalars,
-    which gpuguard never passes. In a venv with pandas (the dev extra) that tripled the
-    Prolog's wall time (bench/prolog_healthy.py: 128 ms -> 363 ms), and the hooks run
-    around every job."""
-    blocked = [m for m in ("pandas", "numpy") if m not in sys.modules]
-    for m in blocked:
-        sys.modules[m] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
-        import sqlite_utils as mod
-        import sqlite_utils.migrations  # MigrationSet's base class
-    finally:
-        for m in blocked:
-            del sys.modules[m]
-    return mod
+def __getattr__(name: str) -> Any:
+    """``gpuguard.store.sqlite_utils``: the module, imported on first use
+    (:func:`gpuguard.migrations.sqlite_utils_module`: the hooks' recording path runs on
+    plain sqlite3)."""
+    if name == "sqlite_utils":
+        return sqlite_utils_module()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-sqlite_utils = _import_sqlite_utils()
 
 BUSY_TIMEOUT_MS = 5000
 _SCALARS = (type(None), int, float, str)
@@ -54,72 +58,6 @@ class StoreError(Exception):
 
 
 # -- named migration sets -----------------------------------------------------------------
-class MigrationSet(sqlite_utils.migrations.Migrations):
-    """A stage's named, ordered store migrations (sqlite-utils ``Migrations``: each step
-    recorded by (set name, step name) in ``_sqlite_migrations``; append steps, never edit
-    a released one).
-
-    ``requires``: sets whose tables this one needs (applied first). ``legacy``: step name
-    -> the ``PRAGMA user_version`` of the numbered migration that created the same schema
-    before named sets existed; a store at that version or later gets the step recorded
-    as applied without running it.
-    """
-
-    def __init__(self, name: str, *, requires: tuple[str, ...] = (), legacy: dict[str, int] | None = None):
-        super().__init__(name)
-        self.requires = requires
-        self.legacy = dict(legacy or {})
-
-    @property
-    def names(self) -> list[str]:
-        """The step names, in order."""
-        return [m.name for m in self._migrations]
-
-    def record(self, db: sqlite_utils.Database, step: str) -> None:
-        """Record ``step`` as applied without running it (adopting a numbered-era store)."""
-        db[self.migrations_table].insert({"migration_set": self.name, "name": step,
-                                          "applied_at": str(datetime.now(UTC))})
-
-
-#: Registered sets by name, in registration order (:func:`register_set`).
-_SETS: dict[str, MigrationSet] = {}
-
-#: ``user_version`` of a store migrated by named sets. Stores at 1..5 were migrated by
-#: the numbered list that came before; they are adopted (see ``MigrationSet.legacy``).
-NAMED_SETS_VERSION = 6
-
-
-def register_set(ms: MigrationSet) -> MigrationSet:
-    """Register a stage's migration set; :func:`open_store` applies every registered set.
-    A stage registers its set when its package is imported, so a process that uses a
-    stage's tables has that stage's set; the core never imports a stage."""
-    if _SETS.get(ms.name, ms) is not ms:
-        raise ValueError(f"migration set {ms.name!r} registered twice")
-    _SETS[ms.name] = ms
-    return ms
-
-
-def registered_sets() -> list[MigrationSet]:
-    """The registered sets in dependency order (``requires`` first, else registration
-    order). Raises ValueError for a set requiring one that is not registered."""
-    out: list[MigrationSet] = []
-
-    def visit(ms: MigrationSet, path: tuple[str, ...]) -> None:
-        if ms in out:
-            return
-        for dep in ms.requires:
-            if dep not in _SETS:
-                raise ValueError(f"migration set {ms.name!r} requires {dep!r}, which is not registered")
-            if dep in path:
-                raise ValueError(f"migration sets {' -> '.join((*path, dep))} form a cycle")
-            visit(_SETS[dep], (*path, dep))
-        out.append(ms)
-
-    for ms in list(_SETS.values()):
-        visit(ms, (ms.name,))
-    return out
-
-
 CORE = MigrationSet("core", legacy={"health_tables": 1, "job_indexes": 2, "node_idle": 3})
 
 
@@ -190,15 +128,31 @@ register_set(CORE)
 
 
 class Store:
-    """A node (or cluster) store. Use :func:`open_store` to get one."""
+    """A node (or cluster) store. Use :func:`open_store` to get one.
 
-    def __init__(self, db: sqlite_utils.Database, path: str):
-        self.db = db
+    ``conn`` is the ``sqlite3`` connection (autocommit: ``isolation_level=None``); the
+    methods here write and read through it with plain SQL. :attr:`db`, the sqlite-utils
+    ``Database`` on the same connection, is made on first use (module docstring of
+    :func:`__getattr__`: the hooks' recording path does not import sqlite-utils)."""
+
+    def __init__(self, db: Any, path: str):
+        """``db``: a ``sqlite3.Connection`` or a sqlite-utils ``Database``."""
+        if isinstance(db, sqlite3.Connection):
+            self.conn, self._db = db, None
+        else:
+            self.conn, self._db = db.conn, db
         self.path = path
         self._series: Any = None  # gpuguard.samples.SeriesCache, made on the first sample write
         #: Results computed from this store and reused while it is open (the job summary's
         #: bucketed sample pass, reused by the verdict); cleared by every sample write.
         self.memo: dict[Any, Any] = {}
+
+    @property
+    def db(self) -> Any:
+        """The sqlite-utils ``Database`` on :attr:`conn` (imports sqlite-utils once)."""
+        if self._db is None:
+            self._db = _database(self.conn)
+        return self._db
 
     # -- generic ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -206,19 +160,33 @@ class Store:
         """One write transaction, rolled back on error. Outermost: ``BEGIN IMMEDIATE``, so
         that a writer waits out the busy timeout for the write lock instead of failing on
         a lock upgrade (sqlite-utils' ``db.atomic()`` begins a deferred transaction);
-        nested: ``db.atomic()``'s savepoint."""
-        if self.db.conn.in_transaction:
-            with self.db.atomic():
+        nested: a savepoint (what ``db.atomic()`` makes inside a transaction)."""
+        conn = self.conn
+        if conn.in_transaction:
+            sp = f"gg_{id(self):x}_{self._depth}"
+            self._depth += 1
+            conn.execute(f"SAVEPOINT {sp}")
+            try:
                 yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute(f"ROLLBACK TO {sp}")
+                    conn.execute(f"RELEASE {sp}")
+                raise
+            finally:
+                self._depth -= 1
+            conn.execute(f"RELEASE {sp}")
             return
-        self.db.conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            if self.db.conn.in_transaction:
-                self.db.conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        self.db.conn.execute("COMMIT")
+        conn.execute("COMMIT")
+
+    _depth = 0
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -234,6 +202,8 @@ class Store:
 
         def go() -> int:
             with self.tx():
+                if _plain(table, [row]):
+                    return self.conn.execute(*_insert_sql(table, row)).lastrowid or 0
                 return self.db[table].insert(row).last_rowid
         return self._guard(f"insert into {table}", go)
 
@@ -249,6 +219,9 @@ class Store:
         collector, every few seconds) pays one commit. All or nothing. Raises
         :class:`StoreError`."""
         batches = {t: (r if t == "samples" else list(r)) for t, r in batches.items()}
+        batches = {t: r for t, r in batches.items() if t == "samples" or r}
+        if not batches:
+            return
         if "samples" in batches:
             from gpuguard import samples
 
@@ -261,7 +234,7 @@ class Store:
                 with self.tx():
                     for table, rows in batches.items():
                         if table == "samples":
-                            samples.write(self.db.conn, self._series, rows)
+                            samples.write(self.conn, self._series, rows)
                         elif rows:
                             self._insert_rows(table, rows)
             except BaseException:
@@ -273,19 +246,44 @@ class Store:
     def _insert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         cols = list(rows[0])
         keys = set(cols)
-        plain = all(r.keys() == keys and all(type(v) in _SCALARS for v in r.values()) for r in rows)
-        if plain and all(c.isidentifier() for c in cols):
+        if _plain(table, rows) and all(r.keys() == keys for r in rows):
             # same keys, scalar values: one executemany (sqlite-utils' insert_all
             # inspects and converts every value, which the collector pays each flush)
-            self.db.conn.executemany(
-                f"insert into [{table}] ({', '.join(cols)}) values ({', '.join('?' * len(cols))})",
-                [tuple(r[c] for c in cols) for r in rows])
+            self.conn.executemany(_insert_sql(table, rows[0])[0], [tuple(r[c] for c in cols) for r in rows])
+        elif _plain(table, rows):
+            for r in rows:
+                self.conn.execute(*_insert_sql(table, r))
         else:
             self.db[table].insert_all(rows, batch_size=500)
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Run a parameterised query; rows as dicts. Raises :class:`StoreError`."""
-        return self._guard("query", lambda: list(self.db.query(sql, params)))
+        def go() -> list[dict[str, Any]]:
+            cur = self.conn.execute(sql, params)
+            cols = [d[0] for d in cur.description or ()]
+            return [dict(zip(cols, r, strict=True)) for r in cur]
+        return self._guard("query", go)
+
+    def upsert_many(self, table: str, rows: list[dict[str, Any]], pk: tuple[str, ...]) -> None:
+        """Insert rows, or update the columns given of the row with the same primary key
+        ``pk`` (sqlite-utils ``upsert_all``; rows of scalars with identifier column names
+        through one ``INSERT ... ON CONFLICT DO UPDATE``). Call inside :meth:`tx` or alone
+        (its own transaction). Raises :class:`StoreError`."""
+        if not rows:
+            return
+
+        def go() -> None:
+            with self.tx():
+                if not _plain(table, rows):
+                    self.db[table].upsert_all(rows, pk=pk)
+                    return
+                for r in rows:
+                    sql, vals = _insert_sql(table, r)
+                    upd = [c for c in r if c not in pk]
+                    sql += f" on conflict ({', '.join(pk)}) do " + (
+                        f"update set {', '.join(f'{c} = excluded.{c}' for c in upd)}" if upd else "nothing")
+                    self.conn.execute(sql, vals)
+        self._guard(f"upsert into {table}", go)
 
     # -- cursors ------------------------------------------------------------------
     def get_cursor(self, name: str) -> str | None:
@@ -293,10 +291,7 @@ class Store:
         return rows[0]["value"] if rows else None
 
     def set_cursor(self, name: str, value: str) -> None:
-        def go() -> None:
-            with self.tx():
-                self.db["cursors"].upsert({"name": name, "value": value, "updated_at": time.time()}, pk="name")
-        self._guard("cursor update", go)
+        self.upsert_many("cursors", [{"name": name, "value": value, "updated_at": time.time()}], pk=("name",))
 
     # -- GPU counters (for "rising since the last run") ---------------------------
     def get_counters(self, node: str) -> dict[str, dict[str, Any]]:
@@ -307,68 +302,24 @@ class Store:
     def set_counters(self, node: str, by_uuid: dict[str, dict[str, Any]]) -> None:
         now = time.time()
 
-        def go() -> None:
-            with self.tx():
-                self.db["gpu_counters"].upsert_all(
-                    [{"node": node, "uuid": u, "at": now, "counters": json.dumps(c)} for u, c in by_uuid.items()],
-                    pk=("node", "uuid"),
-                )
-        self._guard("counter update", go)
+        self.upsert_many("gpu_counters", [{"node": node, "uuid": u, "at": now, "counters": json.dumps(c)}
+                                          for u, c in by_uuid.items()], pk=("node", "uuid"))
 
     def close(self) -> None:
         try:
-            self.db.conn.close()
+            self.conn.close()
         except sqlite3.Error:
             pass  # closing a broken connection: nothing left to lose
 
 
-def _applied(db: sqlite_utils.Database) -> set[tuple[str, str]]:
-    if not db.conn.execute("select 1 from sqlite_master where type = 'table' and name = '_sqlite_migrations'"
-                           ).fetchone():
-        return set()
-    return {(r[0], r[1]) for r in db.conn.execute("select migration_set, name from _sqlite_migrations")}
+def _plain(table: str, rows: list[dict[str, Any]]) -> bool:
+    """Rows plain SQL can insert as they are: scalar values, identifier names."""
+    return table.isidentifier() and all(
+        all(type(v) in _SCALARS for v in r.values()) and all(c.isidentifier() for c in r) for r in rows)
 
 
-def _migrate(db: sqlite_utils.Database, version: int, sets: list[MigrationSet]) -> None:
-    """Apply the pending steps of ``sets`` under one write lock. Raises ValueError for a
-    store newer than this code, sqlite3.Error when a step fails (all rolled back)."""
-    if version > NAMED_SETS_VERSION:
-        raise ValueError(f"schema version {version} is newer than this gpuguard ({NAMED_SETS_VERSION})")
-    # The common case (every hook run): one read, no write lock.
-    applied = _applied(db)
-    _refuse_newer(applied, sets)
-    if version == NAMED_SETS_VERSION and all((ms.name, n) in applied for ms in sets for n in ms.names):
-        return
-    conn = db.conn
-    # BEGIN IMMEDIATE takes the write lock up front: the prolog and the collector may
-    # open a new store at the same moment, and whoever waits must re-read what the other
-    # applied (a deferred BEGIN, as db.atomic() uses, would fail on the lock upgrade
-    # instead of waiting out the busy timeout). The steps run in savepoints inside it.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        applied = _applied(db)
-        for ms in sets:
-            ms.ensure_migrations_table(db)
-            for step, since in ms.legacy.items():
-                if 0 < since <= version < NAMED_SETS_VERSION and (ms.name, step) not in applied:
-                    ms.record(db, step)  # its tables were created by the numbered migration `since`
-            ms.apply(db)
-        conn.execute(f"PRAGMA user_version = {NAMED_SETS_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _refuse_newer(applied: set[tuple[str, str]], sets: list[MigrationSet]) -> None:
-    """A step of a known set that this code lacks was written by a newer gpuguard."""
-    for ms in sets:
-        newer = {n for s, n in applied if s == ms.name} - set(ms.names)
-        if newer:
-            raise ValueError(f"migration set {ms.name!r} has step(s) {', '.join(sorted(newer))} "
-                             "unknown to this gpuguard (written by a newer version)")
+def _insert_sql(table: str, row: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    return (f"insert into [{table}] ({', '.join(row)}) values ({', '.join('?' * len(row))})", tuple(row.values()))
 
 
 def ensure_sets(store: Store, sets: list[MigrationSet]) -> None:
@@ -376,12 +327,43 @@ def ensure_sets(store: Store, sets: list[MigrationSet]) -> None:
     package was imported after the store was opened (a ``gpuguard health`` step loaded
     after the run opened its store). One read when nothing is pending. Raises
     :class:`StoreError`."""
-    version = store.db.conn.execute("PRAGMA user_version").fetchone()[0]
+    version = store.conn.execute("PRAGMA user_version").fetchone()[0]
     try:
-        _migrate(store.db, version, sets)
+        _migrate(store.conn, version, sets)
     except (sqlite3.Error, ValueError) as e:
         raise StoreError(f"store {store.path}: {e}") from None
 
+
+
+def open_readonly(path: str) -> Store:
+    """A :class:`Store` on ``path`` opened read-only through SQLite's ``mode=ro`` URI (no
+    create, no migration, no WAL switch: a reader never writes; ``immutable=1`` as well
+    while no writer has a WAL open, so not even ``-shm``/``-wal`` files are created beside
+    it). Every command that only reads a store (``job show``, ``template list``,
+    ``baseline show``, ``node list``/``show``, ``nccl baseline``, ``gpuguard-mail``) opens
+    it this way, so it works for any user who can read the file and never migrates it.
+    A table a writer has not created yet raises :class:`StoreError` on the first query.
+    Raises :class:`StoreError` when it cannot be read by this user."""
+    import urllib.parse
+
+    import sqlite_utils  # a CLI reader: the import-time budget is the hooks', not ours
+
+    if not os.path.exists(path):
+        raise StoreError(f"store {path}: does not exist")
+    if not os.access(path, os.R_OK):
+        raise StoreError(f"store {path}: not readable by this user")
+    # No -wal file: no writer has the store open, and SQLite would otherwise create
+    # -wal/-shm beside it (a write in the directory; impossible for a user in a
+    # read-only one). immutable=1 reads the file as it is, creating nothing. With a
+    # -wal present, mode=ro reads through the writer's WAL index as any reader does.
+    flags = "mode=ro" if os.path.exists(path + "-wal") else "mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + flags
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
+        conn.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        raise StoreError(f"store {path}: cannot open read-only: {e}") from None
+    return Store(sqlite_utils.Database(conn), path)
 
 def open_store(path: str, *, create: bool = True, mode: int = 0o640,
                sets: list[MigrationSet] | None = None) -> Store:
@@ -406,7 +388,7 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640,
     try:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db = sqlite_utils.Database(conn)
+        conn.execute("PRAGMA recursive_triggers = on")  # as sqlite-utils' Database sets it
         mode_now = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if mode_now != "wal":
             try:
@@ -418,8 +400,8 @@ def open_store(path: str, *, create: bool = True, mode: int = 0o640,
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open: {e}") from None
     try:
-        _migrate(db, version, list(sets) if sets is not None else registered_sets())
+        _migrate(conn, version, list(sets) if sets is not None else registered_sets())
     except (sqlite3.Error, ValueError) as e:
         conn.close()
         raise StoreError(f"store {path}: {e}") from None
-    return Store(db, path)
+    return Store(conn, path)

@@ -74,12 +74,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
                       commit=not config_error)
     res = live.result
-    outcome = res.decision.outcome
-    if maint.active and outcome in ("drain", "fail-job"):
-        from gpuguard.ops.maintenance import record_suppressed
-
-        record_suppressed(cfg, maint, outcome, res.decision.reason, by="prolog", log=log)
-        outcome = "proceed"  # a node in maintenance is neither drained nor failing jobs
+    outcome = _unless_maintenance(cfg, maint, res.decision.outcome, res.decision.reason, log)
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
     _log_result(log, res)
     from gpuguard.ops.alert_spool import enqueue_from_hook
@@ -104,7 +99,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_OK
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
-    rc = _act_on_nccl(cfg, live, pend, henv, nccl, log) if nccl else None
+    rc = _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) if nccl else None
     if rc is not None:
         return rc
     return _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log)
@@ -129,25 +124,43 @@ def _start(env: dict[str, str], loaded: tuple | None) -> tuple:
     for problem in henv.problems:  # a bad job id costs the job's bookkeeping; others read as unset
         if problem.startswith("SLURM_JOB_ID"):
             log.error("tool error: %s; node checks only", problem)
+        elif problem.startswith("SLURM_JOB_GPUS"):  # bad input from slurmd: judged as no GPU list, never a drain
+            log.error("tool error: %s; the job's GPUs are not checked by index", problem)
         else:
             log.warning("hook environment: %s; treated as unset", problem)
     return cfg, config_error, henv, log
 
 
-def _act_on_nccl(cfg, live, pend, henv, nccl, log) -> int | None:
+def _unless_maintenance(cfg, maint, outcome: str, reason: str, log) -> str:
+    """``outcome``, or ``proceed`` when ``maint`` is active and it would drain or fail the
+    job: a node in maintenance is neither drained nor failing jobs, whatever check (the
+    live one or the NCCL probe) decided it; the suppression is logged and recorded."""
+    if maint.active and outcome in ("drain", "fail-job"):
+        from gpuguard.ops.maintenance import record_suppressed
+
+        record_suppressed(cfg, maint, outcome, reason, by="prolog", log=log)
+        return "proceed"
+    return outcome
+
+
+def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
     """Decide again with the NCCL probe's findings; the exit status when that drains or
-    fails the job, else None (the job proceeds)."""
+    fails the job, else None (the job proceeds; also in maintenance, exactly as for the
+    live check: the node's drain is suppressed and recorded as such)."""
+    from gpuguard.drainq import decision_recovery
     from gpuguard.hookrun import announce
     from gpuguard.policy import decide
 
     job_id = henv.job_id
     d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
+    if _unless_maintenance(cfg, maint, d.outcome, d.reason, log) == "proceed":
+        return None
     if d.outcome == "drain":
         announce(EXIT_DRAIN)
         node = cfg.node_name
         if pend.dry_run:
             log.warning("dry run: would drain %s: %s", node, d.reason)
-        elif pend.add(node, d.reason):
+        elif pend.add(node, d.reason, decision_recovery(d)):
             pend.settle(node, d.reason)
         _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
         return EXIT_DRAIN

@@ -51,6 +51,7 @@ Rules (each with its reason):
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import re
 from collections.abc import Iterator
@@ -73,10 +74,12 @@ from gpuguard.reports.sacct_fields import (
     _DIGITS_RE,
     ParsedRow,
     RowError,
+    VALUE_CACHE,
     SacctParseError,
     TimeConverter,
     _finish,
     _int_or_none,
+    check_column,
     _js1_gpus,
     check_int,
     normalize_state,
@@ -133,61 +136,142 @@ _FIELD_ALIASES = {"ncpus": "alloccpus", "jobidraw": "jobidraw"}
 def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> tuple[dict | None, bool]:
     """One ``-P`` record (lower-cased field name -> text) -> ``(job, is_step)``.
     Raises :class:`RowError`."""
-    jid_text = rec.get("jobid") or rec.get("jobidraw")
-    if not jid_text:
-        raise RowError("no JobID")
-    ids, is_step = parse_job_id(jid_text)
-    raw_text = rec.get("jobidraw") or jid_text
-    if is_step or "." in raw_text:
-        return None, True
-    if _DIGITS_RE.match(raw_text.strip()):
-        raw = parse_int(raw_text, "JobIDRaw", 0)
-    elif "jobidraw" not in rec and ids["array_job_id"] is None and ids["het_job_id"] is None:
-        raw = parse_int(re.match(r"^\d+", jid_text.strip(), re.ASCII).group(0), "JobID", 0)  # a plain id is the raw id
-    elif "jobidraw" not in rec:
-        raise RowError(f"JobID {jid_text!r} is an array task or het component: its raw id needs the JobIDRaw field")
-    else:
+    return PipeRowParser(list(rec), conv, cluster)(list(rec.values()))
+
+
+#: The fields the GPU count falls back on when AllocTRES holds no GPU (:func:`_pipe_gpus`).
+_GPU_FALLBACK_FIELDS = ("reqtres", "allocgres", "reqgres", "admincomment", "submitline")
+
+
+class PipeRowParser:
+    """Parse the data rows of one ``-P`` header: ``names`` (lower-cased field names, in
+    order; a repeated name reads its last column) with times read by ``conv`` and
+    ``cluster`` for rows without a Cluster field. Calling it with one row (a list of
+    ``len(names)`` strings) returns ``(job, is_step)`` (``job`` a dict of :data:`COLUMNS`,
+    None for a step row) or raises :class:`RowError`.
+
+    Each field's column is looked up once per header, not per row, and the values that
+    repeat across jobs (TRES, state, exit code, time limit, comment) go through the
+    parsers' caches (:data:`~gpuguard.reports.sacct_fields.VALUE_CACHE`): a million-row
+    sync spends its time on what differs between rows.
+    """
+
+    def __init__(self, names: list[str], conv: TimeConverter, cluster: str):
+        self.names, self.conv, self.cluster = names, conv, cluster
+        ix = {name: i for i, name in enumerate(names)}  # the last column of a repeated name
+        absent = len(names)  # each row gets a None appended: the value of an absent field
+
+        def at(name: str) -> int:
+            return ix.get(name, absent)
+
+        (self.i_jobid, self.i_raw, self.i_cluster, self.i_name, self.i_user, self.i_account, self.i_partition,
+         self.i_qos, self.i_submit, self.i_eligible, self.i_start, self.i_end, self.i_elapsedraw, self.i_elapsed,
+         self.i_state, self.i_exit, self.i_alloctres, self.i_cpus, self.i_nnodes, self.i_nodes, self.i_comment,
+         self.i_admin, self.i_limitraw, self.i_limit) = map(at, (
+            "jobid", "jobidraw", "cluster", "jobname", "user", "account", "partition", "qos", "submit", "eligible",
+            "start", "end", "elapsedraw", "elapsed", "state", "exitcode", "alloctres", "alloccpus", "nnodes",
+            "nodelist", "comment", "admincomment", "timelimitraw", "timelimit"))
+        self.has_raw, self.has_alloctres = "jobidraw" in ix, "alloctres" in ix
+        self.fallback = tuple((k, ix[k]) for k in _GPU_FALLBACK_FIELDS if k in ix)
+
+    def __call__(self, row: list[str]) -> tuple[dict | None, bool]:
+        r = [*row, None]
+        jid_text = r[self.i_jobid] or r[self.i_raw]
+        if not jid_text:
+            raise RowError("no JobID")
+        if jid_text.isdigit() and jid_text.isascii():  # the common case: a plain job, not a step
+            ids, is_step = dict(_NO_IDS), False
+        else:
+            ids, is_step = parse_job_id(jid_text)
+        raw_text = r[self.i_raw] or jid_text
+        if is_step or "." in raw_text:
+            return None, True
+        raw = self._raw_id(raw_text, jid_text, ids)
+        alloc = parse_tres(r[self.i_alloctres]) if self.has_alloctres else None
+        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
+            gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
+        else:
+            g = _pipe_gpus({k: r[i] for k, i in self.fallback}, alloc)
+            # GRES and jobstats counts are not range-checked by their parsers
+            gpus, gpu_type, gpu_source = check_column("gpus", g.gpus), g.gpu_type, g.source
+        code, sig = parse_exit_code(r[self.i_exit])
+        elapsed = r[self.i_elapsedraw]
+        if elapsed is None:
+            elapsed = r[self.i_elapsed]
+        conv = self.conv
+        start_at, end_at = conv(r[self.i_start]), conv(r[self.i_end])
+        state_raw = r[self.i_state]
+        cpus_text = r[self.i_cpus]
+        job = {
+            "cluster": r[self.i_cluster] or self.cluster,
+            "job_id_raw": raw,
+            "job_id": jid_text.strip(),
+            **ids,
+            "job_name": r[self.i_name],
+            "user": r[self.i_user] or None,
+            "account": r[self.i_account] or None,
+            "partition": r[self.i_partition] or None,
+            "qos": r[self.i_qos] or None,
+            "submit_at": conv(r[self.i_submit]),
+            "eligible_at": conv(r[self.i_eligible]),
+            "start_at": start_at,
+            "end_at": end_at,
+            "elapsed_s": _elapsed(elapsed),
+            "state": normalize_state(state_raw),
+            "state_raw": state_raw or None,
+            "exit_code": code,
+            "exit_signal": sig,
+            "gpus": gpus,
+            "gpu_type": gpu_type,
+            "gpu_source": gpu_source,
+            "time_limit_s": time_limit_s(r[self.i_limitraw], r[self.i_limit]),
+            "cpus": (_count(cpus_text, "AllocCPUS") if cpus_text else
+                     (alloc[2] if alloc is not None else None)),
+            "alloc_tres": r[self.i_alloctres] or None,
+            "nnodes": _count(r[self.i_nnodes], "NNodes"),
+            "node_list": r[self.i_nodes] or None,
+            "comment": r[self.i_comment] or None,
+            "admin_comment": r[self.i_admin] or None,
+        }
+        if job["state"] is None:
+            raise RowError("empty State")
+        if start_at is not None and end_at is not None and start_at > end_at:
+            raise RowError(f"Start {r[self.i_start].strip()} is after End {r[self.i_end].strip()}")
+        # every integer and time above came from a range-checked parser, Start <= End
+        return _finish(job, checked=True), False
+
+    def _raw_id(self, raw_text: str, jid_text: str, ids: dict) -> int:
+        """JobIDRaw as an int (from JobID when the header has no JobIDRaw and the id is plain)."""
+        if raw_text.isdigit() and raw_text.isascii() and len(raw_text) <= 18:
+            return int(raw_text)
+        if _DIGITS_RE.match(raw_text.strip()):
+            return parse_int(raw_text, "JobIDRaw", 0)
+        if not self.has_raw and ids["array_job_id"] is None and ids["het_job_id"] is None:
+            return parse_int(re.match(r"^\d+", jid_text.strip(), re.ASCII).group(0), "JobID", 0)  # plain id: raw
+        if not self.has_raw:
+            raise RowError(f"JobID {jid_text!r} is an array task or het component: its raw id needs the JobIDRaw field")
         raise RowError(f"JobIDRaw {raw_text!r} is not an integer")
-    alloc = parse_tres(rec.get("alloctres")) if "alloctres" in rec else None
-    gpu = _pipe_gpus(rec, alloc)
-    tres_cpus = alloc[2] if alloc is not None else None
-    code, sig = parse_exit_code(rec.get("exitcode"))
-    elapsed = rec.get("elapsedraw")
-    job = {
-        "cluster": rec.get("cluster") or cluster,
-        "job_id_raw": raw,
-        "job_id": jid_text.strip(),
-        **ids,
-        "job_name": rec.get("jobname"),
-        "user": rec.get("user") or None,
-        "account": rec.get("account") or None,
-        "partition": rec.get("partition") or None,
-        "qos": rec.get("qos") or None,
-        "submit_at": conv(rec.get("submit")),
-        "eligible_at": conv(rec.get("eligible")),
-        "start_at": conv(rec.get("start")),
-        "end_at": conv(rec.get("end")),
-        "elapsed_s": parse_elapsed(elapsed if elapsed is not None else rec.get("elapsed")),
-        "state": normalize_state(rec.get("state")),
-        "state_raw": rec.get("state") or None,
-        "exit_code": code,
-        "exit_signal": sig,
-        "gpus": gpu.gpus,
-        "gpu_type": gpu.gpu_type,
-        "gpu_source": gpu.source,
-        "time_limit_s": _limit_s(rec),
-        "cpus": _int_or_none(rec.get("alloccpus"), "AllocCPUS", 0, MAX_COUNT) if rec.get("alloccpus") else tres_cpus,
-        "alloc_tres": rec.get("alloctres") or None,
-        "nnodes": _int_or_none(rec.get("nnodes"), "NNodes", 0, MAX_COUNT),
-        "node_list": rec.get("nodelist") or None,
-        "comment": rec.get("comment") or None,
-        "admin_comment": rec.get("admincomment") or None,
-    }
-    if job["state"] is None:
-        raise RowError("empty State")
-    if job["start_at"] is not None and job["end_at"] is not None and job["start_at"] > job["end_at"]:
-        raise RowError(f"Start {rec['start'].strip()} is after End {rec['end'].strip()}")
-    return _finish(job), False
+
+
+_NO_IDS = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None))
+
+
+def _elapsed(s: str | None) -> int | None:
+    """:func:`parse_elapsed`, with plain seconds (ElapsedRaw) converted inline."""
+    if s is not None and s.isdigit() and s.isascii() and len(s) <= 10:
+        n = int(s)
+        if n <= MAX_ELAPSED_S:
+            return n
+    return parse_elapsed(s)
+
+
+def _count(s: str | None, what: str) -> int | None:
+    """A CPU or node count (``0..MAX_COUNT``), None when empty or ``Unknown``."""
+    if s is not None and s.isdigit() and s.isascii() and len(s) <= 7:
+        n = int(s)
+        if n <= MAX_COUNT:
+            return n
+    return _int_or_none(s, what, 0, MAX_COUNT)
 
 
 def _pipe_gpus(rec: dict[str, str], alloc: tuple[int, str | None, int | None] | None) -> GpuCount:
@@ -203,13 +287,15 @@ def _pipe_gpus(rec: dict[str, str], alloc: tuple[int, str | None, int | None] | 
     return resolve_gpus(tres, gres, js1_gpus=_js1_gpus(rec.get("admincomment")), submit_line=rec.get("submitline"))
 
 
-def _limit_s(rec: dict[str, str]) -> int | None:
-    """``TimelimitRaw`` (minutes) or ``Timelimit`` (``[D-]HH:MM:SS``) -> seconds; None for
-    ``UNLIMITED``, ``Partition_Limit`` or absent."""
-    raw = (rec.get("timelimitraw") or "").strip()
+@functools.lru_cache(maxsize=VALUE_CACHE)
+def time_limit_s(raw: str | None, text: str | None) -> int | None:
+    """``TimelimitRaw`` (minutes, ``raw``) or ``Timelimit`` (``[D-]HH:MM:SS``, ``text``)
+    -> seconds; None for ``UNLIMITED``, ``Partition_Limit`` or absent (both None).
+    Raises :class:`RowError` for a TimelimitRaw beyond :data:`MAX_ELAPSED_S`."""
+    raw = (raw or "").strip()
     if raw.isdigit() and raw.isascii():
         return parse_int(raw, "TimelimitRaw", 0, MAX_ELAPSED_S // 60) * 60
-    text = (rec.get("timelimit") or "").strip()
+    text = (text or "").strip()
     if text and text[0].isdigit():
         try:
             return parse_elapsed(text)
@@ -257,7 +343,7 @@ def rebuild_row(row: list[str], names: list[str], delimiter: str = "|") -> list[
     return readings
 
 
-def _parse_long_row(row: list[str], names: list[str], conv: TimeConverter, cluster: str, delimiter: str,
+def _parse_long_row(row: list[str], names: list[str], parse: PipeRowParser, delimiter: str,
                     line: int) -> ParsedRow:
     """A row with more fields than the header: its readings (:func:`rebuild_row`) parsed;
     see the module docstring for which one is taken."""
@@ -270,7 +356,7 @@ def _parse_long_row(row: list[str], names: list[str], conv: TimeConverter, clust
     errors: list[str] = []
     for cand in readings:
         try:
-            valid.append(pipe_row_to_job(dict(zip(names, cand, strict=True)), conv, cluster))
+            valid.append(parse(cand))
         except (RowError, OverflowError) as e:
             errors.append(str(e))
     if not valid:
@@ -341,6 +427,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     if "jobid" not in names and "jobidraw" not in names:
         raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
     header_len = len(names)
+    parse = PipeRowParser(names, conv, cluster)
     while True:
         try:
             row = next(reader)
@@ -354,13 +441,13 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
         if row[-1] == "" and ((trailing and len(row) > header_len) or (lenient and len(row) == header_len + 1)):
             row = row[:-1]
         if len(row) > header_len:
-            yield _parse_long_row(row, names, conv, cluster, delimiter, reader.line_num)
+            yield _parse_long_row(row, names, parse, delimiter, reader.line_num)
             continue
         if len(row) != header_len:
             yield ParsedRow(line=reader.line_num, error=f"{len(row)} fields, header has {header_len}")
             continue
         try:
-            job, is_step = pipe_row_to_job(dict(zip(names, row, strict=True)), conv, cluster)
+            job, is_step = parse(row)
         except (RowError, OverflowError) as e:
             yield ParsedRow(line=reader.line_num, error=str(e))
             continue

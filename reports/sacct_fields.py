@@ -10,6 +10,7 @@ The rules each value follows, with their reasons, are in the docstring of
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -139,23 +140,45 @@ def resolve_timezone(name: str | None = None) -> tzinfo:
         raise SacctParseError(str(e)) from None
 
 
+#: ``":MM:SS"`` -> seconds past the hour, for every valid minute and second: one dict
+#: lookup both checks and converts the tail of a wall-clock time (:class:`TimeConverter`).
+_MM_SS = {f":{m:02d}:{s:02d}": m * 60 + s for m in range(60) for s in range(60)}
+#: Most wall-clock hours a :class:`TimeConverter` remembers (about 11 years of hours; the
+#: memory stays below ~10 MB whatever the input).
+_MAX_HOURS = 100_000
+
+
 class TimeConverter:
     """Wall-clock ``YYYY-MM-DDTHH:MM:SS`` (sacct's default ``SLURM_TIME_FORMAT``) in
     ``tz`` -> UTC epoch seconds. Bare integers are taken as epoch seconds already
     (``SLURM_TIME_FORMAT=%s``). ``Unknown``/``None``/empty -> ``None``.
 
     The UTC offset is looked up once per wall-clock hour (zones change offset on the hour
-    or half hour at most, and the half-hour zones change at 02:00), which keeps a
-    million-row import fast. Raises :class:`RowError` on anything else.
+    or half hour at most, and the half-hour zones change at 02:00): the first time of an
+    hour is parsed in full, and the hour's UTC epoch is kept, so a later time of the same
+    hour costs two dict lookups (a million-row import converts four times a row).
+    Raises :class:`RowError` on anything else.
     """
 
     def __init__(self, tz: tzinfo):
         self.tz = tz
-        self._offsets: dict[str, float] = {}
+        #: ``YYYY-MM-DDTHH`` (validated by a full parse) -> UTC epoch of that hour's start.
+        self._hours: dict[str, float] = {}
 
     def __call__(self, s: str | None) -> float | None:
         if s is None:
             return None
+        base = self._hours.get(s[:13])
+        if base is not None:
+            sec = _MM_SS.get(s[13:19])
+            if sec is not None:
+                t = base + sec
+                if MIN_TIME <= t <= MAX_TIME:
+                    return t
+        return self._parse(s)
+
+    def _parse(self, s: str) -> float | None:
+        """The full parse (and the errors) of one time; remembers its hour."""
         s = s.strip()
         if s in _UNSET_TIMES:
             return None
@@ -170,13 +193,15 @@ class TimeConverter:
         except ValueError:
             raise RowError(f"time {s!r} is not YYYY-MM-DDTHH:MM:SS") from None
         key = s[:13]
-        off = self._offsets.get(key)
-        if off is None:
+        base = self._hours.get(key)
+        if base is None:
             hour = naive.replace(minute=0, second=0, tzinfo=self.tz)
             delta = hour.utcoffset()
-            off = delta.total_seconds() if delta is not None else 0.0
-            self._offsets[key] = off
-        t = calendar.timegm(naive.timetuple()) - off
+            base = calendar.timegm(hour.timetuple()) - (delta.total_seconds() if delta is not None else 0.0)
+            if len(self._hours) >= _MAX_HOURS:
+                self._hours.clear()
+            self._hours[key] = base
+        t = base + naive.minute * 60 + naive.second
         if not MIN_TIME <= t <= MAX_TIME:
             raise RowError(f"time {_short(s)!r} is out of range (after 9999-12-31T23:59:59 UTC)")
         return t
@@ -199,6 +224,14 @@ def parse_elapsed(s: str | None) -> int | None:
 
 
 # --- TRES, state, ids, comment ----------------------------------------------------------
+#: Distinct values each parser below remembers: a cluster's TRES strings, states, exit
+#: codes and comments repeat across its jobs (a few thousand distinct values in a 1 M-job
+#: trace), so a sync parses each once. Only successful parses are cached: a bad value
+#: raises its error every time. Our choice; results are immutable.
+VALUE_CACHE = 8192
+
+
+@functools.lru_cache(maxsize=VALUE_CACHE)
 def parse_tres(s: str | None) -> tuple[int, str | None, int | None]:
     """AllocTRES ``billing=4,cpu=4,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1`` ->
     ``(gpus, gpu_type, cpus)``. See the module docstring for the GPU rules.
@@ -241,6 +274,7 @@ def _tres_count(name: str, val: str, what: str) -> int:
     return n
 
 
+@functools.lru_cache(maxsize=VALUE_CACHE)
 def normalize_state(s: str | None) -> str | None:
     """``CANCELLED by 1234`` -> ``CANCELLED``; ``RUNNING`` -> ``RUNNING``; empty -> None."""
     if not s:
@@ -265,6 +299,7 @@ def parse_job_id(s: str) -> tuple[dict, bool]:
     return out, step is not None
 
 
+@functools.lru_cache(maxsize=VALUE_CACHE)
 def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
     """sacct ``ExitCode`` ``3:0`` -> ``(3, 0)`` (exit status, signal)."""
     if not s:
@@ -275,6 +310,7 @@ def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
     return parse_int(a, "ExitCode status"), (parse_int(b, "ExitCode signal") if sep else 0)
 
 
+@functools.lru_cache(maxsize=VALUE_CACHE)
 def template_of(comment: str | None) -> str | None:
     """The template named in a job comment (``gpuguard:template=NAME``, other text allowed)."""
     from gpuguard.epilog.template import from_comment  # the one parser of our key
@@ -295,26 +331,37 @@ _INT_RANGES = {
     "exit_code": (INT64_MIN, INT64_MAX), "exit_signal": (INT64_MIN, INT64_MAX),
     "gpus": (0, MAX_COUNT), "cpus": (0, MAX_COUNT), "nnodes": (0, MAX_COUNT), "time_limit_s": (0, MAX_ELAPSED_S),
 }
+_INT_RANGE_ITEMS = tuple((c, lo, hi) for c, (lo, hi) in _INT_RANGES.items())
 _TIME_COLUMNS = ("submit_at", "eligible_at", "start_at", "end_at")
+_COLUMN_SET = frozenset(COLUMNS)
 
 
 def _iso_utc(ts: float) -> str:
     return iso_time(ts) or "-"
 
 
+def check_column(c: str, v):
+    """``v`` as the integer column ``c`` may store it (an integral float becomes an int):
+    else :class:`RowError` naming ``c``. ``None`` passes."""
+    if v is None:
+        return None
+    lo, hi = _INT_RANGES[c]
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RowError(f"{c} {_short(repr(v))} is not an integer")
+    return check_int(v, c, lo, hi)
+
+
 def _validate(job: dict) -> None:
     """Every integer column an int in its range, every time finite and printable, Start
     not after End: else :class:`RowError` (both parsers' last line of defence; SQLite
     cannot store an integer beyond 64 bits and the reports cannot print year 10000)."""
-    for c, (lo, hi) in _INT_RANGES.items():
+    for c, lo, hi in _INT_RANGE_ITEMS:
         v = job.get(c)
         if v is None or (type(v) is int and lo <= v <= hi):
             continue
-        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-            v = job[c] = int(v)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise RowError(f"{c} {_short(repr(v))} is not an integer")
-        check_int(v, c, lo, hi)
+        job[c] = check_column(c, v)
     for c in _TIME_COLUMNS:
         v = job.get(c)
         # NaN fails every comparison and infinities are out of range: no isfinite() needed
@@ -325,7 +372,7 @@ def _validate(job: dict) -> None:
         raise RowError(f"Start {_iso_utc(start)} is after End {_iso_utc(end)}")
 
 
-def _finish(job: dict) -> dict:
+def _finish(job: dict, *, checked: bool = False) -> dict:
     """Fill the derived columns the reports aggregate (computed once here, not per query):
 
     * ``usage_end_at``: ``end_at``, or ``start_at + elapsed_s`` for a job still running;
@@ -335,25 +382,30 @@ def _finish(job: dict) -> dict:
       ``submit_wait_s``: ``start - submit``, at least 0; None before the start;
     * ``template`` from the comment; defaults for ``gpus`` and ``cluster``.
 
-    Raises :class:`RowError` on an impossible value (:func:`_validate`).
+    Raises :class:`RowError` on an impossible value (:func:`_validate`). ``checked``: the
+    caller's parsers already range-checked every integer and time and compared Start
+    with End (:class:`~gpuguard.reports.sacct.PipeRowParser`), so that pass is skipped.
     """
-    _validate(job)
-    start, end, el = job.get("start_at"), job.get("end_at"), job.get("elapsed_s")
+    if not checked:
+        _validate(job)
+    get = job.get
+    start, end, el = get("start_at"), get("end_at"), get("elapsed_s")
     if el is None and start is not None and end is not None:
         job["elapsed_s"] = el = int(max(0.0, end - start))
     if start is not None:
-        job["usage_end_at"] = end if end is not None else (start + el if el is not None else start)
-        job["charge_s"] = el if el is not None else max(0.0, job["usage_end_at"] - start)
-        elig = job.get("eligible_at") if job.get("eligible_at") is not None else job.get("submit_at")
-        sub = job.get("submit_at") if job.get("submit_at") is not None else job.get("eligible_at")
+        usage_end = job["usage_end_at"] = end if end is not None else (start + el if el is not None else start)
+        job["charge_s"] = el if el is not None else max(0.0, usage_end - start)
+        submit, eligible = get("submit_at"), get("eligible_at")
+        elig = eligible if eligible is not None else submit
+        sub = submit if submit is not None else eligible
         job["wait_s"] = max(0.0, start - elig) if elig is not None else None
         job["submit_wait_s"] = max(0.0, start - sub) if sub is not None else None
     else:
         job["usage_end_at"] = job["charge_s"] = job["wait_s"] = job["submit_wait_s"] = None
-    job["template"] = template_of(job.get("comment"))
-    for c in COLUMNS:
-        job.setdefault(c, None)
-    if job.get("gpu_source") is None:  # a caller that set gpus itself
+    job["template"] = template_of(get("comment"))
+    for c in _COLUMN_SET - job.keys():
+        job[c] = None
+    if job["gpu_source"] is None:  # a caller that set gpus itself
         job["gpu_source"] = "AllocTRES" if job["gpus"] is not None else "unknown"
     # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
     job["attempt_at"] = job["submit_at"] if job["submit_at"] is not None else 0.0

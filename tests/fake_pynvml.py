@@ -87,6 +87,7 @@ def h100_gpu(index: int) -> dict[str, Any]:
         "pcie_width": 16,
         "pcie_width_max": 16,
         "pcie_replay": 0,
+        "energy_mj": 81_234_567_890 + index,  # nvmlDeviceGetTotalEnergyConsumption: mJ since driver load
         "nvlink_state": [1] * 18,  # links past the list answer InvalidArgument
         # link -> [DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA]
         "nvlink_errors": {link: [0, 0, 0, 0] for link in range(18)},
@@ -454,6 +455,11 @@ class FakeNvml:
         dev = self._dev("nvmlDeviceGetPcieReplayCounter", handle)
         return self._get(dev, "pcie_replay")
 
+    # -- energy ----------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeHandle) -> int:
+        return self._get(self._dev("nvmlDeviceGetTotalEnergyConsumption", handle), "energy_mj")
+
     # -- NVLink ----------------------------------------------------------------
 
     def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
@@ -483,7 +489,8 @@ class FakeNvml:
         NVML_ERROR_NOT_SUPPORTED inside the value as NVML does, and ``value``):
         ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (device key ``recovery_action``, ``uiVal``),
         ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (from the ``ecc`` key) and
-        ``NVML_FI_DEV_PCIE_REPLAY_COUNTER`` (``pcie_replay``), both ``ullVal``."""
+        ``NVML_FI_DEV_PCIE_REPLAY_COUNTER`` (``pcie_replay``) and
+        ``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (``energy_mj``), all ``ullVal``."""
         dev = self._dev("nvmlDeviceGetFieldValues", handle)
         unsupported = _real.NVML_ERROR_NOT_SUPPORTED
         out = []
@@ -497,6 +504,8 @@ class FakeNvml:
                 v = dev.get("ecc", {}).get((_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _real.NVML_VOLATILE_ECC))
             elif fid == _real.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
                 v = dev.get("pcie_replay")
+            elif fid == _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+                v = dev.get("energy_mj")
             else:
                 v = None
             out.append(_Struct(fieldId=fid, scopeId=0, valueType=_real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,

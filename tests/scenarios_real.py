@@ -14,7 +14,9 @@ It shares no code or modelling choice with ``tests/scenarios.py``. What it model
 * **NVML-like readings** every ``sample_interval_s`` (10 s), each the average over the last
   second: a reading that lands in a data wait or a pause shows a dip in utilisation and
   power, idle clock-event reasons, lower clocks.
-* **Per-GPU spread**: each physical GPU keeps its own clock/power offsets across runs.
+* **Per-GPU spread**: each physical GPU keeps its own clock/power offsets across runs, and
+  its rank's compute time follows its clock (``clock ** -0.7``: part of the kernels is
+  memory-bound), so ranks' median compute times differ by about a per cent, run after run.
 * **A caching allocator** that grows in chunks during the first minutes, then plateaus.
 * 1-16 GPUs on 1-2 nodes, jobs of 10 min to 6 h, 5-20 healthy history runs per template.
 * **Subtle strengths and confusers**: each anomaly has a magnitude drawn down to below the
@@ -203,7 +205,8 @@ class _Sim:
         self.end = start + self.dur
         n = w.n_gpus
         self.run_f = math.exp(rng.gauss(0.0, 0.015))  # run-to-run: node placement, data order
-        self.speed = [1.0] * n  # compute time multiplier per rank
+        self.speed = [1.0] * n  # compute time multiplier per rank (the injected cause)
+        self.rank_f = [f ** -0.7 for f in w.gpu_clock_f]  # the GPU's own clock offset
         self.clock_f = [1.0] * n
         self.reasons: list[tuple[str, ...]] = [()] * n
         self.extra_dw = 0.0
@@ -286,7 +289,7 @@ class _Sim:
             comp = []
             for r in range(n):
                 sp = self.speed[r] if on else 1.0
-                comp.append(compute0 * f * sp * math.exp(rng.gauss(0.0, 0.01)))
+                comp.append(compute0 * f * sp * self.rank_f[r] * math.exp(rng.gauss(0.0, 0.01)))
             if rng.random() < spike_p:
                 comp[rng.randrange(n)] *= rng.uniform(3.0, 10.0)
             dw = [base * w.data_frac * rng.uniform(0.4, 1.6) for _ in range(n)]

@@ -153,3 +153,20 @@ def test_invalid_utf8_and_unknown_disabled_check(tmp_path):
     p2 = write(tmp_path, '[checks]\ndisabled = ["nope", "ecc"]\n')
     with pytest.raises(config_mod.ConfigError, match=r"checks.disabled: unknown check\(s\) nope; known: "):
         config_mod.load(p2)
+
+
+@pytest.mark.parametrize("value,used", [("gpu-a01", True), ("n1.cluster", True), ("../../etc", False),
+                                        ("n1,n2", False), ("n[1-2]", False), ("n1 n2", False), ("-rf", False),
+                                        ("n1/x", False), ("", False)])
+def test_slurmd_nodename_is_used_only_when_it_is_one_node_name(monkeypatch, value, used):
+    """The node name goes into paths ({node}) and scontrol's nodename=: a path escape, a
+    node list or an option-like value from the environment is never used."""
+    import socket
+
+    from gpuguard import config as config_mod
+
+    monkeypatch.setenv("SLURMD_NODENAME", value)
+    cfg = config_mod.from_dict({"paths": {"store": "/var/lib/gg/{node}.db"}})
+    host = socket.gethostname().split(".")[0]
+    assert cfg.node_name == (value if used else host)
+    assert cfg.store_path == f"/var/lib/gg/{value if used else host}.db"

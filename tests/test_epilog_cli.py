@@ -94,10 +94,12 @@ def test_text(db):
     assert [x.split() for x in out if x.startswith("first sample")] == [["first", "sample",
                                                                          "1970-01-01T00:16:40+00:00"]]
     i = out.index("Per GPU (n1)")
-    assert out[i + 1].split() == ["GPU", "SAMPLES", "UTIL_MEAN_%", "SM_MEAN_MHZ", "POWER_MEAN_W", "TEMP_MAX_C",
-                                  "MEM_PEAK_MIB", "ECC_UNC_NEW", "CLOCK_EVENTS"]
-    assert out[i + 3].split() == ["0", "10", "45", "1000", "104.5", "59", "1009", "2", "hw_thermal_slowdown", "2s,",
-                                  "sw_power_cap", "6s"]
+    # the per-GPU columns are the metric table's per-GPU statistics, in table order
+    assert out[i + 1].split() == ["GPU", "SAMPLES", "UTIL_MEAN_%", "MEMUTIL_MEAN_%", "MEM_PEAK_MIB", "POWER_MEAN_W",
+                                  "TEMP_MAX_C", "SM_MEAN_MHZ", "ECC_UNC_NEW", "PCIE_REPLAY_NEW", "ENERGY_NEW_J", "CLOCK_EVENTS"]
+    # mem_util 5*i over i = 0..9 -> 22.5; PCIe replays i // 3 -> 0..3: 3 new
+    assert out[i + 3].split() == ["0", "10", "45", "22.5", "1009", "104.5", "59", "1000", "2", "3", "-",
+                                  "hw_thermal_slowdown", "2s,", "sw_power_cap", "6s"]
     i = out.index("Findings")
     assert out[i + 3].split()[:6] == ["n1", "epilog", "critical", "drain", "ecc.uncorrectable_volatile", "1"]
     i = out.index("Events")

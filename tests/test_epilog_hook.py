@@ -37,11 +37,6 @@ def stopped(pid=4242, was_running=True, exited=True, signal_sent="SIGTERM"):
     return SimpleNamespace(pid=pid, was_running=was_running, exited=exited, signal_sent=signal_sent)
 
 
-def ingest(steps=(), checkpoints=(), malformed=0, rejected=()):
-    return SimpleNamespace(steps=list(steps), checkpoints=list(checkpoints), malformed=malformed,
-                           rejected_files=list(rejected), nonfinite_loss=0, truncated=False)
-
-
 def step(rank, n, st, **kw):
     r = {"v": 1, "kind": "step", "rank": rank, "t": 1e9 + n, "step": n, "step_time_s": st, "samples": 8,
          "tokens": None, "loss": 1.0, "loss_nonfinite": False, "grad_norm": None,
@@ -97,14 +92,16 @@ def test_healthy_no_scontrol_summary_records_and_dir_removed(node, monkeypatch):
     assert prolog_hook.run(ENV) == 0  # creates jobs/42 owned by the job user
     job_dir = node["jobs"] / "42"
     assert job_dir.is_dir()
-    (job_dir / "train.rank0.jsonl").write_text("")
-    recs = ingest([step(0, 1, 0.5), step(0, 2, 1.5)],
-                  [{"v": 1, "kind": "checkpoint", "rank": 0, "t": 1e9 + 3, "step": 2, "duration_s": 4.0}])
+    lines = [step(0, 1, 0.5), step(0, 2, 1.5),
+             {"v": 1, "kind": "checkpoint", "rank": 0, "t": 1e9 + 3, "step": 2, "duration_s": 4.0}]
+    (job_dir / "train.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     seen = []
-    monkeypatch.setattr(hook, "read_job_records", lambda d, uid: seen.append((d, uid)) or recs)
+    real = hook.ingest_records
+    monkeypatch.setattr(hook, "ingest_records", lambda st, d, j, n, uid: seen.append((d, j, n, uid)) or real(
+        st, d, j, n, uid))
     assert hook.run(dict(EPILOG_ENV, SLURM_JOB_EXIT_CODE="0")) == 0
     assert node["calls"]() == []
-    assert seen == [(str(job_dir), int(UID))]
+    assert seen == [(str(job_dir), "42", "n1", int(UID))]
     st = open_store(node["db"])
     assert st.query("select rank, step, step_time_s, samples, loss_nonfinite, data_wait_s, comm_s from steps") == [
         {"rank": 0, "step": 1, "step_time_s": 0.5, "samples": 8, "loss_nonfinite": 0, "data_wait_s": 0.125,
@@ -130,7 +127,7 @@ job_dir_root = "{node['jobs']}"\nstate_dir = "{node['tmp']}/state"
 [gpu]\nsource = "replay"\nreplay_path = "{node['replay']}"\n[xid]\nkernel_log = "{node['kl']}"\nkernel_log_kernel_only = true
 [slurm]\nbin_dir = "{node['calls'].bindir}"\n""")
     monkeypatch.setenv("GPUGUARD_CONFIG", str(p))
-    monkeypatch.setattr(hook, "read_job_records", lambda d, uid: pytest.fail("no store: records stay on disk"))
+    monkeypatch.setattr(hook, "ingest_records", lambda *a: pytest.fail("no store: records stay on disk"))
     assert hook.run(EPILOG_ENV) == 0
     assert node["calls"]() == []
     log = node["log"].read_text()
@@ -234,9 +231,9 @@ def test_store_write_failure_keeps_the_job_dir(node, monkeypatch):
     jd = node["jobs"] / "42"
     (jd / "train.rank0.jsonl").write_text(json.dumps(step(0, 1, 0.5)) + "\n")
 
-    def fail(store, job_id, node_name, ingest):
+    def fail(store, job_dir, job_id, node_name, uid):
         raise StoreError("store x: training records write failed: disk I/O error")
-    monkeypatch.setattr(hook, "save_training_records", fail)
+    monkeypatch.setattr(hook, "ingest_records", fail)
     assert hook.run(EPILOG_ENV) == 0
     assert (jd / "train.rank0.jsonl").read_text() == json.dumps(step(0, 1, 0.5)) + "\n"
     log = node["log"].read_text()
@@ -263,10 +260,10 @@ def test_out_of_range_record_drops_only_its_line(node, monkeypatch):
 
 @needs_collector
 def test_truncated_ingest_is_in_the_summary_and_the_log(node, monkeypatch):
-    from gpuguard.collector import ingest as ingest_mod
+    from gpuguard.collector import ingest_tail
 
-    monkeypatch.setattr(hook, "read_job_records",
-                        lambda d, uid: ingest_mod.read_job_records(d, uid, max_records=2))
+    monkeypatch.setattr(hook, "ingest_records", lambda st, d, j, n, uid: ingest_tail.ingest_new_records(
+        st, d, j, n, uid, final=True, max_records=2))
     assert prolog_hook.run(ENV) == 0
     jd = node["jobs"] / "42"
     (jd / "train.rank0.jsonl").write_text("".join(json.dumps(step(0, n, 0.5)) + "\n" for n in range(5)))

@@ -171,7 +171,7 @@ def test_hostile_job_id_fifo_symlink_and_foreign_files_in_the_spool(ctld):
 def test_part_format_bounds_and_versions(ctld):
     parts = _spool_job(ctld, "83", nodes=())
     p = parts["n1"]
-    assert (p["format"], p["v"], p["job_id"], p["node"], p["window_s"]) == ("gpuguard-part", 1, "83", "n1", 60.0)
+    assert (p["format"], p["v"], p["job_id"], p["node"], p["window_s"]) == ("gpuguard-part", 2, "83", "n1", 60.0)
     assert [g["index"] for g in p["gpus"]] == [0, 1]
     assert len(p["gpus"][0]["t"]) == 15  # 900 s at 60 s windows
     assert p["summary"]["node"] == "n1" and p["job"]["comment"] == "gpuguard:template=ctl"
@@ -182,8 +182,8 @@ def test_part_format_bounds_and_versions(ctld):
     assert part.decode_part(blob)["window_s"] == ws
     import gzip
 
-    with pytest.raises(part.SpoolError, match="part version 2 is not 1"):
-        part.decode_part(gzip.compress(json.dumps(dict(p, v=2)).encode()))
+    with pytest.raises(part.SpoolError, match="part version 2 in gzip JSON is not 1"):
+        part.decode_part(gzip.compress(json.dumps({"format": "gpuguard-part", "v": 2}).encode()))
     with pytest.raises(part.SpoolError, match="not a gpuguard part"):
         part.decode_part(gzip.compress(b'{"a": 1}'))
 

@@ -138,7 +138,8 @@ def test_summary_exact_values(store):
         "gpu_index": 0, "gpu_uuid": "GPU-0", "sample_count": 10, "gpu_util_mean_pct": 45.0,
         "sm_clock_mean_mhz": 1000.0, "power_mean_w": 104.5, "temp_max_c": 59.0, "mem_used_peak_mib": 1009.0,
         "mem_util_mean_pct": 22.5, "pcie_replay_count_increase": 3,
-        "ecc_volatile_uncorrected_increase": 2, "clock_event_s": {"sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}}
+        "ecc_volatile_uncorrected_increase": 2, "energy_increase_j": None,
+        "clock_event_s": {"sw_power_cap": 6.0, "hw_thermal_slowdown": 2.0}}
     assert (g1.gpu_util_mean_pct, g1.sm_clock_mean_mhz, g1.power_mean_w, g1.temp_max_c,
             g1.ecc_volatile_uncorrected_increase, g1.clock_event_s) == (54.5, 1500.0, 200.0, 60.0, None,
                                                                         {"gpu_idle": 9.0})

@@ -314,3 +314,26 @@ def test_big_jobs_get_one_line_per_node_plus_idle_gpus():
                                                             "n3 (8 GPUs)", "n0 gpu1"]
     assert lines[i + 1].split("]")[1].strip().startswith("61%")  # (7 x 70 + 0) / 8
     assert lines[i + 5].endswith("idle")
+
+
+def test_mailprog_reads_the_store_read_only(big, tmp_path):
+    """gpuguard-mail (run by slurmctld as SlurmUser) only reads the store: not a byte of
+    it changes and nothing is created beside it."""
+    import sqlite3
+
+    con = sqlite3.connect(big)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("PRAGMA journal_mode = delete")
+    con.close()
+    before = open(big, "rb").read()
+    exe, _log = _fake_mailer(tmp_path)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{big}"\n[display]\ntimezone = "UTC"\n')
+    env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
+    gm = os.path.join(os.path.dirname(sys.executable), "gpuguard-mail")
+    cp = subprocess.run([gm, "-s", "Slurm Job_id=4242 Name=x Ended, Run time 00:20:00, COMPLETED, ExitCode 0", "a"],
+                        input="", text=True, env=env, capture_output=True)
+    assert cp.returncode == 3, cp.stderr
+    assert "Verdict: data-pipeline" in (tmp_path / "mail.log.body").read_text()
+    assert open(big, "rb").read() == before
+    assert not os.path.exists(big + "-wal") and not os.path.exists(big + "-shm")

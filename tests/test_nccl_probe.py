@@ -381,3 +381,30 @@ def test_missing_or_broken_cluster_store_leaves_the_node_baseline_judging(env, t
         out = probe_node(cfg, store, hook="health")
         assert (out.state, out.judgement.against) == ("low", ["node"])
         assert [e.split(":")[0] for e in out.tool_errors] == errors
+
+
+def test_prolog_probe_drain_is_suppressed_in_maintenance(tmp_path, make_config, write_replay, fake_slurm_bin):
+    """A node in maintenance is not drained by the NCCL probe, exactly as the live check's
+    drain is suppressed: the job proceeds (exit 0, not Slurm's 'Prolog error' drain), no
+    scontrol call, the finding is recorded and the suppression is a node action."""
+    from conftest import node_snapshot
+
+    from gpuguard.prolog import hook
+
+    fake = FakeProbe(tmp_path / "fake")
+    make_config(f'[prolog]\nstart_collector = false\ntime_budget_s = 20.0\n'
+                f'[nccl]\nprolog = "multi-node"\nbinary = "{fake.binary}"\n'
+                '[maintenance]\nslurm_reservations = false\nwindows = [{nodes = "n[1-2]", '
+                'start = "2020-01-01T00:00:00Z", end = "2099-01-01T00:00:00Z", reason = "PSU swap"}]\n',
+                replay=write_replay(node_snapshot(4)))
+    fake.push((DATA / "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt").read_text())
+    assert hook.run(PENV) == 0
+    assert fake_slurm_bin() == []
+    st = open_store(str(tmp_path / "node.db"))
+    assert st.query("select code, action, job_id from findings where code like 'nccl.%'") == [
+        {"code": "nccl.errors", "action": "drain", "job_id": "42"}]
+    assert st.query("select action, by, outcome, why, reason from node_actions") == [
+        {"action": "suppressed", "by": "prolog", "outcome": "refused",
+         "why": "would drain: in maintenance (window: PSU swap) until 2099-01-01T00:00:00Z",
+         "reason": "gpuguard: nccl.errors NCCL probe: #wrong 475896"}]
+    assert "pending" not in {p.name.split("_")[0] for p in (tmp_path / "state").iterdir()}

@@ -123,3 +123,37 @@ def test_alert_list_and_health_list(env, utc):
         ("xid.63", 2, 2, 2, "2026-09-21T14:13:20+00:00")]
     assert rows[0]["deliveries"] == "syslog:pending"
     assert gg("health", "--list").exit_code == 0
+
+
+def test_node_list_and_show_read_the_store_read_only(env, tmp_path):
+    """The listings never migrate or write a node store: not a byte changes, no -wal/-shm
+    appear beside it (as for job show, template list, baseline show)."""
+    import os
+
+    fake, cfg, gg = env
+    (tmp_path / "kern.log").write_text(XID79)
+    healthcheck.main_run(cfg, logging.getLogger("t"))
+    db = cfg.store_path
+    import sqlite3
+    con = sqlite3.connect(db)  # the writer is gone: fold its WAL in, as a clean shutdown leaves it
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("PRAGMA journal_mode = delete")
+    con.close()
+    before = open(db, "rb").read()
+    r = gg("node", "list", "--format", "json")
+    assert [x["by"] for x in json.loads(r.output)] == ["health"]
+    r = gg("node", "show", "n1", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.output)["drain"]["by"] == "health"
+    assert open(db, "rb").read() == before
+    assert not os.path.exists(db + "-wal") and not os.path.exists(db + "-shm")
+
+
+def test_node_show_on_a_store_without_history_tables_is_one_line(env, tmp_path):
+    import sqlite3
+
+    _fake, cfg, gg = env
+    sqlite3.connect(cfg.store_path).execute("create table other (x)").connection.close()
+    r = gg("node", "show", "n1")
+    assert r.exit_code == 2
+    assert r.output.startswith(f"Error: store {cfg.store_path}: ") and "(no gpuguard history for n1 yet?)" in r.output
+    assert [t for (t,) in sqlite3.connect(cfg.store_path).execute("select name from sqlite_master")] == ["other"]

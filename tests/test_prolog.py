@@ -337,3 +337,22 @@ def test_parse_job_gpus_refuses_impossible_indices():
     assert parse_job_gpus("0,1023") == [0, 1023]
     with pytest.raises(ValueError):
         parse_job_gpus("0,1024")
+
+
+@pytest.mark.parametrize("gpus", ["1024", "0,1,99999999999999999999", "9" * 5000, "0," * 200000 + "4096"])
+def test_impossible_gpu_indices_are_one_tool_error_in_both_hooks(node, gpus):
+    """The class of the case above: any index no node can have (too large, too long to
+    convert, hidden at the end of a huge list) is one logged tool error, never a drain,
+    in the Prolog and the Epilog, and no exporter file is written for it."""
+    from gpuguard.epilog import hook as epilog_hook
+    from gpuguard.ops.jobmap import job_gpus
+
+    assert hook.run(dict(ENV, SLURM_JOB_GPUS=gpus)) == 0
+    assert epilog_hook.run(dict(ENV, SLURM_JOB_GPUS=gpus)) == 0
+    assert node["calls"]() == []
+    log = (node["tmp"] / "gpuguard.log").read_text()
+    line = f"tool error: SLURM_JOB_GPUS {gpus[:80]!r} is not a list of GPU indices (GPU index above 1023); " \
+           "the job's GPUs are not checked by index"
+    assert log.count(line) == 2, log[-2000:]
+    assert job_gpus({"SLURM_JOB_GPUS": gpus}) == []
+    assert job_gpus({"SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": "1,1,0"}) == [1, 0]

@@ -107,6 +107,105 @@ def test_admin_reason_is_left_alone_and_the_drain_stays_pending(cfg):
     assert "drain" not in [c[0] for c in slurm.calls]
 
 
+def test_admin_hold_drops_an_auto_drain_so_it_never_fires_on_stale_evidence(cfg):
+    """An auto fault (a state every run re-reads) refused by an admin's reason is not kept
+    to fire after the resume: the next run re-checks it."""
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: pcie.width_degraded x16 -> x8", "auto")
+    assert (out.status, out.why) == ("refused", "it already carries someone else's reason 'memory test by alice'")
+    assert PendingDrains(cfg, None).entries() == {}
+    slurm.reasons.clear()  # the administrator resumes the node; the link has recovered
+    assert PendingDrains(cfg, Actuator(slurm)).retry() == []
+    assert "drain" not in [c[0] for c in slurm.calls] and "n1" not in slurm.reasons
+
+
+def test_admin_hold_keeps_an_event_drain_and_fires_it_after_the_resume(cfg, monkeypatch):
+    from gpuguard import drainq
+
+    monkeypatch.setattr(drainq, "boot_time", lambda: time.time() - 86400.0)  # booted before the XID
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    assert PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.79 x", "reboot").status == "refused"
+    assert PendingDrains(cfg, None).entries()["n1"]["recovery"] == "reboot"
+    slurm.reasons.clear()
+    [again] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert again.status == "confirmed"
+    assert slurm.reasons["n1"] == "gpuguard: xid.79 x [root@x]"
+
+
+def test_reboot_after_the_evidence_drops_a_reset_or_reboot_drain(cfg, monkeypatch):
+    from gpuguard import drainq
+
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.48 x", "reset")
+    slurm.reasons.clear()
+    seen = PendingDrains(cfg, None).entries()["n1"]["seen"]
+    monkeypatch.setattr(drainq, "boot_time", lambda: seen + 1.0)  # the admin rebooted it after the XID
+    [out] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert (out.status, out.why) == (
+        "dropped", "the node has booted since its evidence was seen (recovery kind reset: a reboot resets the GPUs)")
+    assert "drain" not in [c[0] for c in slurm.calls]
+    assert PendingDrains(cfg, None).entries() == {}
+
+
+def test_rma_drain_survives_a_reboot_and_fires_after_the_resume(cfg, monkeypatch):
+    from gpuguard import drainq
+
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: ecc.row_remap_failure x", "rma")
+    slurm.reasons.clear()
+    seen = PendingDrains(cfg, None).entries()["n1"]["seen"]
+    monkeypatch.setattr(drainq, "boot_time", lambda: seen + 1.0)
+    [out] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert out.status == "confirmed" and slurm.reasons["n1"].startswith("gpuguard: ecc.row_remap_failure")
+
+
+def test_auto_drain_not_seen_again_within_the_stale_limit_is_dropped(cfg, monkeypatch):
+    from gpuguard import drainq
+
+    slurm = FakeSlurm(fail_drains=1)  # slurmctld down: the drain stays pending
+    assert PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: ib.port_down mlx5_0/1", "auto").status == "pending"
+    real, before = time.time, len(slurm.calls)
+    monkeypatch.setattr(drainq.time, "time", lambda: real() + drainq.AUTO_STALE_S + 60)
+    [out] = PendingDrains(cfg, Actuator(slurm)).retry()
+    assert out.status == "dropped" and out.why.startswith("its evidence (recovery kind auto) was last seen 66")
+    assert len(slurm.calls) == before  # no Slurm call at all for a stale entry
+    assert PendingDrains(cfg, None).entries() == {}
+
+
+def test_auto_drain_seen_again_is_refreshed_and_fires(cfg):
+    slurm = FakeSlurm(fail_drains=1)
+    pend = PendingDrains(cfg, Actuator(slurm))
+    pend.drain("n1", "gpuguard: ib.port_down mlx5_0/1", "auto")
+    e0 = pend.entries()["n1"]
+    assert pend.add("n1", "gpuguard: ib.port_down mlx5_0/1 (again)", "auto")
+    e1 = pend.entries()["n1"]
+    assert (e1["reason"], e1["repeats"], e1["since"]) == ("gpuguard: ib.port_down mlx5_0/1 (again)", 1, e0["since"])
+    assert e1["seen"] >= e0["seen"]
+    # a worse kind replaces an auto entry's kind and reason; an auto repeat never weakens it
+    assert pend.add("n1", "gpuguard: xid.79 x", "reboot") and pend.add("n1", "gpuguard: ib.port_down y", "auto")
+    assert (pend.entries()["n1"]["reason"], pend.entries()["n1"]["recovery"]) == ("gpuguard: xid.79 x", "reboot")
+    [out] = pend.retry()
+    assert out.status == "confirmed" and slurm.reasons["n1"] == "gpuguard: xid.79 x [root@x]"
+
+
+def test_decision_recovery_is_the_worst_kind_of_the_drain_findings():
+    from gpuguard.drainq import decision_recovery
+    from gpuguard.model import Finding
+    from gpuguard.policy import decide
+
+    # nothing drains (pcie.width_degraded alerts by default): a drain nobody can explain is manual
+    assert decision_recovery(decide([Finding("pcie.width_degraded", "critical", "x8")], {}, {})) == "manual"
+    d = decide([Finding("ib.port_down", "critical", "down"), Finding("xid.79", "critical", "off the bus")],
+               {"ib.port_down": "drain", "xid.79": "drain"}, {})
+    assert (d.outcome, decision_recovery(d)) == ("drain", "reboot")
+    d = decide([Finding("ib.port_down", "critical", "down")], {"ib.port_down": "drain"}, {})
+    assert (d.outcome, decision_recovery(d)) == ("drain", "auto")
+
+
 def test_accepted_but_unconfirmed_drain_is_not_repeated_after_a_resume(cfg):
     from gpuguard.slurm import SlurmError
 

@@ -149,6 +149,14 @@ def test_nccl_logs_in_triage():
     got, res = _codes(["nccl-header-2.10-era-no-group-error-col.txt"])
     assert got == [("nccl.output_unreadable", "nccl-header-2.10-era-no-group-error-col.txt: nccl-tests output "
                                               "unreadable: test: no results (output ends early)")]
+    # a complete table, then the next test's header and the end: read, and named unreadable
+    got, res = _codes(["nccl-legacy-error-column-2.6.4-partial.txt"])
+    assert got == [("nccl.output_unreadable", "nccl-legacy-error-column-2.6.4-partial.txt: nccl-tests output "
+                                              "unreadable: broadcast_perf: no results (output ends early)")]
+    assert res.summary == ["nccl-legacy-error-column-2.6.4-partial.txt: nccl-tests, 12 result row(s), "
+                           "busbw 21.10 GB/s at 134217728 B, Avg bus bandwidth 6.6972 GB/s"]
+    r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "nccl-legacy-error-column-2.6.4-partial.txt")])
+    assert r.exit_code == 1 and "decision: proceed" in r.output
     got, res = _codes(["nccl-allreduce-h100-a3mega-16rank-2.2x.txt"])
     assert got == [] and res.summary == ["nccl-allreduce-h100-a3mega-16rank-2.2x.txt: nccl-tests, 31 result row(s), "
                                          "busbw 338.09 GB/s at 8589934592 B, Avg bus bandwidth 70.742 GB/s"]

@@ -89,6 +89,39 @@ def test_straggler_seen_through_rank_records(world):
         assert "communication" not in v.also
 
 
+def test_subtle_straggler_against_history_spread(world):
+    """+6 % compute on one rank at normal clocks: the step is ~4 % slower (below the
+    whole-run limits), but the slowest rank's compute over its peers rose against the
+    template's history of that spread, and the rank has the shortest comm wait."""
+    for seed, g, w in ((21, 5, world.one_8), (22, 12, world.two_8)):
+        v = world.run(w, R.Case("straggler-gpu", 0.06, None, {"gpu": g, "clock_too": False}), seed, record=False)
+        assert v.cause == "straggler-gpu", v.summary
+        hit = v.evidence["gpus"][0]
+        assert (hit["node"], hit["gpu_index"], hit["rank"], hit["metric"]) == (w.nodes[g // 8], g % 8, g, "fwd_bwd_s")
+        assert 0.04 <= hit["rel_change"] <= 0.09
+        assert v.comparison("rank_compute_spread").flagged
+
+
+def test_subtle_straggler_node_against_history_spread(world):
+    """Every rank of one node +7 % compute: the node, by its best rank."""
+    v = world.run(world.two_8, R.Case("straggler-node", 0.07, None, {"node": 1, "clock_too": False}), 23,
+                  record=False)
+    assert v.cause == "straggler-node", v.summary
+    assert (v.evidence["node"], v.evidence["metric"]) == ("two8-n1", "fwd_bwd_s")
+
+
+def test_one_gpu_hard_reason_is_a_straggler(world):
+    """One GPU with HW slowdown in most samples and a clock only 6 % low (under the peer
+    clock test): the GPU's own hard reason names it."""
+    v = world.run(world.one_8, R.Case("straggler-gpu", 0.06, None, {"gpu": 3, "clock_too": True}), 24,
+                  record=False)
+    assert v.cause == "straggler-gpu", v.summary
+    hits = {(h["gpu_index"], h["metric"]) for h in v.evidence["gpus"]}
+    assert (3, "hard_reason_share") in hits or (3, "fwd_bwd_s") in hits
+    assert all(h["gpu_index"] == 3 for h in v.evidence["gpus"])
+    assert v.evidence["gpus"][0]["reasons"]["hw_slowdown"] >= 0.5
+
+
 def test_straggler_pair_of_gpus(world):
     v = world.run(world.pair, R.Case("straggler-gpu", 0.3, None, {"gpu": 1, "clock_too": False}), 9, record=False)
     assert v.cause == "straggler-gpu" and v.evidence["gpus"][0]["gpu_index"] == 1, v.summary
@@ -125,6 +158,26 @@ def test_power_cap_reason_share_against_history(world):
     assert v.cause == "gpu-throttling", v.summary
     sh = v.evidence["reason_shares"]["sw_power_cap"]
     assert sh["value"] >= 0.6 and sh["median"] == 0.0
+
+
+def test_small_power_cap_with_small_slowdown(world):
+    """sw_power_cap in most samples vs never in history, clock 4.5 % lower, steps ~4 % slower
+    (under the whole-run limit): the reason's share plus the small effect is throttling."""
+    v = world.run(world.one_8, R.Case("gpu-throttling", 0.045, None, {"reason": "sw_power_cap"}), 25, record=False)
+    assert v.cause == "gpu-throttling", v.summary
+    assert v.evidence["reason_shares"]["sw_power_cap"]["median"] == 0.0
+
+
+def test_small_leaks_and_allocator_chunk(world):
+    """A 4.5 % rise over the run (one GPU, every GPU, host RSS; about 4 % after the warm-up) is a leak; one more
+    allocator chunk of 3 % of capacity in mid-run is not."""
+    for seed, kind in ((26, "one_gpu"), (27, "all_gpus"), (28, "host")):
+        v = world.run(world.one_8, R.Case("memory-leak", 0.045, None, {"kind": kind, "gpu": 6}), seed, record=False)
+        assert v.cause == "memory-leak", (kind, v.summary)
+        assert v.evidence["worst"]["kind"] == ("host" if kind == "host" else "gpu")
+    for seed in (29, 30):
+        v = world.run(world.one_8, R.Case(confuser="allocator-chunk"), seed, record=False)
+        assert v.cause == "healthy", v.summary
 
 
 def test_baseline_relearns_after_consistent_job_changes(tmp_path):

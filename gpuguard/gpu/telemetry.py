@@ -10,21 +10,25 @@ metric table's sampled values (:data:`gpuguard.metrics.GPU_SAMPLED`, and once a 
   function feeds which metric, the fallback functions that exist in the loaded pynvml;
 * reads every job GPU in **one** worker-thread job with one deadline
   (``call_timeout_s``), instead of one thread hand-off per call;
-* per GPU per tick, for the current table: ``nvmlDeviceGetUtilizationRates`` (gpu +
-  memory), ``...MemoryInfo``, ``...PowerUsage``, ``...Temperature``, ``...ClockInfo(SM)``,
-  ``...CurrentClocksEventReasons`` (:data:`READS`, :data:`CALLS`) — 6 calls;
+* per GPU per tick: the metric table's NVML reads (:class:`gpuguard.metrics.Nvml`: one
+  call per getter and arguments, so ``nvmlDeviceGetUtilizationRates`` answers gpu and
+  memory utilisation) — ``...UtilizationRates``, ``...MemoryInfo``, ``...PowerUsage``,
+  ``...Temperature``, ``...ClockInfo(SM)`` — and ``...CurrentClocksEventReasons`` for the
+  clock-event mask (:data:`MASK_CALL`, computed here): 6 calls;
 * with ``slow=True`` (the collector asks once a minute, :data:`gpuguard.collector.run.SLOW_EVERY_S`):
-  the cumulative counters in one ``nvmlDeviceGetFieldValues`` call per GPU
-  (:data:`SLOW_READS`: ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL``, ``NVML_FI_DEV_PCIE_REPLAY_COUNTER``;
-  NVML API reference, "Field Value Queries"), or the single calls where the driver or
-  nvidia-ml-py lacks it.
+  the cumulative counters (:data:`gpuguard.metrics.GPU_SLOW`) in one
+  ``nvmlDeviceGetFieldValues`` call per GPU (their ``Nvml.field_id``: NVML API reference,
+  "Field Value Queries"), or the single getters where the driver or nvidia-ml-py lacks
+  it, and for counters without a field id.
 
-What a reading holds comes from the metric table: values in ``GPU_SAMPLED`` order and
-units (and ``GPU_SLOW`` order), so the store writes them without renaming. A table row
-whose ``source`` is an NVML field id constant (``"NVML_FI_DEV_MEMORY_TEMP"``) and that
-has no entry here is read through ``nvmlDeviceGetFieldValues`` (per tick for ``gpu``
-scope, per minute for ``gpu_slow``): such a metric needs no change in this module. Any
-other unknown metric reads ``None`` (:attr:`JobTelemetry.unread` names them).
+What a reading holds comes from the metric table: values in ``GPU_SAMPLED`` order (and
+``GPU_SLOW`` order), in the metric's unit as :meth:`Nvml.convert
+<gpuguard.metrics.Nvml.convert>` computes it, so the store writes them without renaming.
+A metric added to the table with an :class:`~gpuguard.metrics.Nvml` read is read here with
+no code of its own; one without (other than the mask) reads ``None``
+(:attr:`JobTelemetry.unread` names them). The plan (which function feeds which value
+position, the converters, the fallbacks present in the loaded pynvml) is compiled once
+per job (:func:`compile_plan`).
 
 A 1-GPU job thus makes 1/8 of the NVML calls of an 8-GPU job. Error handling follows
 :mod:`gpuguard.gpu.nvml`: NotSupported (and FunctionNotFound after the fallbacks) leaves
@@ -36,13 +40,12 @@ not retried while the hung call is outstanding.
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gpuguard.gpu.nvml import UNSUPPORTED_ERRORS, CallTimeout, _mib, _text, error_name
-from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, Metric
+from gpuguard.gpu.nvml import UNSUPPORTED_ERRORS, CallTimeout, _text, error_name
+from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, Nvml
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, decode_clock_event_reasons, norm_pci
 
 #: The hung-call scope of the telemetry batch in :attr:`NvmlSource._stuck`.
@@ -53,36 +56,10 @@ KNOWN_CLOCK_BITS = 0
 for _bit, _label in CLOCK_EVENT_REASONS.values():
     KNOWN_CLOCK_BITS |= _bit
 
-#: NVML calls of the per-tick path: key -> (function names, fallbacks after the first;
-#: extra arguments after the handle, built from the pynvml module).
-CALLS: dict[str, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {
-    "utilization": (("nvmlDeviceGetUtilizationRates",), lambda nv: ()),
-    "memory": (("nvmlDeviceGetMemoryInfo",), lambda nv: ()),
-    "power": (("nvmlDeviceGetPowerUsage",), lambda nv: ()),
-    "temperature": (("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV"), lambda nv: (nv.NVML_TEMPERATURE_GPU,)),
-    "sm_clock": (("nvmlDeviceGetClockInfo",), lambda nv: (nv.NVML_CLOCK_SM,)),
-    "clock_events": (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-                     lambda nv: ()),
-}
-
-#: Sampled metric -> (its call in :data:`CALLS`, the value in the metric's unit from the
-#: call's result). Units: NVML API reference (mW, bytes, MHz, degrees C, percent).
-READS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "gpu_util_pct": ("utilization", operator.attrgetter("gpu")),
-    "mem_util_pct": ("utilization", operator.attrgetter("memory")),
-    "mem_used_mib": ("memory", lambda m: _mib(m.used)),
-    "power_w": ("power", lambda mw: mw / 1000.0),
-    "temp_c": ("temperature", float),
-    "sm_clock_mhz": ("sm_clock", float),
-    "clock_event_mask": ("clock_events", lambda m: int(m) & KNOWN_CLOCK_BITS),
-}
-
-#: Slow counter -> (NVML field id constant, single-call fallback, its extra arguments).
-SLOW_READS: dict[str, tuple[str, str, Callable[[Any], tuple[Any, ...]]]] = {
-    "ecc_volatile_uncorrected": ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", "nvmlDeviceGetTotalEccErrors",
-                                 lambda nv: (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)),
-    "pcie_replay_count": ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", "nvmlDeviceGetPcieReplayCounter", lambda nv: ()),
-}
+#: The clock-event mask (``clock_event_mask``, no :class:`Nvml` read in the table: a bit
+#: mask, not a number): its functions (newer name first) and the value from the result.
+MASK_CALL = (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+             lambda m: int(m) & KNOWN_CLOCK_BITS)
 
 #: ``c_nvmlFieldValue_t.valueType`` -> the union member holding the value (nvml.h
 #: ``nvmlValueType_t``: DOUBLE 0, UNSIGNED_INT 1, UNSIGNED_LONG 2, UNSIGNED_LONG_LONG 3,
@@ -90,10 +67,17 @@ SLOW_READS: dict[str, tuple[str, str, Callable[[Any], tuple[Any, ...]]]] = {
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 
-def field_id_name(m: Metric) -> str | None:
-    """The NVML field id constant a metric's ``source`` names (``"NVML_FI_..."``), else None."""
-    word = m.source.split("(")[0].split()[0] if m.source.strip() else ""
-    return word if word.startswith("NVML_FI_") else None
+def converter(n: Nvml, integer: bool) -> Callable[[Any], Any]:
+    """``lambda raw: n.convert(raw, integer)`` compiled once: the same value without its
+    per-call branching (C-level where it can be: ``attrgetter``, ``float``, ``int``)."""
+    d = n.raw_per_unit
+    if n.attr:
+        if d == 1:
+            return (lambda r, a=n.attr: int(getattr(r, a))) if integer else (lambda r, a=n.attr: float(getattr(r, a)))
+        return lambda r, a=n.attr, d=d: getattr(r, a) / d
+    if d == 1:
+        return int if integer else float
+    return lambda r, d=d: r / d
 
 
 class GpuReading(NamedTuple):
@@ -144,71 +128,66 @@ class _Call:
         self.alt: list[_Call] = []
 
 
-def _field_call(nv: Any, metrics: list[tuple[int, str, str]]) -> _Call | None:
-    """One ``nvmlDeviceGetFieldValues`` call for ``(position, metric, field id name)``;
-    None when pynvml lacks the function or a constant."""
+def _field_call(nv: Any, metrics: list[tuple[int, str, str, Any]]) -> _Call | None:
+    """One ``nvmlDeviceGetFieldValues`` call for ``(position, metric, field id name,
+    converter)``; None when pynvml lacks the function or there is nothing to read."""
     fv = getattr(nv, "nvmlDeviceGetFieldValues", None)
-    ids = [getattr(nv, c, None) for _p, _n, c in metrics]
-    if fv is None or None in ids or not metrics:
+    if fv is None or not metrics:
         return None
 
-    def getter(i: int) -> Callable[[Any], Any]:
+    def getter(i: int, conv: Any) -> Callable[[Any], Any]:
         def get(values: Any) -> Any:
             v = values[i]
             if v.nvmlReturn != 0:  # a per-field error, NotSupported included
                 raise nv.NVMLError(v.nvmlReturn)
-            return getattr(v.value, _VALUE_MEMBER.get(getattr(v, "valueType", 3), "ullVal"))
+            return conv(getattr(v.value, _VALUE_MEMBER.get(getattr(v, "valueType", 3), "ullVal")))
         return get
 
-    return _Call([fv], (ids,), [(p, n, getter(i)) for i, (p, n, _c) in enumerate(metrics)])
+    ids = [getattr(nv, c) for _p, _n, c, _cv in metrics]
+    return _Call([fv], (ids,), [(p, n, getter(i, cv)) for i, (p, n, _c, cv) in enumerate(metrics)])
 
 
 def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
     """The per-tick calls, the slow calls and the metrics nothing reads, from the metric
-    table and the loaded pynvml module (functions it lacks are dropped from the
-    fallbacks)."""
-    calls: dict[str, _Call] = {}
-    fields: list[tuple[int, str, str]] = []
+    table and the loaded pynvml module (functions and constants it lacks are dropped)."""
+    calls: dict[tuple[Any, ...], _Call] = {}
     unread: list[str] = []
-    for pos, m in enumerate(GPU_SAMPLED):
-        how = READS.get(m.name)
-        if how is None:
-            fid = field_id_name(m)
-            if fid is not None:
-                fields.append((pos, m.name, fid))
-            else:
-                unread.append(m.name)
-            continue
-        key, get = how
+
+    def add(key: tuple[Any, ...], names: tuple[str, ...], args: tuple[Any, ...], out: tuple[int, str, Any]) -> None:
         if key not in calls:
-            names, args = CALLS[key]
-            calls[key] = _Call([f for f in (getattr(nv, n, None) for n in names) if f is not None], args(nv), [])
-        calls[key].outs.append((pos, m.name, get))
+            calls[key] = _Call([f for f in (getattr(nv, x, None) for x in names if x) if f is not None], args, [])
+        calls[key].outs.append(out)
+
+    for pos, m in enumerate(GPU_SAMPLED):
+        n = m.nvml
+        if m.name == "clock_event_mask":
+            add(("mask",), MASK_CALL[0], (), (pos, m.name, MASK_CALL[1]))
+        elif n is None or any(getattr(nv, a, None) is None for a in n.args):
+            unread.append(m.name)
+        else:
+            add((n.getter, n.fallback, n.args), (n.getter, n.fallback), tuple(getattr(nv, a) for a in n.args),
+                (pos, m.name, converter(n, False)))
     fast = [c for c in calls.values() if c.fn is not None]
     unread += [n for c in calls.values() if c.fn is None for _p, n, _g in c.outs]
-    fc = _field_call(nv, fields)
-    if fc is not None:
-        fast.append(fc)
-    elif fields:
-        unread += [n for _p, n, _c in fields]
-    slow_fields: list[tuple[int, str, str]] = []
+
+    singles: list[_Call] = []  # one getter call per slow counter
+    fields: list[tuple[int, str, str, Any]] = []
     for pos, m in enumerate(GPU_SLOW):
-        fid = SLOW_READS[m.name][0] if m.name in SLOW_READS else field_id_name(m)
-        if fid is not None:
-            slow_fields.append((pos, m.name, fid))
-        else:
-            unread.append(m.name)
-    singles: list[_Call] = []  # one call per counter that has one
-    for pos, name, _fid in slow_fields:
-        if name in SLOW_READS and getattr(nv, SLOW_READS[name][1], None) is not None:
-            _c, fn, args = SLOW_READS[name]
-            singles.append(_Call([getattr(nv, fn)], args(nv), [(pos, name, int)]))
-    sc = _field_call(nv, slow_fields)
-    if sc is not None:
-        sc.alt = singles
-        return fast, [sc], unread
-    have = {n for c in singles for _p, n, _g in c.outs}
-    return fast, singles, unread + [n for _p, n, _f in slow_fields if n not in have]
+        n = m.nvml
+        fn = getattr(nv, n.getter, None) if n is not None else None
+        if fn is not None and all(getattr(nv, a, None) is not None for a in n.args):
+            singles.append(_Call([fn], tuple(getattr(nv, a) for a in n.args), [(pos, m.name, converter(n, True))]))
+        if n is not None and n.field_id and getattr(nv, n.field_id, None) is not None:
+            fields.append((pos, m.name, n.field_id, converter(n, True)))
+    in_fields = {name for _p, name, _f, _c in fields}
+    fc = _field_call(nv, fields)
+    if fc is not None:  # counters without a field id keep their getter call
+        fc.alt = [c for c in singles if c.outs[0][1] in in_fields]
+        slow = [fc] + [c for c in singles if c.outs[0][1] not in in_fields]
+    else:
+        slow = singles
+    have = {o[1] for c in slow for o in c.outs}
+    return fast, slow, unread + [m.name for m in GPU_SLOW if m.name not in have]
 
 
 def _run_calls(calls: list[_Call], handle: Any, out: list[Any], errors: dict[str, str] | None

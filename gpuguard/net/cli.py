@@ -83,19 +83,20 @@ def baseline(obj: Any, node_name: str | None, fmt: str) -> None:
     """Show a node's NCCL baseline (median/MAD busbw per message size over its last
     healthy probes) and its last probes (csv: the baseline rows)."""
     from gpuguard.net.nccl_baseline import node_reference
+    from gpuguard.store import StoreError, open_readonly
 
     cfg = obj.cfg
-    store = _store(cfg, False)
-    if store is None:
-        raise click.ClickException(f"no store at {cfg.store_path}")
+    try:
+        store = open_readonly(cfg.store_path)  # a reader: never migrates or writes the store
+    except StoreError:
+        raise click.ClickException(f"no store at {cfg.store_path}") from None
     node = node_name or cfg.node_name
     try:
-        from gpuguard.net.schema import ensure
-
-        ensure(store)
         last = store.query("select at, hook, state, ratio, config_key, gpu_model from nccl_probes where node = ? "
                            "order by at desc, id desc limit 10", [node])
         ref = node_reference(store, node, last[0]["config_key"], cfg.get("nccl", "baseline_probes")) if last else None
+    except StoreError:  # no probe has created the table yet: nothing recorded
+        last, ref = [], None
     finally:
         store.close()
     rows = [{"size_b": s, "median_gbs": m, "mad_gbs": d, "probes": n}

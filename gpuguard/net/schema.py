@@ -15,7 +15,12 @@
 
 from __future__ import annotations
 
-from gpuguard.store import MigrationSet, register_set, sqlite_utils
+from typing import TYPE_CHECKING
+
+from gpuguard.store import MigrationSet, register_set
+
+if TYPE_CHECKING:  # annotations only: the hooks do not import sqlite-utils (gpuguard.store)
+    import sqlite_utils
 
 MIGRATIONS = register_set(MigrationSet("net"))
 

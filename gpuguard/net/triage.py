@@ -173,7 +173,7 @@ def _nccl(name: str, text: str, out: Triage) -> None:
     err = errors_finding(log, what=name)
     if err is not None:
         out.findings.append(err)
-    elif not log.readable:
+    elif not log.readable or log.incomplete:  # a test that ended early is not a healthy reading either
         why = log.problems[0][1] if log.problems else (log.incomplete[0] if log.incomplete else "no results")
         out.findings.append(Finding("nccl.output_unreadable", "warning", f"{name}: nccl-tests output unreadable: {why}"[:160],
                                     evidence={"problems": [p for _n, p in log.problems[:10]], "incomplete": log.incomplete}))

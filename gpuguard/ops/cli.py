@@ -24,13 +24,17 @@ def _iso(cfg: Any, t: float | None) -> str | None:
     return iso_time(t, display_tz(cfg))
 
 
-def _store_for(cfg: Any, node: str, create: bool = False) -> Any:
+def _store_for(cfg: Any, node: str, create: bool = False, *, read_only: bool = False) -> Any:
     """The store holding ``node``'s records: the configured path with ``{node}`` set to
-    ``node`` (several slurmd on one host keep one store each). Exits 2 when missing."""
-    from gpuguard.store import StoreError, open_store
+    ``node`` (several slurmd on one host keep one store each); ``read_only`` for the
+    listings (:func:`gpuguard.store.open_readonly`: never migrated or written). Exits 2
+    when missing."""
+    from gpuguard.store import StoreError, open_readonly, open_store
 
     path = cfg.values["paths"]["store"].replace("{node}", node)
     try:
+        if read_only:
+            return open_readonly(path)
         return open_store(path, create=create)
     except StoreError as e:
         raise click.ClickException(str(e)) from None
@@ -119,7 +123,7 @@ def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
                    "by": "", "recovery": "", "evidence": ""}
             if ours:
                 try:
-                    st = _store_for(cfg, n)
+                    st = _store_for(cfg, n, read_only=True)
                 except click.ClickException:
                     st = None
                 try:
@@ -153,6 +157,7 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     from gpuguard.ops.nodes import effective_recovery, history, last_drain, read_node
     from gpuguard.recovery import RECOVERY_TEXT
     from gpuguard.slurm import SlurmCli, SlurmError
+    from gpuguard.store import StoreError
 
     cfg = _cfg(ctx)
     slurm = SlurmCli(cfg.get("slurm", "bin_dir"))
@@ -162,11 +167,13 @@ def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
     except (SlurmError, ValueError) as e:
         info, state, reason = None, f"unknown ({e})", None
     maint, _ = maintenance.status(cfg, name, slurm=slurm)
-    st = _store_for(cfg, name)
+    st = _store_for(cfg, name, read_only=True)
     try:
         rows = history(st, name, since=time.time() - since * 86400)
         rec = last_drain(st, name)
         kind = effective_recovery(st, name, rec) if rec else None
+    except StoreError as e:  # a store no hook has written the history tables into yet
+        raise click.ClickException(f"{e} (no gpuguard history for {name} yet?)") from None
     finally:
         st.close()
     for r in rows:

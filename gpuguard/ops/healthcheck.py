@@ -99,19 +99,22 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     retried = pend.retry()
     busy = bool(info and info.flags & BUSY_FLAGS)
     col = health_mod.collect(cfg, budget_s=max(1.0, (deadline - time.monotonic()) * 0.5), kernel_log=kernel_log,
-                             scan_xid=not busy, store=store)
-    res = health_mod.judge(cfg, col, hook="health", store=store)
-    more, errs = run_steps(StepContext(cfg, store, node, col.snapshot, deadline, log),
-                           cfg.get("health", "disabled_steps"), now=now)
-    if more or errs:
-        res.findings += more
-        res.tool_errors += errs
-        res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
-    drained = None
-    if res.decision.outcome == "drain" and not maint.active:
-        drained = drain_then_commit(cfg, pend, col, res)
-    else:
-        commit_cursor(cfg, col.new_cursor, res.tool_errors)
+                             scan_xid=not busy, store=store, lock_cursor=True)
+    try:
+        res = health_mod.judge(cfg, col, hook="health", store=store)
+        more, errs = run_steps(StepContext(cfg, store, node, col.snapshot, deadline, log),
+                               cfg.get("health", "disabled_steps"), now=now)
+        if more or errs:
+            res.findings += more
+            res.tool_errors += errs
+            res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
+        drained = None
+        if res.decision.outcome == "drain" and not maint.active:
+            drained = drain_then_commit(cfg, pend, col, res)
+        else:
+            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+    finally:
+        col.release_cursor()  # the cursor lock (gpuguard.cursorlock) once the cursor moved
     if store is not None:
         try:
             res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)

@@ -31,13 +31,19 @@ from gpuguard.ops.files import atomic_write
 
 
 def job_gpus(env: dict[str, str]) -> list[int]:
-    """The job's GPU indices on this node (see the module docstring)."""
+    """The job's GPU indices on this node (see the module docstring), each once, in
+    order. A value naming an index no node can have (above
+    :data:`gpuguard.hookenv.MAX_GPU_INDEX`) is not used: one file per index is written,
+    so ``SLURM_JOB_GPUS=0,1,...,999999`` must not make a million of them."""
+    from gpuguard.hookenv import parse_job_gpus
+
     for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-        v = env.get(var)
-        if v:
-            out = [int(x) for x in v.split(",") if x.strip().isascii() and x.strip().isdigit()]
-            if out:
-                return out
+        try:
+            out = parse_job_gpus(env.get(var))
+        except ValueError:
+            continue
+        if out:
+            return list(dict.fromkeys(out))
     return []
 
 

@@ -16,7 +16,12 @@ registered when :mod:`gpuguard.ops` is imported.
 
 from __future__ import annotations
 
-from gpuguard.store import MigrationSet, register_set, sqlite_utils
+from typing import TYPE_CHECKING
+
+from gpuguard.store import MigrationSet, register_set
+
+if TYPE_CHECKING:  # annotations only: the hooks do not import sqlite-utils (gpuguard.store)
+    import sqlite_utils
 
 MIGRATIONS = register_set(MigrationSet("ops", requires=("core",)))
 
