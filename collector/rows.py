@@ -3,7 +3,8 @@ takes them (:class:`RowBuffer`). :mod:`gpuguard.collector.run` re-exports these.
 
 A ``samples`` row in the buffer is the tuple :func:`gpuguard.samples.write` takes:
 ``(job_id, node, at, gpu_index, gpu_uuid, values, slow)``, ``values`` in the metric
-table's :data:`~gpuguard.metrics.GPU_SAMPLED` order and units, ``slow`` in
+table's :data:`~gpuguard.metrics.GPU_SAMPLED` order in the stored integer form
+(:func:`gpuguard.samples.scaled_values`), ``slow`` likewise in
 :data:`~gpuguard.metrics.GPU_SLOW` order or None (built from a telemetry reading, or
 from a snapshot's GpuState by :func:`sample_of`); one tuple per GPU per tick, no dict.
 :func:`gpu_row` gives the dict form (spill files, tests and tools).
@@ -16,6 +17,7 @@ from typing import Any
 
 from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, encode_clock_event_reasons
+from gpuguard.samples import scaled_values
 
 MAX_BUFFERED_ROWS = 200_000
 
@@ -69,20 +71,21 @@ _SLOW = tuple(m.name for m in GPU_SLOW)
 def sample_of(g: GpuState, job_id: str, node: str, at: float) -> tuple[Any, ...]:
     """The buffered ``samples`` tuple (module docstring) for GPU ``g`` of a snapshot (the
     GpuState fields named like the metrics; the mask from ``clock_event_reasons``)."""
-    vals = tuple(clock_mask(g.clock_event_reasons) if n == "clock_event_mask" else getattr(g, n, None)
-                 for n in _SAMPLED)
-    slow = tuple(getattr(g, n, None) for n in _SLOW)
-    return (job_id, node, at, g.index, g.uuid, vals, slow if any(v is not None for v in slow) else None)
+    vals, slow = scaled_values(
+        [clock_mask(g.clock_event_reasons) if n == "clock_event_mask" else getattr(g, n, None) for n in _SAMPLED],
+        [getattr(g, n, None) for n in _SLOW])
+    return (job_id, node, at, g.index, g.uuid, vals, slow)
 
 
 def row_dict(row: tuple[Any, ...] | dict[str, Any]) -> dict[str, Any]:
-    """A buffered ``samples`` row as the dict :func:`gpu_row` makes (dicts pass through)."""
+    """A buffered ``samples`` row as the dict :func:`gpu_row` makes, real units (dicts
+    pass through)."""
     if isinstance(row, dict):
         return row
     job_id, node, at, gi, uuid, vals, slow = row
     out: dict[str, Any] = {"job_id": job_id, "node": node, "at": at, "gpu_index": gi, "gpu_uuid": uuid}
-    out.update(zip(_SAMPLED, vals, strict=True))
-    out.update(zip(_SLOW, slow or (None,) * len(_SLOW), strict=True))
+    for m, v in zip((*GPU_SAMPLED, *GPU_SLOW), (*vals, *(slow or (None,) * len(GPU_SLOW))), strict=True):
+        out[m.name] = v / m.scale if v is not None and m.scale != 1 else v
     return out
 
 

@@ -174,24 +174,37 @@ _SLOW_INS = (f"insert or replace into gpu_slow (sid, t_ms, {', '.join(_cols(GPU_
              f"values ({', '.join('?' * (len(GPU_SLOW) + 2))})")
 
 
-def sample_row(r: dict[str, Any]) -> tuple[Any, ...]:
-    """A dict row (``{"job_id", "node", "at", "gpu_index", "gpu_uuid", <metric>: value,
-    ...}``, real units, missing metrics None) as the tuple :func:`write` takes."""
-    sv = tuple(r.get(m.name) for m in GPU_SLOW)
-    return (r.get("job_id"), r.get("node"), r["at"], r.get("gpu_index"), r.get("gpu_uuid"),
-            tuple(r.get(m.name) for m in GPU_SAMPLED), sv if any(v is not None for v in sv) else None)
-
-
 _SCALES = tuple(m.scale for m in GPU_SAMPLED)
 _SLOW_SCALE = tuple(m.scale for m in GPU_SLOW)
 
 
+def _scaled(vals: Iterable[Any], scales: tuple[int, ...]) -> tuple[Any, ...]:
+    # v - v == 0 only for a finite number: NaN/inf are no reading
+    return tuple(None if v is None or v - v != 0 else round(v * sc) for v, sc in zip(vals, scales, strict=True))
+
+
+def scaled_values(values: Iterable[Any], slow: Iterable[Any] | None) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
+    """``(values, slow)`` in real units (``GPU_SAMPLED`` / ``GPU_SLOW`` order) as the store
+    keeps them: ``round(v * scale)``, None for None/NaN/inf; ``slow`` None when it holds
+    no reading."""
+    sv = None if slow is None else _scaled(slow, _SLOW_SCALE)
+    return _scaled(values, _SCALES), (sv if sv is not None and any(v is not None for v in sv) else None)
+
+
+def sample_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A dict row (``{"job_id", "node", "at", "gpu_index", "gpu_uuid", <metric>: value,
+    ...}``, real units, missing metrics None) as the tuple :func:`write` takes."""
+    vals, sv = scaled_values([r.get(m.name) for m in GPU_SAMPLED], [r.get(m.name) for m in GPU_SLOW])
+    return (r.get("job_id"), r.get("node"), r["at"], r.get("gpu_index"), r.get("gpu_uuid"), vals, sv)
+
+
 def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any, ...] | dict[str, Any]]) -> int:
-    """Store sample rows given in real units. A row is the tuple ``(job_id, node, at,
-    gpu_index, gpu_uuid, values, slow)`` (``values`` in :data:`GPU_SAMPLED` order, ``slow``
-    in :data:`GPU_SLOW` order or None when the slow counters were not read: what the
-    collector buffers) or a dict (:func:`sample_row`). A row with a slow counter read (not
-    None) also goes to ``gpu_slow``. Call inside a transaction. Returns the number of rows.
+    """Store sample rows. A row is the tuple ``(job_id, node, at, gpu_index, gpu_uuid,
+    values, slow)`` with ``values`` in :data:`GPU_SAMPLED` order and ``slow`` in
+    :data:`GPU_SLOW` order (or None when the slow counters were not read), both already
+    in the stored integer form (:func:`scaled_values`; what the collector buffers), or a
+    dict in real units (:func:`sample_row`). A row with a slow counter read (not None)
+    also goes to ``gpu_slow``. Call inside a transaction. Returns the number of rows.
 
     Each series' timeline stays in collection order: a sample stamped at or before the
     series' last one (the wall clock stepped back, or two samples in one millisecond) is
@@ -202,18 +215,18 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
     slow: list[tuple[Any, ...]] = []
     ids = cache.ids
     last_of = cache.last
-    scales = _SCALES
+    offset = cache.offset
     for r in rows:
         if type(r) is dict:
             r = sample_row(r)
         job_id, node, at, gi, uuid, vals, sv = r
-        at = float(at)
         hit = ids.get((job_id, node, gi))
         if hit is None:
-            hit = cache.get(conn, str(job_id or ""), str(node or ""), int(gi if gi is not None else -1), uuid, at)
+            hit = cache.get(conn, str(job_id or ""), str(node or ""), int(gi if gi is not None else -1), uuid,
+                            float(at))
             ids[(job_id, node, gi)] = hit  # the row's own spelling too
         sid, t0 = hit
-        t_ms = round((at - t0) * 1000) + cache.offset.get(sid, 0)
+        t_ms = round((at - t0) * 1000) + offset.get(sid, 0)
         last = last_of.get(sid)
         if last is None:
             last = last_of[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
@@ -221,15 +234,12 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
         if last is not None and t_ms <= last:
             # the clock stepped back (or two samples share a millisecond): keep the series
             # in collection order; later samples carry the step as an offset
-            cache.offset[sid] = cache.offset.get(sid, 0) + last + 1 - t_ms
+            offset[sid] = offset.get(sid, 0) + last + 1 - t_ms
             t_ms = last + 1
         last_of[sid] = t_ms
-        # v - v == 0 only for a finite number: NaN/inf are no reading
-        fast.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
-                                  for v, sc in zip(vals, scales, strict=True)]))
+        fast.append((sid, t_ms, *vals))
         if sv is not None and any(v is not None for v in sv):
-            slow.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
-                                      for v, sc in zip(sv, _SLOW_SCALE, strict=True)]))
+            slow.append((sid, t_ms, *sv))
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)

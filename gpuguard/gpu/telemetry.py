@@ -22,8 +22,9 @@ metric table's sampled values (:data:`gpuguard.metrics.GPU_SAMPLED`, and once a 
   it, and for counters without a field id.
 
 What a reading holds comes from the metric table: values in ``GPU_SAMPLED`` order (and
-``GPU_SLOW`` order), in the metric's unit as :meth:`Nvml.convert
-<gpuguard.metrics.Nvml.convert>` computes it, so the store writes them without renaming.
+``GPU_SLOW`` order), already in the store's integer form, ``round(v * Metric.scale)`` of
+the value :meth:`Nvml.convert <gpuguard.metrics.Nvml.convert>` gives, so the store
+writes them as they are (one tuple per GPU per tick, nothing converted at flush).
 A metric added to the table with an :class:`~gpuguard.metrics.Nvml` read is read here with
 no code of its own; one without (other than the mask) reads ``None``
 (:attr:`JobTelemetry.unread` names them). The plan (which function feeds which value
@@ -40,6 +41,7 @@ not retried while the hung call is outstanding.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -67,22 +69,22 @@ MASK_CALL = (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClo
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 
-def converter(n: Nvml, integer: bool) -> Callable[[Any], Any]:
-    """``lambda raw: n.convert(raw, integer)`` compiled once: the same value without its
-    per-call branching (C-level where it can be: ``attrgetter``, ``float``, ``int``)."""
-    d = n.raw_per_unit
-    if n.attr:
-        if d == 1:
-            return (lambda r, a=n.attr: int(getattr(r, a))) if integer else (lambda r, a=n.attr: float(getattr(r, a)))
-        return lambda r, a=n.attr, d=d: getattr(r, a) / d
-    if d == 1:
-        return int if integer else float
-    return lambda r, d=d: r / d
+def converter(n: Nvml, integer: bool, scale: int) -> Callable[[Any], Any]:
+    """The stored integer of a metric from its getter's result (or a field value's
+    number): ``round(n.convert(raw, integer) * scale)``, compiled once (C-level
+    ``attrgetter``/``int`` where the value is NVML's integer as it is)."""
+    d, a = n.raw_per_unit, n.attr
+    if d == 1 and scale == 1:  # NVML's unsigned integer is the stored value
+        return operator.attrgetter(a) if a else int
+    if a:
+        return lambda r: round(getattr(r, a) / d * scale)
+    return lambda r: round(r / d * scale)
 
 
 class GpuReading(NamedTuple):
-    """One job GPU at one tick: ``values`` in ``GPU_SAMPLED`` order and units (``None`` =
-    no reading); ``slow`` in ``GPU_SLOW`` order, or ``None`` when not read this tick;
+    """One job GPU at one tick: ``values`` in ``GPU_SAMPLED`` order, as the store keeps
+    them (``round(value * Metric.scale)``: :func:`gpuguard.metrics.scale_value`; ``None`` =
+    no reading); ``slow`` likewise in ``GPU_SLOW`` order, or ``None`` when not read;
     ``errors``: metric name (or ``"telemetry"``) -> NVML error name, ``None`` when none."""
 
     index: int
@@ -166,7 +168,7 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
             unread.append(m.name)
         else:
             add((n.getter, n.fallback, n.args), (n.getter, n.fallback), tuple(getattr(nv, a) for a in n.args),
-                (pos, m.name, converter(n, False)))
+                (pos, m.name, converter(n, False, m.scale)))
     fast = [c for c in calls.values() if c.fn is not None]
     unread += [n for c in calls.values() if c.fn is None for _p, n, _g in c.outs]
 
@@ -176,9 +178,9 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
         n = m.nvml
         fn = getattr(nv, n.getter, None) if n is not None else None
         if fn is not None and all(getattr(nv, a, None) is not None for a in n.args):
-            singles.append(_Call([fn], tuple(getattr(nv, a) for a in n.args), [(pos, m.name, converter(n, True))]))
+            singles.append(_Call([fn], tuple(getattr(nv, a) for a in n.args), [(pos, m.name, converter(n, True, m.scale))]))
         if n is not None and n.field_id and getattr(nv, n.field_id, None) is not None:
-            fields.append((pos, m.name, n.field_id, converter(n, True)))
+            fields.append((pos, m.name, n.field_id, converter(n, True, m.scale)))
     in_fields = {name for _p, name, _f, _c in fields}
     fc = _field_call(nv, fields)
     if fc is not None:  # counters without a field id keep their getter call
@@ -366,18 +368,18 @@ class JobTelemetry:
 
 
 def to_gpu_state(r: GpuReading) -> GpuState:
-    """A reading as a :class:`GpuState` (the GpuState fields named like the metrics;
-    the clock-event mask as reason names)."""
+    """A reading as a :class:`GpuState` in real units (the GpuState fields named like the
+    metrics; the clock-event mask as reason names)."""
     g = GpuState(index=r.index, uuid=r.uuid, pci_bus_id=r.pci_bus_id)
     for m, v in zip(GPU_SAMPLED, r.values, strict=True):
         if m.name == "clock_event_mask":
             g.clock_event_reasons = None if v is None else decode_clock_event_reasons(v)
         elif hasattr(g, m.name):
-            setattr(g, m.name, v)
+            setattr(g, m.name, None if v is None else v / m.scale if m.scale != 1 else v)
     if r.slow is not None:
         for m, v in zip(GPU_SLOW, r.slow, strict=True):
             if hasattr(g, m.name):
-                setattr(g, m.name, v)
+                setattr(g, m.name, None if v is None else v / m.scale if m.scale != 1 else v)
     if r.errors:
         g.read_errors = {("clock_event_reasons" if k == "clock_event_mask" else k): e for k, e in r.errors.items()}
     return g
