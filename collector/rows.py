@@ -12,6 +12,7 @@ from a snapshot's GpuState by :func:`sample_of`); one tuple per GPU per tick, no
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import Any
 
@@ -102,6 +103,7 @@ class RowBuffer:
         self.dropped = 0
         self.written = dict.fromkeys(self.TABLES, 0)
         self._n = 0
+        self._dropped_from = dict.fromkeys(self.TABLES, 0)
 
     def add(self, table: str, rows: list[Any]) -> None:
         self.rows[table].extend(rows)
@@ -111,6 +113,7 @@ class RowBuffer:
             for t in ("samples", "host_samples", "events"):
                 while over > 0 and self.rows[t]:
                     self.rows[t].popleft()
+                    self._dropped_from[t] += 1
                     self.dropped += 1
                     self._n -= 1
                     over -= 1
@@ -122,17 +125,26 @@ class RowBuffer:
         """Every buffered row as a dict, per table (for a spill file)."""
         return {t: [row_dict(r) for r in q] if t == "samples" else list(q) for t, q in self.rows.items()}
 
-    def flush(self, store: Any) -> None:
+    def flush(self, store: Any, lock: Any = None) -> None:
         """Write every table's rows in one transaction (:meth:`Store.insert_tables
         <gpuguard.store.Store.insert_tables>`: one commit per flush); on failure every row
-        stays. Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
-        batches = {t: list(q) for t, q in self.rows.items() if q}
+        stays. ``lock`` guards the buffer against a thread adding rows meanwhile; it is
+        held only to copy the rows out and to remove the written ones, not during the
+        write. Raises :class:`gpuguard.store.StoreError` (after keeping the rows)."""
+        lock = lock if lock is not None else contextlib.nullcontext()
+        with lock:
+            batches = {t: list(q) for t, q in self.rows.items() if q}
+            dropped = dict(self._dropped_from)
         if not batches:
             return
         store.insert_tables(batches)
-        for t, batch in batches.items():
-            q = self.rows[t]
-            for _ in range(len(batch)):
-                q.popleft()
-            self._n -= len(batch)
-            self.written[t] += len(batch)
+        with lock:
+            for t, batch in batches.items():
+                # rows added meanwhile are behind the batch; rows dropped meanwhile (a full
+                # buffer) were the batch's oldest
+                n = len(batch) - (self._dropped_from[t] - dropped[t])
+                q = self.rows[t]
+                for _ in range(max(0, n)):
+                    q.popleft()
+                self._n -= max(0, n)
+                self.written[t] += len(batch)

@@ -271,8 +271,7 @@ class Collector:
         try:
             if self._store is None:
                 self._store = self._open_store()
-            with self.lock:  # the sampler thread adds rows meanwhile
-                self.buffer.flush(self._store)
+            self.buffer.flush(self._store, self.lock)  # the sampler thread adds rows meanwhile
             if self._store_failures:
                 self.log.info("store writable again after %d failed flush(es)", self._store_failures)
             self._store_failures = 0
