@@ -63,6 +63,13 @@ class Sampler:
         self.thread.start()
 
     def _loop(self) -> None:
+        try:
+            self._ticks()
+        except Exception as e:  # a bug here must not end the job's monitoring: the main thread ticks
+            self.coll.log.error("tool error: sampler thread failed: %s: %s; sampling on the main thread",
+                                type(e).__name__, e)
+
+    def _ticks(self) -> None:
         c = self.coll
         next_t = time.monotonic()
         while not c.stop_event.is_set():
@@ -84,8 +91,13 @@ class Sampler:
             c.stop_event.wait(next_t - now)
 
     def check(self, now: float) -> bool:
-        """Main thread: True once the sampler is hung (declaring it so, the first time)."""
+        """Main thread: True once the sampler is hung (declaring it so, the first time) or
+        its thread ended on an error (then :meth:`returned` stays False: the main thread
+        keeps ticking)."""
         if self.hung:
+            return True
+        if not self.thread.is_alive() and not self.coll.stop_event.is_set():
+            self.hung = True
             return True
         with self.coll.lock:
             since = self.busy_since

@@ -114,3 +114,26 @@ def test_stop_while_hung_exits_promptly_and_keeps_rows(tmp_path):
     assert fake.shutdown_count == 0
     fake.release()
     assert len(c.buffer) == 0 and rows(tmp_path)
+
+
+def test_sampler_thread_failure_hands_the_ticks_to_the_main_thread(tmp_path, caplog):
+    fake = fp.FakeNvml(fp.h100_node())
+    c, src = make(tmp_path, fake)
+    real = c.sample_host
+    calls = {"n": 0}
+
+    def host_once_then_bug():
+        calls["n"] += 1
+        if calls["n"] == 2 and threading.current_thread().name == "gpuguard-sampler":
+            raise RuntimeError("bug")
+        real()
+
+    c.sample_host = host_once_then_bug
+    t, out = run_in_thread(c)
+    assert wait_for(lambda: "sampler thread failed: RuntimeError: bug" in caplog.text, 20)
+    n = c.buffer.written["samples"] + len(c.buffer.rows["samples"])
+    assert wait_for(lambda: c.buffer.written["samples"] >= n + 6, 20)  # the main thread samples on
+    c.stop_event.set()
+    t.join(10)
+    src.close()
+    assert out == {"rc": 0}
