@@ -218,6 +218,9 @@ class Collector:
             return None
         if not self._gpu_by_index and r.gpus:  # the job's GPUs are resolved once
             self._gpu_by_index = {g.index: g for g in r.gpus}
+            if getattr(self._reader, "unread", None):
+                self.log.warning("metric(s) %s not read (this pynvml lacks the call or constant): stored as "
+                                 "no reading", ", ".join(self._reader.unread))
             self._warn_missing({g.index for g in r.gpus} | {(g.uuid or "").lower() for g in r.gpus})
         job, node, at = self.job_id, self.node, r.taken_at
         for g in r.gpus:

@@ -361,11 +361,6 @@ class JobTelemetry:
         except Exception as e:
             return Reading(taken_at, f"tool error: telemetry read failed: {type(e).__name__}: {e}", [])
 
-    def timed_out(self, taken_at: float) -> Reading:
-        """The reading of a tick whose batch hung: every job GPU, values None, errors
-        ``{"telemetry": "Timeout"}``."""
-        return self._timed_out(taken_at)
-
 
 def to_gpu_state(r: GpuReading) -> GpuState:
     """A reading as a :class:`GpuState` in real units (the GpuState fields named like the
