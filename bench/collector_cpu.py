@@ -7,16 +7,18 @@ the process per tick is what a 1 s interval costs per second: ``cpu_per_tick / 1
 the share of one core; the per-tick wake-up of a real sleep is not included on either
 side).
 
-* **product**: the real :meth:`Collector.run` loop (sampling, XID-queue drain, flush,
-  liveness check every 15 s with the real :class:`JobLiveness` on a cgroup directory),
-  the NVML telemetry path of :class:`NvmlSource` (one deadline per batch on its worker
-  thread), :class:`HostSampler` on a cgroup v2 directory of recorded files, and the
-  store as the collector opens it. No XID-event thread (the fake has no blocking wait).
+* **product**: the real :meth:`Collector.run`: its sampler thread's ticks (the NVML
+  telemetry path of :class:`NvmlSource`, :class:`HostSampler` on a cgroup v2 directory of
+  recorded files, rows into the buffer) and its main thread's flushes, liveness checks
+  every 15 s (the real :class:`JobLiveness` on that directory) and watch of the sampler;
+  the store as the collector opens it. The main thread's waits block until the simulated
+  clock reaches their time (:class:`FakeStop`), so it wakes as often as it would for
+  real. No XID-event thread (the fake has no blocking wait).
 * **reference**: a plain loop: per tick, per job GPU, the 6 NVML calls a sample row
   needs (``nvmlDeviceGetUtilizationRates``, ``...MemoryInfo``, ``...PowerUsage``,
   ``...Temperature``, ``...ClockInfo``, ``...CurrentClocksEventReasons``) and, every
-  60th tick, the slow counters in one ``nvmlDeviceGetFieldValues`` per GPU, as the
-  product does; the same three cgroup files read with ``os.open``/``os.read`` and parsed;
+  60th tick, the metric table's slow counters in one ``nvmlDeviceGetFieldValues`` per
+  GPU, as the product does; the same three cgroup files read with ``os.open``/``os.read`` and parsed;
   rows built as tuples already in the stored shape (series id, ms, integer-scaled values)
   and written with one ``executemany`` per table per flush, in the same tables of a store
   opened the same way (:func:`gpuguard.store.open_store`), flushing every 10 ticks like the
