@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import time
 from typing import Any
 
@@ -54,36 +55,43 @@ MISSING_RECHECK_S = 300.0
 def _read(path: str) -> str | None:
     """The file's text (ASCII, bad bytes replaced), or None when it cannot be read. Plain
     ``os.read`` (no text-file object): the collector reads a few of these every second."""
-    now = time.monotonic()
-    if _MISSING.get(path, 0.0) > now:
+    until = _MISSING.get(path)
+    if until is not None and until > time.monotonic():
         return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        _MISSING[path] = now + MISSING_RECHECK_S
+        _MISSING[path] = time.monotonic() + MISSING_RECHECK_S
         return None
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        data = os.read(fd, 65536)
+        if len(data) == 65536:  # a large file: read to the end (cgroup files are a few KiB)
+            chunks = [data]
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            data = b"".join(chunks)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii", errors="replace")
+    return data.decode("ascii", errors="replace")
 
 
 def _kv(text: str | None, key: str) -> int | None:
     """Value of ``key`` in a ``key value`` per-line file (``memory.stat``, ``cpu.stat``)."""
     if not text:
         return None
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
-            return int(parts[1])
-    return None
+    want = key + " "
+    i = text.find(want)
+    while i > 0 and text[i - 1] != "\n":  # "rss " inside "total_rss ": not at a line start
+        i = text.find(want, i + 1)
+    if i < 0:
+        return None
+    end = text.find("\n", i)
+    v = text[i + len(want):end if end >= 0 else len(text)].strip()
+    return int(v) if v.isdigit() else None
 
 
 def find_job_cgroups(root: str, job_id: str, node: str | None = None, uid: int | None = None) -> list[str]:
@@ -131,19 +139,15 @@ def _io_v1(text: str | None) -> tuple[int, int] | None:
     return r, w
 
 
+_RBYTES = re.compile(r"\brbytes=(\d+)")
+_WBYTES = re.compile(r"\bwbytes=(\d+)")
+
+
 def _io_v2(text: str | None) -> tuple[int, int] | None:
+    """``io.stat``: ``MAJ:MIN rbytes=N wbytes=N rios=N ...`` per device, summed."""
     if text is None:
         return None
-    r = w = 0
-    for line in text.splitlines():
-        for item in line.split()[1:]:
-            k, _, v = item.partition("=")
-            if v.isdigit():
-                if k == "rbytes":
-                    r += int(v)
-                elif k == "wbytes":
-                    w += int(v)
-    return r, w
+    return sum(map(int, _RBYTES.findall(text))), sum(map(int, _WBYTES.findall(text)))
 
 
 class Counters:
@@ -160,33 +164,47 @@ class Counters:
         self.io_write_bytes = io_write_bytes
 
 
+#: The files :func:`read_cgroup` reads in a directory, in the order it tries them.
+_CG_FILES = ("cpuacct.usage", "cpu.stat", "memory.stat", "memory.current", "memory.usage_in_bytes",
+             "blkio.throttle.io_service_bytes_recursive", "io.stat")
+#: dirs -> per directory the paths of :data:`_CG_FILES` (joined once: the collector reads
+#: the same files every interval).
+_PATHS: dict[tuple[str, ...], list[dict[str, str]]] = {}
+
+
 def read_cgroup(dirs: list[str]) -> Counters:
     """Read the counters from whichever of the v1/v2 files exist in ``dirs``."""
+    key = tuple(dirs)
+    plan = _PATHS.get(key)
+    if plan is None:
+        if len(_PATHS) > 64:  # one job's directories per collector; bounded all the same
+            _PATHS.clear()
+        plan = _PATHS[key] = [{n: os.path.join(d, n) for n in _CG_FILES} for d in dirs]
     c = Counters()
-    for d in dirs:
+    for p in plan:
         if c.cpu_ns is None:
-            v = _read(os.path.join(d, "cpuacct.usage"))
+            v = _read(p["cpuacct.usage"])
             if v is not None and v.strip().isdigit():
                 c.cpu_ns = int(v)
             else:
-                usec = _kv(_read(os.path.join(d, "cpu.stat")), "usage_usec")
+                usec = _kv(_read(p["cpu.stat"]), "usage_usec")
                 if usec is not None:
                     c.cpu_ns = usec * 1000
         if c.rss_bytes is None:
-            st = _read(os.path.join(d, "memory.stat"))
+            st = _read(p["memory.stat"])
             c.rss_bytes = _kv(st, "total_rss")
             if c.rss_bytes is None:
                 c.rss_bytes = _kv(st, "anon")
             if c.rss_bytes is None:
                 for name in ("memory.current", "memory.usage_in_bytes"):
-                    v = _read(os.path.join(d, name))
+                    v = _read(p[name])
                     if v is not None and v.strip().isdigit():
                         c.rss_bytes = int(v)
                         break
         if c.io_read_bytes is None:
-            io = _io_v1(_read(os.path.join(d, "blkio.throttle.io_service_bytes_recursive")))
+            io = _io_v1(_read(p["blkio.throttle.io_service_bytes_recursive"]))
             if io is None:
-                io = _io_v2(_read(os.path.join(d, "io.stat")))
+                io = _io_v2(_read(p["io.stat"]))
             if io is not None:
                 c.io_read_bytes, c.io_write_bytes = io
     return c
@@ -314,9 +332,10 @@ class HostSampler:
         """A ``host_samples`` row (``job_id, node, at, cpu_pct, rss_mib, io_read_mib,
         io_write_mib``)."""
         self.discover()
-        if self.dirs and self.cgroup_exists():
+        c = read_cgroup(self.dirs) if self.dirs else None
+        if c is not None and (c.cpu_ns is not None or c.rss_bytes is not None or c.io_read_bytes is not None
+                              or self.cgroup_exists()):  # a stat only when nothing could be read
             mode = "cgroup"
-            c = read_cgroup(self.dirs)
         elif self.procs is not None:
             mode = "proc"
             c = self.procs.read()

@@ -15,7 +15,10 @@ and, when the GPU source can watch NVML events (``watch_xid_events``), one ``eve
 (``kind="xid"``, ``source="nvml"``) per XID on a job GPU, from a second source on its own
 thread (a source is not thread-safe).
 
-Rows are buffered and written in one transaction per table at least every
+With an NVML source the ticks run on a sampler thread (:mod:`gpuguard.collector.sampler`:
+why, and how a hung NVML read is handled); the main thread handles signals, flushes, the
+liveness checks and the XID queue. Rows are buffered (a GPU sample is one tuple, in the
+store's integer form) and written in one transaction at least every
 ``min([collector] flush_s, 10)`` seconds, and on SIGTERM/SIGINT (then exit 0). A store
 error keeps the rows in memory (at most :data:`MAX_BUFFERED_ROWS`; the oldest samples go
 first) and the next flush retries; the collector never exits because of the store.
@@ -41,12 +44,9 @@ to ``[paths] log_file`` (``collector[PID] job=N``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
-import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -54,6 +54,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.collector.cli import DEFAULT_MAX_RUNTIME_S
 from gpuguard.collector.host import HostSampler
 from gpuguard.collector.liveness import ALIVE_STATES, JobLiveness, scontrol_job_state
 from gpuguard.collector.rows import (
@@ -62,9 +63,10 @@ from gpuguard.collector.rows import (
     clock_mask,
     gpu_row,
     parse_gpu_list,
+    sample_of,
     select_gpus,
 )
-from gpuguard.model import GpuState, NodeSnapshot
+from gpuguard.model import NodeSnapshot
 
 # Re-exported: liveness and the rows live in their own modules; tests and tools import them here.
 __all__ = [
@@ -83,7 +85,6 @@ __all__ = [
 ]
 
 MAX_FLUSH_S = 10.0
-DEFAULT_MAX_RUNTIME_S = 30 * 86400.0
 #: Cumulative counters (ECC, PCIe replays: :data:`gpuguard.metrics.GPU_SLOW`) are read this
 #: often. Our choice: they change rarely and are judged per job, so a minute of delay
 #: costs nothing, while reading them every second cost most of an NVML snapshot.
@@ -124,13 +125,19 @@ class Collector:
         self.xid_source_factory = xid_source_factory
         self.log = log or logging.getLogger("gpuguard")
         self.buffer = RowBuffer(max_rows)
+        #: guards :attr:`buffer` (and the sampler's hung flag) between the main thread and
+        #: the sampler thread
+        self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.exit_reason = ""
         #: why the stop event was set (the signal handler's note), read at exit
         self.exit_reason_fn: Callable[[], str] = lambda: ""
         self._store: Any = None
         self._xid_q: queue.SimpleQueue[tuple[float, int, int]] = queue.SimpleQueue()
-        self._gpu_by_index: dict[int, GpuState] = {}
+        #: job GPU index -> what names it in an XID event row (``uuid``, ``pci_bus_id``)
+        self._gpu_by_index: dict[int, Any] = {}
+        #: the source's per-job reader (``job_telemetry``), made on the first sample
+        self._reader: Any = None
         self._warned: set[str] = set()
         self._store_failures = 0
         self.slow_every_s = slow_every_s
@@ -149,43 +156,96 @@ class Collector:
             self.log.warning(msg, *args)
 
     def sample_once(self) -> None:
-        """Take one GPU snapshot and one host sample into the buffer."""
-        if self.indices or self.uuids:
-            try:
-                snap = self._read_gpus()
-            except Exception as e:  # a source bug must not end the job's monitoring
-                self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
-                snap = None
-            if snap is not None and snap.error:
-                self._warn_once(f"snaperr:{snap.error}", "GPU source: %s", snap.error)
-            elif snap is not None:
-                gpus = select_gpus(snap, self.indices, self.uuids)
-                if len(gpus) < len(self.indices) + len(self.uuids):
-                    have = {g.index for g in gpus} | {(g.uuid or "").lower() for g in gpus}
-                    missing = [str(i) for i in self.indices if i not in have]
-                    missing += [u for u in self.uuids if u.lower() not in have]
-                    self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
-                self._gpu_by_index = {g.index: g for g in gpus}
-                self.buffer.add("samples", [gpu_row(g, self.job_id, self.node, snap.taken_at) for g in gpus])
+        """Read the job's GPUs and one host sample into the buffer (the tick on the
+        calling thread; :mod:`gpuguard.collector.sampler` runs the same on its own)."""
+        rows = self.gpu_rows()
+        if rows:
+            with self.lock:
+                self.buffer.add("samples", rows)
+        self.sample_host()
+
+    def sample_host(self) -> None:
+        """One ``host_samples`` row into the buffer. Never raises."""
         try:
-            self.buffer.add("host_samples", [self.host.sample()])
+            row = self.host.sample()
         except Exception as e:  # unreadable /proc or cgroup files: keep sampling GPUs
             self._warn_once(f"host:{type(e).__name__}", "host sample failed: %s: %s", type(e).__name__, e)
+            return
+        with self.lock:
+            self.buffer.add("host_samples", [row])
 
-    def _read_gpus(self) -> NodeSnapshot:
-        """The job's GPUs: through the source's per-interval path (``telemetry``: job GPUs
-        only, sampled fields only, slow counters every ``slow_every_s``) when it has one,
-        else a full snapshot."""
-        tele = getattr(self.source, "telemetry", None)
-        if tele is None:
-            return self.source.snapshot()
+    def _slow_due(self) -> bool:
         now = time.monotonic()
-        slow = now >= self._next_slow
-        if slow:
-            self._next_slow = now + self.slow_every_s
-        return tele(self.indices, self.uuids, slow)
+        if now < self._next_slow:
+            return False
+        self._next_slow = now + self.slow_every_s
+        return True
+
+    def _warn_missing(self, have: set[Any]) -> None:
+        missing = [str(i) for i in self.indices if i not in have]
+        missing += [u for u in self.uuids if u.lower() not in have]
+        if missing:
+            self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
+
+    def reader(self) -> Any:
+        """The source's per-job reader (``job_telemetry``), or None (no GPUs, or a source
+        without one: replay, nvidia-smi)."""
+        if self._reader is None and (self.indices or self.uuids) and hasattr(self.source, "job_telemetry"):
+            self._reader = self.source.job_telemetry(self.indices, self.uuids)
+        return self._reader
+
+    def gpu_rows(self, read: Callable[[bool], Any] | None = None) -> list[tuple[Any, ...]] | None:
+        """This tick's ``samples`` rows (:mod:`gpuguard.collector.rows`), None when there
+        are none. Through the source's per-job reader when it has one (job GPUs only,
+        sampled values only, slow counters every ``slow_every_s``, one tuple per GPU and no
+        other per-tick object; ``read``: which of its read methods, default ``read``, the
+        worker hand-off with a deadline), else from a snapshot (``telemetry`` or
+        ``snapshot``). Never raises."""
+        if not (self.indices or self.uuids):
+            return None
+        try:
+            reader = self.reader()
+            if reader is None:
+                return self._snapshot_rows()
+            return self._reading_rows((read or reader.read)(self._slow_due()))
+        except Exception as e:  # a source bug must not end the job's monitoring
+            self._warn_once(f"snap:{type(e).__name__}", "GPU snapshot failed: %s: %s", type(e).__name__, e)
+            return None
+
+    def _reading_rows(self, r: Any) -> list[tuple[Any, ...]] | None:
+        if r.error:
+            self._warn_once(f"snaperr:{r.error}", "GPU source: %s", r.error)
+            return None
+        if not self._gpu_by_index and r.gpus:  # the job's GPUs are resolved once
+            self._gpu_by_index = {g.index: g for g in r.gpus}
+            if getattr(self._reader, "unread", None):
+                self.log.warning("metric(s) %s not read (this pynvml lacks the call or constant): stored as "
+                                 "no reading", ", ".join(self._reader.unread))
+            self._warn_missing({g.index for g in r.gpus} | {(g.uuid or "").lower() for g in r.gpus})
+        job, node, at = self.job_id, self.node, r.taken_at
+        for g in r.gpus:
+            if g.errors:
+                for name, err in g.errors.items():
+                    self._warn_once(f"readerr:{g.index}:{name}:{err}", "GPU %d: reading %s failed: %s "
+                                    "(stored as no reading)", g.index, name, err)
+        return [(job, node, at, g.index, g.uuid, g.values, g.slow) for g in r.gpus]
+
+    def _snapshot_rows(self) -> list[tuple[Any, ...]] | None:
+        tele = getattr(self.source, "telemetry", None)
+        snap: NodeSnapshot = (self.source.snapshot() if tele is None
+                              else tele(self.indices, self.uuids, self._slow_due()))
+        if snap.error:
+            self._warn_once(f"snaperr:{snap.error}", "GPU source: %s", snap.error)
+            return None
+        gpus = select_gpus(snap, self.indices, self.uuids)
+        if len(gpus) < len(self.indices) + len(self.uuids):
+            self._warn_missing({g.index for g in gpus} | {(g.uuid or "").lower() for g in gpus})
+        self._gpu_by_index = {g.index: g for g in gpus}
+        return [sample_of(g, self.job_id, self.node, snap.taken_at) for g in gpus]
 
     def drain_xids(self) -> None:
+        if self._xid_q.empty():
+            return
         rows = []
         while True:
             try:
@@ -202,7 +262,8 @@ class Collector:
         if rows:
             for r in rows:
                 self.log.warning("XID %d on GPU %d", r["code"], r["gpu_index"])
-            self.buffer.add("events", rows)
+            with self.lock:
+                self.buffer.add("events", rows)
 
     def flush(self) -> bool:
         """Write buffered rows; True when nothing is left. Never raises."""
@@ -213,7 +274,7 @@ class Collector:
         try:
             if self._store is None:
                 self._store = self._open_store()
-            self.buffer.flush(self._store)
+            self.buffer.flush(self._store, self.lock)  # the sampler thread adds rows meanwhile
             if self._store_failures:
                 self.log.info("store writable again after %d failed flush(es)", self._store_failures)
             self._store_failures = 0
@@ -228,6 +289,18 @@ class Collector:
         if self.buffer.dropped:
             self._warn_once("dropped", "buffer full: dropping oldest rows (store unwritable)")
         return not len(self.buffer)
+
+    def _start_sampler(self) -> Any:
+        """The sampler thread (:mod:`gpuguard.collector.sampler`) when the source has a
+        per-job reader, else None (this thread ticks)."""
+        reader = self.reader()
+        if reader is None or not hasattr(reader, "read_here"):
+            return None
+        from gpuguard.collector.sampler import Sampler
+
+        sampler = Sampler(self, reader, getattr(self.source, "call_timeout_s", 5.0))
+        sampler.start()
+        return sampler
 
     def _xid_thread(self) -> None:
         job_idx = set(self.indices)
@@ -272,9 +345,16 @@ class Collector:
         next_sample = start
         next_flush = start + self.flush_s
         next_live = start + self.liveness_s
+        sampler = self._start_sampler()
+        hung = None  # a sampler stuck in NVML, while this thread ticks instead
         while not self.stop_event.is_set():
             now = time.monotonic()
-            if now >= next_sample:
+            if sampler is not None and sampler.check(now):
+                hung, sampler, next_sample = sampler, None, now
+            if hung is not None and hung.returned():
+                self.log.info("the hung NVML telemetry read returned; sampling on its own thread again")
+                hung, sampler = None, self._start_sampler()
+            if sampler is None and now >= next_sample:
                 self.sample_once()
                 next_sample += self.interval_s
                 if next_sample <= time.monotonic():  # we fell behind: skip missed ticks
@@ -296,10 +376,13 @@ class Collector:
             if now - start >= self.max_runtime_s:
                 self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"
                 break
-            self.stop_event.wait(max(0.0, min(next_sample, next_flush, next_live) - time.monotonic()))
+            wake = min(next_flush, next_live, next_sample if sampler is None else now + sampler.timeout_s)
+            self.stop_event.wait(max(0.0, wake - time.monotonic()))
         else:
             self.exit_reason = self.exit_reason or self.exit_reason_fn() or "stopped"
         self.stop_event.set()
+        if sampler is not None:
+            sampler.stop(min(2.0, sampler.timeout_s))
         self.drain_xids()
         if self.spill_path:
             # the epilog waits a few seconds at most: a locked store must not eat them;
@@ -314,7 +397,7 @@ class Collector:
         if not ok and self.spill_path:
             from gpuguard.collector.spill import spill_rows
 
-            n = spill_rows(self.spill_path, self.buffer.rows)
+            n = spill_rows(self.spill_path, self.buffer.as_dicts())
             if n:
                 self.log.warning("store unavailable at exit: %d row(s) kept in %s for the epilog", n, self.spill_path)
                 ok = True
@@ -338,115 +421,14 @@ def _xid_action(xid: int) -> str | None:
         return None
 
 
-# -- command line ------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpuguard.collector.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--job-id", required=True, help="Slurm job id")
-    p.add_argument("--gpus", default="", help="job GPUs: indices or GPU- UUIDs, comma-separated")
-    p.add_argument("--uid", type=int, default=None, help="job user's uid (for the /proc fallback)")
-    p.add_argument("--node", default=None, help="node name (default: from the config)")
-    p.add_argument("--config", default=None, help="gpuguard.toml (default: the usual search)")
-    p.add_argument("--interval-s", type=float, default=None, help="override [collector] interval_s")
-    p.add_argument("--flush-s", type=float, default=None, help="override [collector] flush_s")
-    p.add_argument("--liveness-s", type=float, default=15.0, help="seconds between job-liveness checks")
-    p.add_argument("--startup-grace-s", type=float, default=120.0,
-                   help="how long no job process/cgroup is tolerated at the start")
-    p.add_argument("--scontrol-every-s", type=float, default=30.0, help="at most one scontrol call per this")
-    p.add_argument("--no-scontrol", action="store_true", help="never ask scontrol")
-    p.add_argument("--no-evidence-s", type=float, default=600.0,
-                   help="exit when no probe has shown the job alive for this long")
-    p.add_argument("--max-runtime-s", type=float, default=DEFAULT_MAX_RUNTIME_S, help="hard cap on the lifetime")
-    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount root")
-    p.add_argument("--job-cgroup", action="append", default=None,
-                   help="the job's cgroup directory (repeatable; skips discovery)")
-    return p
-
-
 #: SQLite busy timeout of the collector's final flush when a spill file is set (ms; our
 #: choice: the epilog's stop wait is a few seconds, and the spill keeps the rows anyway).
 EXIT_BUSY_TIMEOUT_MS = 500
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--supervise" in argv:  # the prolog starts the collector under its supervisor
-        from gpuguard.collector.supervise import supervise
-
-        argv.remove("--supervise")
-        return supervise(argv)
-    # Handlers first: a SIGTERM from a quick epilog during start-up still ends in a clean
-    # exit 0 (before this line nothing has been sampled, so the default action loses nothing).
-    stop = threading.Event()
-    why: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        why.append(f"stopped by {signal.Signals(signum).name}")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    args = build_parser().parse_args(argv)
-    from gpuguard.collector.ingest_tail import record_ingest_tick
-    from gpuguard.collector.jobdir_cap import job_dir_cap_check
-    from gpuguard import config as config_mod
-    from gpuguard import log as log_mod
-
-    if not (args.job_id.isascii() and args.job_id.isdigit()) or len(args.job_id) > 20:
-        print(f"gpuguard collector: bad --job-id {args.job_id!r}", file=sys.stderr)
-        return 2
-    try:
-        cfg = config_mod.load(args.config)
-    except config_mod.ConfigError as e:
-        print(f"gpuguard collector: {e}", file=sys.stderr)
-        return 2
-    log = log_mod.setup(cfg.get("paths", "log_file"), "collector", args.job_id)
-    node = args.node or cfg.node_name
-    from gpuguard.collector import schema  # noqa: F401  (registers the "collector" store migration set)
-    from gpuguard.gpu import open_source
-    from gpuguard.store import open_store
-
-    kind = cfg.get("gpu", "source")
-
-    def make_source() -> Any:
-        return open_source(kind, replay_path=cfg.get("gpu", "replay_path"),
-                           call_timeout_s=cfg.get("gpu", "call_timeout_s"),
-                           total_budget_s=max(1.0, cfg.get("collector", "interval_s")))
-
-    try:
-        source = make_source()
-    except Exception as e:  # bad replay file: keep host sampling
-        log.error("tool error: GPU source: %s", e)
-        source = None
-    host = HostSampler(args.job_id, node, uid=args.uid, cgroup_root=args.cgroup_root, dirs=args.job_cgroup)
-    scontrol = None
-    if not args.no_scontrol:
-        cand = os.path.join(cfg.get("slurm", "bin_dir"), "scontrol")
-        scontrol = cand if os.access(cand, os.X_OK) else None
-    liveness = JobLiveness(host, job_id=args.job_id, scontrol=scontrol, startup_grace_s=args.startup_grace_s,
-                           scontrol_every_s=args.scontrol_every_s, no_evidence_s=args.no_evidence_s)
-    gpus = args.gpus if source is not None else ""
-    coll = Collector(
-        job_id=args.job_id, node=node, source=source, gpus=gpus, host=host, liveness=liveness,
-        open_store=lambda: open_store(cfg.store_path),
-        interval_s=args.interval_s or cfg.get("collector", "interval_s"),
-        flush_s=args.flush_s or cfg.get("collector", "flush_s"),
-        liveness_s=args.liveness_s, max_runtime_s=args.max_runtime_s,
-        xid_source_factory=make_source if kind == "nvml" else None, log=log,
-        job_dir_check=job_dir_cap_check(cfg, args.job_id, log),
-        spill_path=os.path.join(cfg.get("paths", "state_dir"), f"collector.{args.job_id}.spill.jsonl"),
-        record_ingest=record_ingest_tick(cfg, args.job_id, node, args.uid, log),
-    )
-
-    coll.stop_event = stop
-    coll.exit_reason_fn = lambda: why[0] if why else ""
-    try:
-        return coll.run()
-    finally:
-        if source is not None:
-            source.close()
+# The command line lives in gpuguard.collector.cli; re-exported here, since
+# ``python -m gpuguard.collector.run`` is the command the Prolog starts.
+from gpuguard.collector.cli import build_parser, main  # noqa: E402
 
 
 if __name__ == "__main__":

@@ -168,19 +168,43 @@ class SeriesCache:
         return self.ids[key]
 
 
-_FAST_SCALES = tuple((m.name, m.scale) for m in GPU_SAMPLED)
-_SLOW_SCALES = tuple((m.name, m.scale) for m in GPU_SLOW)
 _FAST_INS = (f"insert or replace into gpu_samples (sid, t_ms, {', '.join(_cols(GPU_SAMPLED))}) "
              f"values ({', '.join('?' * (len(GPU_SAMPLED) + 2))})")
 _SLOW_INS = (f"insert or replace into gpu_slow (sid, t_ms, {', '.join(_cols(GPU_SLOW))}) "
              f"values ({', '.join('?' * (len(GPU_SLOW) + 2))})")
 
 
-def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str, Any]]) -> int:
-    """Store sample rows given in real units (``{"job_id", "node", "at", "gpu_index",
-    "gpu_uuid", <metric>: value, ...}``; missing metrics are NULL). A row of slow
-    counters (any :data:`GPU_SLOW` value not None) also goes to ``gpu_slow``. Call inside
-    a transaction. Returns the number of rows.
+_SCALES = tuple(m.scale for m in GPU_SAMPLED)
+_SLOW_SCALE = tuple(m.scale for m in GPU_SLOW)
+
+
+def _scaled(vals: Iterable[Any], scales: tuple[int, ...]) -> tuple[Any, ...]:
+    # v - v == 0 only for a finite number: NaN/inf are no reading
+    return tuple(None if v is None or v - v != 0 else round(v * sc) for v, sc in zip(vals, scales, strict=True))
+
+
+def scaled_values(values: Iterable[Any], slow: Iterable[Any] | None) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
+    """``(values, slow)`` in real units (``GPU_SAMPLED`` / ``GPU_SLOW`` order) as the store
+    keeps them: ``round(v * scale)``, None for None/NaN/inf; ``slow`` None when it holds
+    no reading."""
+    sv = None if slow is None else _scaled(slow, _SLOW_SCALE)
+    return _scaled(values, _SCALES), (sv if sv is not None and any(v is not None for v in sv) else None)
+
+
+def sample_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A dict row (``{"job_id", "node", "at", "gpu_index", "gpu_uuid", <metric>: value,
+    ...}``, real units, missing metrics None) as the tuple :func:`write` takes."""
+    vals, sv = scaled_values([r.get(m.name) for m in GPU_SAMPLED], [r.get(m.name) for m in GPU_SLOW])
+    return (r.get("job_id"), r.get("node"), r["at"], r.get("gpu_index"), r.get("gpu_uuid"), vals, sv)
+
+
+def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any, ...] | dict[str, Any]]) -> int:
+    """Store sample rows. A row is the tuple ``(job_id, node, at, gpu_index, gpu_uuid,
+    values, slow)`` with ``values`` in :data:`GPU_SAMPLED` order and ``slow`` in
+    :data:`GPU_SLOW` order (or None when the slow counters were not read), both already
+    in the stored integer form (:func:`scaled_values`; what the collector buffers), or a
+    dict in real units (:func:`sample_row`). A row with a slow counter read (not None)
+    also goes to ``gpu_slow``. Call inside a transaction. Returns the number of rows.
 
     Each series' timeline stays in collection order: a sample stamped at or before the
     series' last one (the wall clock stepped back, or two samples in one millisecond) is
@@ -190,35 +214,32 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[dict[str,
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
     ids = cache.ids
+    last_of = cache.last
+    offset = cache.offset
     for r in rows:
-        at = float(r["at"])
-        hit = ids.get((r.get("job_id"), r.get("node"), r.get("gpu_index")))
+        if type(r) is dict:
+            r = sample_row(r)
+        job_id, node, at, gi, uuid, vals, sv = r
+        hit = ids.get((job_id, node, gi))
         if hit is None:
-            hit = cache.get(conn, str(r.get("job_id") or ""), str(r.get("node") or ""),
-                            int(r["gpu_index"] if r.get("gpu_index") is not None else -1), r.get("gpu_uuid"), at)
-            ids[(r.get("job_id"), r.get("node"), r.get("gpu_index"))] = hit  # the row's own spelling too
+            hit = cache.get(conn, str(job_id or ""), str(node or ""), int(gi if gi is not None else -1), uuid,
+                            float(at))
+            ids[(job_id, node, gi)] = hit  # the row's own spelling too
         sid, t0 = hit
-        t_ms = round((at - t0) * 1000) + cache.offset.get(sid, 0)
-        last = cache.last.get(sid)
+        t_ms = round((at - t0) * 1000) + offset.get(sid, 0)
+        last = last_of.get(sid)
         if last is None:
-            last = cache.last[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
-                                                  (sid,)).fetchone()[0]
+            last = last_of[sid] = conn.execute("select max(t_ms) from gpu_samples where sid = ?",
+                                               (sid,)).fetchone()[0]
         if last is not None and t_ms <= last:
             # the clock stepped back (or two samples share a millisecond): keep the series
             # in collection order; later samples carry the step as an offset
-            cache.offset[sid] = cache.offset.get(sid, 0) + last + 1 - t_ms
+            offset[sid] = offset.get(sid, 0) + last + 1 - t_ms
             t_ms = last + 1
-        cache.last[sid] = t_ms
-        vals: list[Any] = [sid, t_ms]
-        for name, sc in _FAST_SCALES:
-            v = r.get(name)
-            # v - v == 0 only for a finite number: NaN/inf are no reading
-            vals.append(None if v is None or v - v != 0 else round(v * sc))
-        fast.append(tuple(vals))
-        sv = [r.get(name) for name, _sc in _SLOW_SCALES]
-        if any(v is not None for v in sv):
-            slow.append((sid, t_ms, *[None if v is None or v - v != 0 else round(v * sc)
-                                      for v, (_n, sc) in zip(sv, _SLOW_SCALES, strict=True)]))
+        last_of[sid] = t_ms
+        fast.append((sid, t_ms, *vals))
+        if sv is not None and any(v is not None for v in sv):
+            slow.append((sid, t_ms, *sv))
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)

@@ -208,44 +208,53 @@ class Store:
         return self._guard(f"insert into {table}", go)
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert rows in one transaction. ``samples`` rows (real units, the old row
-        shape) go to the compact tables through :func:`gpuguard.samples.write`. Raises
+        """Insert rows in one transaction. ``samples`` rows (real units: the old dict row
+        shape, or the collector's tuples) go to the compact tables through
+        :func:`gpuguard.samples.write`. Raises :class:`StoreError`."""
+        self.insert_tables({table: rows})
+
+    def insert_tables(self, batches: dict[str, Iterable[Any]]) -> None:
+        """Insert the rows of several tables (table -> rows, as :meth:`insert_many` takes
+        them) in ONE transaction, so a writer that flushes several tables at once (the
+        collector, every few seconds) pays one commit. All or nothing. Raises
         :class:`StoreError`."""
-        if table == "samples":
+        batches = {t: (r if t == "samples" else list(r)) for t, r in batches.items()}
+        batches = {t: r for t, r in batches.items() if t == "samples" or r}
+        if not batches:
+            return
+        if "samples" in batches:
             from gpuguard import samples
 
             if self._series is None:
                 self._series = samples.SeriesCache()
             self.memo.clear()
 
-            def put() -> None:
-                try:
-                    with self.tx():
-                        samples.write(self.conn, self._series, rows)
-                except BaseException:
-                    self._series = samples.SeriesCache()  # ids of a rolled-back series are void
-                    raise
-            self._guard("insert into samples", put)
-            return
-
-        rows = list(rows)
-        if not rows:
-            return
-
         def go() -> None:
-            with self.tx():
-                cols = list(rows[0])
-                keys = set(cols)
-                if _plain(table, rows) and all(r.keys() == keys for r in rows):
-                    # same keys, scalar values: one executemany (sqlite-utils' insert_all
-                    # inspects and converts every value, which the collector pays each flush)
-                    self.conn.executemany(_insert_sql(table, rows[0])[0], [tuple(r[c] for c in cols) for r in rows])
-                elif _plain(table, rows):
-                    for r in rows:
-                        self.conn.execute(*_insert_sql(table, r))
-                else:
-                    self.db[table].insert_all(rows, batch_size=500)
-        self._guard(f"insert into {table}", go)
+            try:
+                with self.tx():
+                    for table, rows in batches.items():
+                        if table == "samples":
+                            samples.write(self.conn, self._series, rows)
+                        elif rows:
+                            self._insert_rows(table, rows)
+            except BaseException:
+                if "samples" in batches:
+                    self._series = samples.SeriesCache()  # ids of a rolled-back series are void
+                raise
+        self._guard(f"insert into {', '.join(batches)}", go)
+
+    def _insert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
+        cols = list(rows[0])
+        keys = set(cols)
+        if _plain(table, rows) and all(r.keys() == keys for r in rows):
+            # same keys, scalar values: one executemany (sqlite-utils' insert_all
+            # inspects and converts every value, which the collector pays each flush)
+            self.conn.executemany(_insert_sql(table, rows[0])[0], [tuple(r[c] for c in cols) for r in rows])
+        elif _plain(table, rows):
+            for r in rows:
+                self.conn.execute(*_insert_sql(table, r))
+        else:
+            self.db[table].insert_all(rows, batch_size=500)
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Run a parameterised query; rows as dicts. Raises :class:`StoreError`."""
@@ -337,8 +346,6 @@ def open_readonly(path: str) -> Store:
     Raises :class:`StoreError` when it cannot be read by this user."""
     import urllib.parse
 
-    import sqlite_utils  # a CLI reader: the import-time budget is the hooks', not ours
-
     if not os.path.exists(path):
         raise StoreError(f"store {path}: does not exist")
     if not os.access(path, os.R_OK):
@@ -354,7 +361,8 @@ def open_readonly(path: str) -> Store:
         conn.execute("select count(*) from sqlite_master").fetchone()
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open read-only: {e}") from None
-    return Store(sqlite_utils.Database(conn), path)
+    return Store(conn, path)
+
 
 def open_store(path: str, *, create: bool = True, mode: int = 0o640,
                sets: list[MigrationSet] | None = None) -> Store:

@@ -303,3 +303,29 @@ def test_collector_rejects_bad_intervals(tmp_path):
     with pytest.raises(ValueError):
         Collector(job_id="1", node="n1", source=None, gpus="", host=HostSampler("1", "n1"), liveness=Alive(),
                   open_store=lambda: None, interval_s=0, flush_s=1)
+
+
+def test_row_buffer_flush_keeps_rows_added_or_dropped_during_the_write():
+    """The sampler thread adds rows while the main thread writes a flush's copy: those stay
+    buffered; rows a full buffer dropped meanwhile were the copy's oldest, so no newer row
+    is removed in their place."""
+    b = RowBuffer(max_rows=6)
+    b.add("samples", [("s", i) for i in range(4)])
+
+    class Store:
+        def __init__(self, during):
+            self.during, self.got = during, None
+
+        def insert_tables(self, batches):
+            self.got = {t: list(r) for t, r in batches.items()}
+            self.during()
+
+    st = Store(lambda: b.add("samples", [("s", 4), ("s", 5)]))
+    b.flush(st, threading.Lock())
+    assert st.got == {"samples": [("s", i) for i in range(4)]}
+    assert list(b.rows["samples"]) == [("s", 4), ("s", 5)] and len(b) == 2 and b.written["samples"] == 4
+
+    st = Store(lambda: b.add("samples", [("s", i) for i in range(6, 11)]))  # 7 rows > 6: the oldest goes
+    b.flush(st)
+    assert st.got == {"samples": [("s", 4), ("s", 5)]}
+    assert list(b.rows["samples"]) == [("s", i) for i in range(6, 11)] and len(b) == 5 and b.dropped == 1

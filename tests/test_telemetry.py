@@ -81,3 +81,33 @@ def test_hung_batch_is_one_timeout_and_not_retried(fake):
     (g,) = src.telemetry([0], [], slow=False).gpus  # still hung: no new call into the driver
     assert g.read_errors == {"telemetry": "Timeout"} and fake.calls == []
     fake.release()
+
+
+def test_compiled_converters_store_what_the_table_says():
+    """The reader's compiled converters give round(Nvml.convert(raw) * scale), the value
+    metrics.scale_value stores, for every metric of the table with an NVML read."""
+    from types import SimpleNamespace
+
+    from gpuguard.gpu.telemetry import converter
+    from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, scale_value
+
+    checked = 0
+    for m in (*GPU_SAMPLED, *GPU_SLOW):
+        if m.nvml is None:
+            continue
+        integer = m.scope == "gpu_slow"
+        for raw_n in (0, 1, 499, 500, 501, 71_234, 85_520_809_984, 81_234_567_890):
+            raw = SimpleNamespace(**{m.nvml.attr: raw_n}) if m.nvml.attr else raw_n
+            want = scale_value(m, m.nvml.convert(raw, integer))
+            assert converter(m.nvml, integer, m.scale)(raw) == want, (m.name, raw_n)
+            checked += 1
+    assert checked == 8 * 9  # 6 sampled + 3 slow metrics with an NVML read
+
+
+def test_reading_values_are_the_stored_integers(fake):
+    src = NvmlSource(pynvml_module=fake.module)
+    (r,) = src.job_telemetry([2], []).read(slow=True).gpus
+    # gpu, mem util %, MiB, power in 0.1 W, degrees C, MHz, clock-event mask
+    assert r.values == (97, 41, 40_000, 6500, 61, 1980, 0x4 | 0x40)
+    assert r.slow == (3, 12, 81_234_568)  # ECC DBE, PCIe replays, energy J (mJ / 1000, rounded)
+    assert r.errors is None

@@ -173,7 +173,7 @@ class NvmlSource(GpuFieldReaders):
         self._xid_set: Any = None
         #: Notes about the last snapshot that have no place in NodeSnapshot (budget).
         self.last_notes: list[str] = []
-        self._telemetry_gpus: Any = None  # the job's handles, resolved by the first telemetry()
+        self._job_telemetry: Any = None  # (key, JobTelemetry) kept by telemetry()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -401,11 +401,18 @@ class NvmlSource(GpuFieldReaders):
         return snap
 
     def telemetry(self, indices: list[int], uuids: list[str], slow: bool) -> NodeSnapshot:
-        """The collector's per-interval read of the job's GPUs only
+        """The per-interval read of the job's GPUs only, as a NodeSnapshot
         (:func:`gpuguard.gpu.telemetry.read_job_gpus`)."""
         from gpuguard.gpu.telemetry import read_job_gpus
 
         return read_job_gpus(self, indices, uuids, slow)
+
+    def job_telemetry(self, indices: list[int], uuids: list[str]) -> Any:
+        """The collector's per-interval reader of the job's GPUs
+        (:class:`gpuguard.gpu.telemetry.JobTelemetry`: flat readings, no GpuState per tick)."""
+        from gpuguard.gpu.telemetry import JobTelemetry
+
+        return JobTelemetry(self, indices, uuids)
 
     # -- XID events ------------------------------------------------------------
 
