@@ -148,6 +148,12 @@ def test_a_member_declaring_a_huge_shape_is_refused_before_it_is_allocated():
             zout.writestr(info.filename, fake.getvalue() if info.filename == "gpu_t.npy" else zin.read(info))
     with pytest.raises(SpoolError, match="member gpu_t: shape \\(1000000000000,\\) larger than its data"):
         part.decode_part(out.getvalue())
+    bz = io.BytesIO()  # bzip2 is not what numpy writes, and zipfile does not bound its output per read
+    with zipfile.ZipFile(bz, "w", zipfile.ZIP_BZIP2) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(SpoolError, match="member .*: compression 12"):
+        part.decode_part(bz.getvalue())
 
 
 def test_spool_reads_both_versions_prefers_v2_and_logs_skipped_files(tmp_path, caplog):
