@@ -14,7 +14,9 @@ metric table's sampled values (:data:`gpuguard.metrics.GPU_SAMPLED`, and once a 
   call per getter and arguments, so ``nvmlDeviceGetUtilizationRates`` answers gpu and
   memory utilisation) — ``...UtilizationRates``, ``...MemoryInfo``, ``...PowerUsage``,
   ``...Temperature``, ``...ClockInfo(SM)`` — and ``...CurrentClocksEventReasons`` for the
-  clock-event mask (:data:`MASK_CALL`, computed here): 6 calls;
+  clock-event mask (:data:`MASK_CALL`, computed here): 6 calls; metrics NVML gives only
+  as a field value (``Nvml`` with a ``field_id`` and no getter) add one
+  ``nvmlDeviceGetFieldValues`` call for all of them;
 * with ``slow=True`` (the collector asks once a minute, :data:`gpuguard.collector.run.SLOW_EVERY_S`):
   the cumulative counters (:data:`gpuguard.metrics.GPU_SLOW`) in one
   ``nvmlDeviceGetFieldValues`` call per GPU (their ``Nvml.field_id``: NVML API reference,
@@ -154,6 +156,7 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
     table and the loaded pynvml module (functions and constants it lacks are dropped)."""
     calls: dict[tuple[Any, ...], _Call] = {}
     unread: list[str] = []
+    fast_fields: list[tuple[int, str, str, Any]] = []
 
     def add(key: tuple[Any, ...], names: tuple[str, ...], args: tuple[Any, ...], out: tuple[int, str, Any]) -> None:
         if key not in calls:
@@ -166,11 +169,21 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
             add(("mask",), MASK_CALL[0], (), (pos, m.name, MASK_CALL[1]))
         elif n is None or any(getattr(nv, a, None) is None for a in n.args):
             unread.append(m.name)
+        elif not n.getter:  # a field value only: one nvmlDeviceGetFieldValues per tick for all of them
+            if getattr(nv, n.field_id, None) is None:
+                unread.append(m.name)
+            else:
+                fast_fields.append((pos, m.name, n.field_id, converter(n, False, m.scale)))
         else:
             add((n.getter, n.fallback, n.args), (n.getter, n.fallback), tuple(getattr(nv, a) for a in n.args),
                 (pos, m.name, converter(n, False, m.scale)))
     fast = [c for c in calls.values() if c.fn is not None]
     unread += [n for c in calls.values() if c.fn is None for _p, n, _g in c.outs]
+    fc = _field_call(nv, fast_fields)
+    if fc is not None:
+        fast.append(fc)
+    else:
+        unread += [name for _p, name, _f, _c in fast_fields]
 
     singles: list[_Call] = []  # one getter call per slow counter
     fields: list[tuple[int, str, str, Any]] = []
