@@ -40,6 +40,7 @@ Every seed run is reported, tuning and blind, each with its own matrix and poole
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -79,6 +80,27 @@ class Result:
         self.above: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # cause -> [missed, total] at/above limit
         self.in_limits = [0, 0]  # right, judged: healthy runs and anomalies at or above the limits
         self.misses: list[tuple] = []
+        self.by_bin: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # right, healthy, total
+
+    def to_json(self) -> dict:
+        return {"confusion": self.confusion, "confusers": self.confusers, "confuser_alarms": self.confuser_alarms,
+                "above": self.above, "in_limits": self.in_limits, "misses": self.misses,
+                "by_bin": [[c, k, v] for (c, k), v in self.by_bin.items()]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Result:
+        r = cls()
+        for k, row in d["confusion"].items():
+            r.confusion[k].update(row)
+        r.confusers.update(d["confusers"])
+        r.confuser_alarms.update(d["confuser_alarms"])
+        for k, v in d["above"].items():
+            r.above[k] = list(v)
+        r.in_limits = list(d["in_limits"])
+        r.misses = [tuple(m) for m in d["misses"]]
+        for c, k, v in d["by_bin"]:
+            r.by_bin[(c, k)] = list(v)
+        return r
 
     def add(self, other: Result) -> None:
         for k, row in other.confusion.items():
@@ -91,6 +113,33 @@ class Result:
         self.in_limits[0] += other.in_limits[0]
         self.in_limits[1] += other.in_limits[1]
         self.misses += other.misses
+        for k, (a, b, c) in other.by_bin.items():
+            v = self.by_bin[k]
+            v[0] += a
+            v[1] += b
+            v[2] += c
+
+
+#: Magnitude bins (lower edges) of the per-cause table that measures the detection limits.
+BINS = (0.0, 0.04, 0.06, 0.08, 0.10, 0.12, 0.15, 0.20, 0.30)
+
+
+def _bin(m: float) -> int:
+    return max(k for k, edge in enumerate(BINS) if m >= edge)
+
+
+def _print_bins(res: Result, causes: tuple[str, ...]) -> None:
+    """Per cause and magnitude bin: right cause / judged healthy / runs."""
+    print("right/healthy/runs by magnitude (lower edge of the bin):")
+    print("cause".ljust(16) + "".join(f"{e:>10g}" for e in BINS))
+    for c in causes:
+        if c in ("healthy", "hardware-fault") or not any(k[0] == c for k in res.by_bin):
+            continue
+        cells = []
+        for k in range(len(BINS)):
+            v = res.by_bin.get((c, k))
+            cells.append(f"{v[0]}/{v[1]}/{v[2]}" if v and v[2] else "-")
+        print(c.ljust(16) + "".join(x.rjust(10) for x in cells))
 
 
 def _print_matrix(confusion: dict[str, Counter[str]], causes: tuple[str, ...]) -> None:
@@ -183,6 +232,11 @@ def run_real(args: argparse.Namespace) -> Result:
         if cause != "healthy" and case.magnitude >= DETECTION_LIMITS[cause]:
             res.above[cause][1] += 1
             res.above[cause][0] += v.cause == "healthy"
+        if cause != "healthy":
+            b = res.by_bin[(cause, _bin(case.magnitude))]
+            b[0] += v.cause == cause
+            b[1] += v.cause == "healthy"
+            b[2] += 1
         if cause == "healthy" or case.magnitude >= DETECTION_LIMITS[cause]:
             res.in_limits[0] += v.cause == cause
             res.in_limits[1] += 1
@@ -226,6 +280,7 @@ def _summary(res: Result, causes: tuple[str, ...], show: bool, limits: bool = Tr
               sum(v[0] for v in res.above.values()), sum(v[1] for v in res.above.values()))
         print("  per cause (missed/at-or-above-limit): " + ", ".join(
             f"{c} {res.above[c][0]}/{res.above[c][1]}" for c in causes if c in res.above))
+        _print_bins(res, causes)
     if show:
         for m in res.misses:
             print("miss:", *m)
@@ -246,7 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strength", type=float, default=1.0,
                     help="scale of the injected deviations (1 = the generators' ranges; 0.5 = half)")
     ap.add_argument("--show-misses", action="store_true", help="print every wrong verdict")
+    ap.add_argument("--json-out", default=None, help="write each generator's pooled tallies to PATH.<generator>.json")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="PATH",
+                    help="print the pooled figures of --json-out files of one generator (runs nothing)")
     args = ap.parse_args(argv)
+    if args.pool:
+        pooled = Result()
+        for path in args.pool:
+            with open(path, encoding="utf-8") as fh:
+                pooled.add(Result.from_json(json.load(fh)))
+        real = all(".real." in p for p in args.pool)
+        print(f"== pooled: {' '.join(args.pool)}")
+        _summary(pooled, R.CAUSES if real else tuple(S.FAMILIES), args.show_misses, limits=real)
+        return 0
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     gens = [("simple", run_simple, 24, tuple(S.FAMILIES)), ("real", run_real, 12, R.CAUSES)]
     for name, fn, templates, causes in gens:
@@ -256,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             pooled.add(fn(argparse.Namespace(**{**vars(args), "templates": args.templates or templates,
                                                 "seed": seed})))
+        if args.json_out:
+            with open(f"{args.json_out}.{name}.json", "w", encoding="utf-8") as fh:
+                json.dump(pooled.to_json(), fh, default=str)
         if len(seeds) > 1:
             print(f"== generator {name}: pooled over seeds {','.join(map(str, seeds))} "
                   f"({args.scenarios} scenarios each)")

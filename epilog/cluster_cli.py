@@ -35,10 +35,13 @@ def cluster() -> None:
 def ingest_cmd(obj: Any, max_jobs: int, fmt: str) -> None:
     """Judge every job in the spool whose parts came late or whose EpilogSlurmctld
     worker died, once the worker's wait is over; idempotent (a job whose parts did not
-    change is left alone). Must run as the owner of the cluster store, or of its
-    directory before it exists (SlurmUser): a root-owned store or WAL file would lock the
-    worker out. Exit 0; 2 for a bad config, a missing
-    spool_dir or the wrong user; 1 when a job could not be judged."""
+    change is left alone). First carries the NCCL probes the nodes left in the spool
+    into the cluster store (:mod:`gpuguard.net.nccl_spool`: the fleet median).
+
+    Must run as the owner of the cluster store, or of its directory before it exists
+    (SlurmUser): a root-owned store or WAL file would lock the worker out. Exit 0; 2 for
+    a bad config, a missing spool_dir, the wrong user or a store that cannot be
+    written; 1 when a job could not be judged or a probe file not read."""
     cfg = obj.cfg
     spool = cfg.get("paths", "spool_dir")
     if not spool:
@@ -71,13 +74,23 @@ def ingest_cmd(obj: Any, max_jobs: int, fmt: str) -> None:
         store = open_store(path)
     except StoreError as e:
         _fail(str(e))
+    from gpuguard.net.nccl_spool import ingest_probes
+
     try:
+        # the nodes' NCCL probes first: the fleet median is the nodes' next reference
+        probes = ingest_probes(store, spool, log=log)
         res = ingest(cfg, store, log=log, slurm=SlurmCli(cfg.get("slurm", "bin_dir")), max_jobs=max_jobs)
+    except StoreError as e:
+        _fail(str(e))
     finally:
         store.close()
-    log.info("cluster ingest: %s", res.line())
+    errors = probes.errors + res.errors
+
+    def line() -> str:
+        return f"{res.line()}; {probes.carried} NCCL probe(s) carried to the cluster store"
+    log.info("cluster ingest: %s", line())
     emit(fmt, {"judged": res.judged, "unchanged": res.unchanged, "waiting": res.waiting, "removed": res.removed,
-               "errors": res.errors}, text=res.line)
-    for e in res.errors:
+               "nccl_probes_carried": probes.carried, "errors": errors}, text=line)
+    for e in errors:
         click.echo(f"  {e}", err=True)
-    sys.exit(1 if res.errors else 0)
+    sys.exit(1 if errors else 0)

@@ -12,6 +12,12 @@ arguments unchanged, as an argument list, and exits with its status.
 
 Fail open: whatever goes wrong with gpuguard (no config, no store, job unknown) the mail
 still goes out with Slurm's body; the problem is one line on stderr (slurmctld's log).
+
+Fail closed on one thing: a recipient that starts with ``-``. Slurm 22.05 stores
+``sbatch --mail-user=-Ssendmail=/path`` as it is and passes it as the recipient argument,
+where ``mail`` would read it as an option (s-nail's ``-S sendmail=`` runs a program of the
+user's choosing as SlurmUser). No address starts with ``-``, so such a mail is not sent
+(one line on stderr, exit 2).
 """
 
 from __future__ import annotations
@@ -33,15 +39,23 @@ MAX_BODY = 1 << 20
 def parse_args(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """``-s SUBJECT RECIPIENT...`` -> ``(subject, recipients)``; other options are kept by
     the caller as they are."""
-    subject, rest, i = None, [], 0
+    subject = None
+    for i, a in enumerate(argv[:-1]):
+        if a == "-s" and (i == 0 or argv[i - 1] != "-s"):
+            subject = argv[i + 1]
+    return subject, [a for a in _without_subject(argv) if not a.startswith("-")]
+
+
+def _without_subject(argv: Sequence[str]) -> list[str]:
+    """``argv`` less the ``-s SUBJECT`` pair(s): what Slurm passes as recipients."""
+    out, i = [], 0
     while i < len(argv):
         if argv[i] == "-s" and i + 1 < len(argv):
-            subject = argv[i + 1]
             i += 2
             continue
-        rest.append(argv[i])
+        out.append(argv[i])
         i += 1
-    return subject, [a for a in rest if not a.startswith("-")]
+    return out
 
 
 def end_of_job_id(subject: str | None) -> str | None:
@@ -92,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     body = sys.stdin.read(MAX_BODY) if not sys.stdin.isatty() else ""
     subject, _to = parse_args(args)
+    options = [a for a in _without_subject(args) if a.startswith("-")]
+    if options:
+        print(f"gpuguard-mail: not sent: recipient {options[0][:80]!r} starts with '-' (it would be read as a "
+              "mailer option)", file=sys.stderr)
+        return 2
     jid = end_of_job_id(subject)
     if jid is not None:
         try:

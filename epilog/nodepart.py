@@ -11,9 +11,10 @@ objects first:
   window): the same part as before. A long series is read in buckets aligned on the
   epoch at ``[verdict] short_window_s * 2**k`` (the summary's ``window_align_s``), so a
   window is a union of whole buckets and its values come from the buckets' sums: the
-  window's *mean* utilisation, power, temperature and SM clock (a median needs every
-  sample back in Python: 0.1 s per GPU-day), its largest memory used and ECC count, and
-  the clock-event reasons active in at least half of its samples.
+  window's *mean* of each series the verdict reads as means (utilisation, memory
+  utilisation, power, temperature, SM clock: :data:`gpuguard.epilog.jobdata.SERIES_ATTR`;
+  a median needs every sample back in Python: 0.1 s per GPU-day), its largest memory used
+  and ECC count, and the clock-event reasons active in at least half of its samples.
 * **Ranks**: up to :data:`gpuguard.epilog.jobdata.MAX_STEP_RECORDS` step records are read
   and windowed as before; more are windowed by SQLite (one window-function query): exact
   counts, sums and mean times per window, and step-time quantiles over the means of
@@ -58,8 +59,9 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
     """The part of ``node`` for ``job_id`` at windows of ``window_s`` seconds (module
     docstring), from ``store`` (a :class:`gpuguard.store.Store`). ``align_s``: the
     summary's ``window_align_s`` (its bucketed pass is reused when it matches; any value
-    works, a mismatch costs one more pass); ``window_s`` must be ``align_s * 2**k`` for
-    long series to keep whole buckets per window. Other arguments as
+    works, a mismatch costs one more pass); ``window_s`` should be ``align_s * 2**k`` so
+    that a window holds whole buckets, and is raised to the widest bucket (the part's
+    ``window_s`` says which was used). Other arguments as
     :func:`gpuguard.epilog.part.build_part`. Raises :class:`gpuguard.store.StoreError`
     and ``sqlite3.Error``."""
     tables = jobdata._tables(store)
@@ -72,12 +74,15 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
     memo = getattr(store, "memo", None)
     caps = _capacities(store, tables, node)
     names = gpu_names or {}
+    series = [(idx, uuid, samples.read_buckets(conn, sid, t0, cache=memo, align_s=align_s))
+              for sid, _n, idx, uuid, t0 in samples.series_of(conn, job_id, [node])]
+    # a window is never narrower than the widest bucket (a 7-day series: 240 s)
+    window_s = max([float(window_s)] + [b.bucket_ms / 1000.0 for _i, _u, b in series])
     gpus, firsts, lasts = [], [], []
-    for sid, _n, idx, uuid, t0 in samples.series_of(conn, job_id, [node]):
-        b = samples.read_buckets(conn, sid, t0, cache=memo, align_s=align_s)
+    for idx, uuid, b in series:
         if b.n:
-            firsts.append(t0 + b.t_min[0] / 1000.0)
-            lasts.append(t0 + (b.t_max[-1] if b.bucket_ms else b.t_min[-1]) / 1000.0)
+            firsts.append(b.t0 + b.t_min[0] / 1000.0)
+            lasts.append(b.t0 + (b.t_max[-1] if b.bucket_ms else b.t_min[-1]) / 1000.0)
         if not b.bucket_ms:
             wins = part._gpu_windows(jobdata.series_from_buckets(conn, node, idx, uuid, b), window_s)
         else:
@@ -145,7 +150,9 @@ def _r4n(x: float | None) -> float | None:
     return None if x is None else _r4(x)
 
 
-_GPU_MEANS = (("util", "gpu_util_pct"), ("power", "power_w"), ("temp", "temp_c"), ("clock", "sm_clock_mhz"))
+#: (part key, metric) of the per-window means: every series the verdict reads as means
+#: (:data:`gpuguard.epilog.jobdata.SERIES_ATTR`), as ``part._gpu_windows`` gives medians.
+_GPU_MEANS = tuple((attr, name) for name, attr in jobdata.SERIES_ATTR.items())
 
 
 def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[Any]]:
@@ -162,31 +169,38 @@ def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[
         keys = [math.floor((b.t0 + t / 1000.0) / ws) for t in b.t_min]
     # [i, j) bucket ranges of each window (one bucket per window at the first width)
     starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
-    ends = [*starts[1:], len(keys)]
-    out: dict[str, list[Any]] = {}
-    ns = [sum(b.n[i:j]) for i, j in zip(starts, ends, strict=True)]
-    out["t"] = [round(b.t0 + sum(b.t_sum[i:j]) / n / 1000.0, 1) for i, j, n in zip(starts, ends, ns, strict=True)]
+    one = len(starts) == len(keys)
+
+    def merged(col: list[Any], how: Any) -> list[Any]:
+        if one:
+            return col
+        ends = [*starts[1:], len(keys)]
+        return [how(col[i:j]) for i, j in zip(starts, ends, strict=True)]
+
+    def total(xs: list[Any]) -> Any:
+        vals = [x for x in xs if x is not None]
+        return sum(vals) if vals else None
+
+    def top(xs: list[Any]) -> Any:
+        return max((x for x in xs if x is not None), default=None)
+
+    ns = merged(b.n, sum)
+    t0 = b.t0
+    out: dict[str, list[Any]] = {"t": [round(t0 + ts / n / 1000.0, 1) for ts, n in zip(merged(b.t_sum, sum), ns,
+                                                                                          strict=True)]}
     for a, m in _GPU_MEANS:
-        sums, cnts, sc = b.sums[m], b.counts[m], BY_NAME[m].scale
-        col = []
-        for i, j in zip(starts, ends, strict=True):
-            c = sum(cnts[i:j])
-            col.append(_r4(sum(x for x in sums[i:j] if x is not None) / c / sc) if c else None)
-        out[a] = col
+        sc = BY_NAME[m].scale
+        out[a] = [_r4(sm / c / sc) if c else None
+                  for sm, c in zip(merged(b.sums[m], total), merged(b.counts[m], sum), strict=True)]
     mem_sc = BY_NAME["mem_used_mib"].scale
-    tops = b.maxes["mem_used_mib"]
-    out["mem"] = []
-    for i, j in zip(starts, ends, strict=True):
-        top = max((x for x in tops[i:j] if x is not None), default=None)
-        out["mem"].append(part._r(top / mem_sc, 6) if top is not None else None)
-    masks = [0] * len(starts)
+    out["mem"] = [part._r(x / mem_sc, 6) if x is not None else None for x in merged(b.maxes["mem_used_mib"], top)]
+    masks = [0] * len(ns)
     for bit, counts in b.bits.items():
-        for k, (i, j) in enumerate(zip(starts, ends, strict=True)):
-            c = sum(counts[i:j])
+        for k, c in enumerate(merged(counts, sum)):
             if c and 2 * c >= ns[k]:
                 masks[k] |= bit
     out["mask"] = masks
-    t0_ms = round(b.t0 * 1000)
+    t0_ms = round(t0 * 1000)
     out["ecc"] = [ecc.get((b.t_min[i] + t0_ms) // ws_ms) for i in starts]
     return out
 

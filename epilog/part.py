@@ -52,7 +52,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpuguard.epilog.jobdata import GpuSeries, JobData, StepRec
+from gpuguard.epilog.jobdata import SERIES_ATTR, GpuSeries, JobData, StepRec
 from gpuguard.epilog.part_codec import FORMAT, SUFFIX, V1_SUFFIX, VERSION
 from gpuguard.epilog.spool import SpoolError, check_name
 
@@ -111,7 +111,8 @@ def _majority_mask(masks: list[int]) -> int:
 
 
 def _gpu_windows(g: GpuSeries, ws: float) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {k: [] for k in ("t", "util", "mem", "power", "temp", "clock", "mask", "ecc")}
+    series = tuple(SERIES_ATTR.values())  # util, mem_util, power, temp, clock: the compared GPU series
+    out: dict[str, list[Any]] = {k: [] for k in ("t", *series, "mem", "mask", "ecc")}
     i, n = 0, len(g.t)
     while i < n:
         w = math.floor(g.t[i] / ws)
@@ -120,12 +121,10 @@ def _gpu_windows(g: GpuSeries, ws: float) -> dict[str, list[Any]]:
             j += 1
         sl = slice(i, j)
         out["t"].append(round(sum(g.t[sl]) / (j - i), 1))
-        out["util"].append(_r(_median(g.util[sl])))
+        for a in series:
+            out[a].append(_r(_median(getattr(g, a)[sl])))
         mem = [x for x in g.mem[sl] if x is not None]
         out["mem"].append(_r(max(mem), 6) if mem else None)
-        out["power"].append(_r(_median(g.power[sl])))
-        out["temp"].append(_r(_median(g.temp[sl])))
-        out["clock"].append(_r(_median(g.clock[sl])))
         out["mask"].append(_majority_mask(g.mask[sl]))
         ecc = [x for x in g.ecc_unc[sl] if x is not None]
         out["ecc"].append(max(ecc) if ecc else None)
@@ -369,9 +368,10 @@ def _gpu_series(node: str, g: Mapping[str, Any]) -> GpuSeries:
 
     def col(k: str) -> Any:
         return g[k] if whole else g[k][keep]
-    for attr, key in (("t", "t"), ("util", "util"), ("mem", "mem"), ("power", "power"), ("temp", "temp"),
-                      ("clock", "clock"), ("mask", "mask"), ("ecc_unc", "ecc")):
-        a = col(key)
+    n = g["t"].shape[0]
+    for attr, key in (("t", "t"), ("mem", "mem"), ("mask", "mask"), ("ecc_unc", "ecc"),
+                      *((a, a) for a in SERIES_ATTR.values())):
+        a = col(key) if key in g else np.full(int(keep.sum()) if not whole else n, np.nan)
         if attr in ("t", "mask"):
             setattr(s, attr, a.tolist())
         else:

@@ -9,8 +9,9 @@
   (``gpus``: ``index``, ``uuid``, ``name``, ``mem_total_mib``, ``n``), per rank
   (``ranks``: ``rank``, ``n``) and for the host (``host``: ``n``) the number of windows;
 * the series, each GPU's (rank's) windows one after the other in ``meta``'s order:
-  ``gpu_t``, ``gpu_util``, ``gpu_mem``, ``gpu_power``, ``gpu_temp``, ``gpu_clock``,
-  ``gpu_ecc`` (``float64``), ``gpu_mask`` (``int64``); ``rank_t``, ``rank_n``,
+  ``gpu_t``, ``gpu_mem``, ``gpu_ecc`` (``float64``), ``gpu_mask`` (``int64``) and one
+  ``float64`` column per compared GPU series of the metric table (:func:`gpu_cols`:
+  ``gpu_util``, ``gpu_mem_util``, ``gpu_power``, ``gpu_temp``, ``gpu_clock``); ``rank_t``, ``rank_n``,
   ``rank_p50``, ``rank_p95``, ``rank_sum_s``, ``rank_samples``, ``rank_tokens``,
   ``rank_data_wait``, ``rank_fwd_bwd``, ``rank_comm``, ``rank_optim`` (``float64``) and
   ``rank_q`` (``float64``, one row of :data:`Q_WIDTH` quantiles per window); ``host_t``,
@@ -42,6 +43,7 @@ import gzip
 import io
 import json
 import math
+import re
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -60,10 +62,27 @@ MAX_MEMBERS = 64
 #: Step-time quantiles kept per rank and window (:data:`gpuguard.epilog.part.QUANTILES`).
 Q_WIDTH = 5
 
-GPU_COLS = ("t", "util", "mem", "power", "temp", "clock", "ecc", "mask")
+#: GPU columns every part has; besides them, one ``gpu_<attr>`` column per compared GPU
+#: series of the metric table (:data:`gpuguard.epilog.jobdata.SERIES_ATTR`: ``util``,
+#: ``mem_util``, ``power``, ``temp``, ``clock``...). A series a part lacks reads as no
+#: values, one the reader's table does not know is carried and not read: nodes and
+#: controller may run metric tables of different releases.
+GPU_CORE = ("t", "mem", "ecc", "mask")
 RANK_COLS = ("t", "n", "p50", "p95", "sum_s", "samples", "tokens", "data_wait", "fwd_bwd", "comm", "optim", "q")
 HOST_COLS = ("t", "rss")
-_GROUPS = (("gpu", "gpus", GPU_COLS), ("rank", "ranks", RANK_COLS))
+_MEMBER = re.compile(r"^(meta|(gpu|rank|host)_[a-z][a-z0-9_]{0,39})$")
+
+
+def gpu_cols(extra: Any = ()) -> tuple[str, ...]:
+    """The GPU columns: :data:`GPU_CORE`, the metric table's series, then ``extra``."""
+    from gpuguard.epilog.jobdata import SERIES_ATTR
+
+    cols = (*GPU_CORE, *SERIES_ATTR.values())
+    return (*cols, *(c for c in extra if c not in cols))
+
+
+def _groups(gpu: tuple[str, ...]) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    return (("gpu", "gpus", gpu), ("rank", "ranks", RANK_COLS))
 
 
 def _dtype(member: str) -> str:
@@ -116,7 +135,7 @@ def _split(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     meta = {k: v for k, v in doc.items() if k not in ("gpus", "ranks", "host")}
     meta["format"], meta["v"] = FORMAT, VERSION
     arrays: dict[str, Any] = {}
-    for prefix, key, cols in _GROUPS:
+    for prefix, key, cols in _groups(gpu_cols()):
         items = [x for x in doc.get(key) or [] if isinstance(x, Mapping)]
         ns = [len(x.get("t")) if isinstance(x.get("t"), (list, np.ndarray)) else 0 for x in items]
         meta[key] = [{**{k: v for k, v in x.items() if k not in cols}, "n": n} for x, n in zip(items, ns, strict=True)]
@@ -136,22 +155,30 @@ def _assemble(meta: dict[str, Any], arrays: Mapping[str, Any]) -> dict[str, Any]
     """``(meta, arrays)`` -> the decoded part: ``meta`` with each GPU's, rank's and the
     host's series put back as array views. Raises :class:`SpoolError` when the counts in
     ``meta`` do not match the arrays."""
+    import numpy as np
+
     doc = dict(meta)
-    for prefix, key, cols in _GROUPS:
+    for prefix, key, cols in _groups(gpu_cols(k[4:] for k in arrays if k.startswith("gpu_"))):
         items = meta.get(key)
         if not isinstance(items, list) or not all(isinstance(x, dict) and type(x.get("n")) is int
                                                   and x["n"] >= 0 for x in items):
             raise SpoolError(f"part {key} list is malformed")
         total = sum(x["n"] for x in items)
+        cols_of: dict[str, Any] = {}
         for c in cols:
-            a = arrays[f"{prefix}_{c}"]
+            a = arrays.get(f"{prefix}_{c}")
+            if a is None and prefix == "gpu" and c not in GPU_CORE:  # a series this part lacks
+                a = np.full(total, np.nan)
+            if a is None:
+                raise SpoolError(f"part member {prefix}_{c} is missing")
             if a.shape[0] != total or (c == "q") != (a.ndim == 2) or (a.ndim == 2 and a.shape[1] != Q_WIDTH):
                 raise SpoolError(f"part member {prefix}_{c} has shape {a.shape}, not {total} rows")
+            cols_of[c] = a
         out, at = [], 0
         for x in items:
             entry = {k: v for k, v in x.items() if k != "n"}
-            for c in cols:
-                entry[c] = arrays[f"{prefix}_{c}"][at: at + x["n"]]
+            for c, a in cols_of.items():
+                entry[c] = a[at: at + x["n"]]
             out.append(entry)
             at += x["n"]
         doc[key] = out
@@ -193,7 +220,7 @@ def _members(blob: bytes) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for info in infos:
         name = info.filename[:-4] if info.filename.endswith(".npy") else ""
-        if not name or name in out:
+        if not _MEMBER.match(name) or name in out:
             raise SpoolError(f"unexpected part member {info.filename!r}")
         with zf.open(info) as fh:
             version = npf.read_magic(fh)
@@ -228,10 +255,10 @@ def _decode_v2(blob: bytes) -> dict[str, Any]:
         raise SpoolError("not a gpuguard part")
     if meta.get("v") != VERSION:
         raise SpoolError(f"part version {meta.get('v')!r} is not {VERSION} (or {V1})")
-    expected = {f"{p}_{c}" for p, _k, cols in _GROUPS for c in cols} | {f"host_{c}" for c in HOST_COLS}
-    if set(arrays) != expected:
-        raise SpoolError(f"part members differ from version {VERSION}'s: "
-                         f"{sorted(set(arrays) ^ expected)[:4]}")
+    odd = sorted(k for k in arrays if not k.startswith("gpu_")
+                 and k not in {f"rank_{c}" for c in RANK_COLS} | {f"host_{c}" for c in HOST_COLS})
+    if odd:
+        raise SpoolError(f"part members unknown to version {VERSION}: {odd[:4]}")
     return _assemble(meta, arrays)
 
 

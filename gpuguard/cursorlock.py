@@ -19,7 +19,10 @@ The rule:
   logs one tool error and judges the GPUs' live state as usual. It never drains for it;
 * a holder stuck longer than :data:`STALE_S` (a process hung in the kernel keeps its
   lock) is not waited for again: the run reads the kernel log without the lock and says
-  so, because missing every later XID is worse than reading one event twice.
+  so, because missing every later XID is worse than reading one event twice;
+* no state directory can hold the lock file (both unwritable and no file there yet):
+  the run reads without the lock and says so. Nothing can then store the cursor either,
+  so every run reads the same events anyway; skipping them would lose the fault.
 
 The lock is released when the process exits whatever happens (``flock`` locks belong to
 the open file), so a crashed or killed hook never leaves it held.
@@ -49,11 +52,13 @@ POLL_S = 0.05
 
 @dataclass
 class CursorLock:
-    """A held cursor lock (``fd`` of the lock file; None: read without the lock because
-    the holder was stale). :meth:`release` is idempotent."""
+    """A held cursor lock (``fd`` of the lock file; None: read without the lock, ``why``
+    says why: a stale holder or no directory for the lock file). :meth:`release` is
+    idempotent."""
 
     fd: int | None
     path: str
+    why: str = ""
 
     def release(self) -> None:
         """Let the next reader in."""
@@ -92,13 +97,19 @@ def _holder(fd: int) -> tuple[int | None, float | None]:
         return None, None
 
 
-def acquire(cfg: Any, wait_s: float | None = None, *, now=time.time) -> CursorLock:
+def acquire(cfg: Any, wait_s: float | None = None, *, now=time.monotonic) -> CursorLock:
     """Take the cursor lock of ``cfg``'s node, waiting at most ``min(WAIT_S, wait_s)``
-    seconds. Returns the held lock, or a lock with ``fd=None`` when the holder is stale
-    (see the module docstring). Raises :class:`LockNotTaken` (one line naming the holder)
-    when it is held and not stale after the wait, or cannot be opened."""
+    seconds. Returns the held lock, or a lock with ``fd=None`` (and ``why``) when the
+    holder is stale or no directory can hold the lock file (see the module docstring).
+    Raises :class:`LockNotTaken` (one line naming the holder) when it is held and not
+    stale after the wait. The holder's age
+    is measured on ``CLOCK_MONOTONIC`` (one clock for every process of the host, since
+    boot), so a wall-clock step never makes a live holder look stuck."""
     dirs = durable.state_dirs(cfg)
-    fd, path = _open(dirs)
+    try:
+        fd, path = _open(dirs)
+    except LockNotTaken as e:
+        return CursorLock(None, "", f"{e}; read without it")
     limit = time.monotonic() + max(0.0, min(WAIT_S, WAIT_S if wait_s is None else wait_s))
     while True:
         try:
@@ -110,7 +121,8 @@ def acquire(cfg: Any, wait_s: float | None = None, *, now=time.time) -> CursorLo
                 os.close(fd)
                 held = f"{now() - since:.1f} s" if since is not None else "an unknown time"
                 if since is not None and now() - since > STALE_S:
-                    return CursorLock(None, path)
+                    return CursorLock(None, path, f"cursor lock {path} held longer than {STALE_S:.0f} s by a stuck "
+                                                  "process; read without it")
                 raise LockNotTaken(f"cursor lock {path} held by pid {pid} for {held}") from None
             time.sleep(POLL_S)
         except OSError as e:

@@ -117,14 +117,15 @@ class PendingDrains:
             self.log.error("tool error: pending drains: cannot write %s in %s: %s", FILE, self.dirs, e)
             return False
 
-    def add(self, node: str, reason: str, recovery: str = "manual") -> bool:
+    def add(self, node: str, reason: str, recovery: str | None = None) -> bool:
         """Record a drain decision whose findings need ``recovery`` (a kind of
-        :data:`gpuguard.recovery.RECOVERY_KINDS`; :func:`decision_recovery`). Returns False
+        :data:`gpuguard.recovery.RECOVERY_KINDS`; :func:`decision_recovery`; None: the
+        kind of the finding code the reason names, :func:`reason_recovery`). Returns False
         when no copy could be written. A repeat refreshes when the evidence was seen and
         keeps the most demanding kind (with its reason)."""
         from gpuguard.recovery import RECOVERY_KINDS, worst
 
-        recovery = recovery if recovery in RECOVERY_KINDS else "manual"
+        recovery = recovery if recovery in RECOVERY_KINDS else reason_recovery(reason)
         entries = self.entries()
         now = time.time()
         if node in entries:
@@ -186,7 +187,7 @@ class PendingDrains:
         # scontrol accepted it (exit 0) but the node could not be read back yet
         return Outcome(node, reason, "applied", f"not confirmed: {err or f'node reason is {current!r}'}")
 
-    def drain(self, node: str, reason: str, recovery: str = "manual") -> Outcome:
+    def drain(self, node: str, reason: str, recovery: str | None = None) -> Outcome:
         """Record the decision (if not already pending; ``recovery`` as for :meth:`add`),
         drain, confirm, and remove the entry when confirmed. Never raises; logs the
         outcome."""
@@ -299,6 +300,20 @@ def _stale(entry: dict[str, Any], now: float | None = None) -> str:
         if booted is not None and booted > seen:
             return f"the node has booted since its evidence was seen (recovery kind {kind}: a reboot resets the GPUs)"
     return ""
+
+
+def reason_recovery(reason: str) -> str:
+    """The recovery kind of the finding code a drain reason names first
+    (``gpuguard: ib.port_down mlx5_0/1 ...`` -> ``auto``); ``manual`` when the reason
+    names more than one finding (``(+N more)``: the others' kinds are unknown) or no
+    code."""
+    from gpuguard.recovery import recovery_of
+    from gpuguard.slurm import REASON_PREFIX
+
+    words = reason[len(REASON_PREFIX):].split() if reason.startswith(REASON_PREFIX) else []
+    if not words or "." not in words[0] or "(+" in reason:
+        return "manual"
+    return recovery_of(words[0])[0]
 
 
 def decision_recovery(decision: Any) -> str:

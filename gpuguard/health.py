@@ -190,7 +190,8 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
     :data:`CURSOR_LOCK_SHARE` of ``budget_s``; the caller releases it with
     :meth:`Collected.release_cursor` after moving the cursor. When the lock is not taken
     the kernel log is not read this run (one tool error; no event, no cursor to move),
-    so a lock failure never drains."""
+    so a lock failure never drains; when no directory can hold the lock it is read
+    without it (one tool error)."""
     started = time.time()
     snap, errors = take_snapshot(cfg, budget_s=budget_s, nvidia_smi_file=nvidia_smi_file)
     events: list[Any] = []
@@ -202,8 +203,7 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
         try:
             lock = cursorlock.acquire(cfg, None if budget_s is None else budget_s * CURSOR_LOCK_SHARE)
             if lock.fd is None:
-                errors.append(f"kernel log: cursor lock {lock.path} held longer than {cursorlock.STALE_S:.0f} s "
-                              "by a stuck process; read without it")
+                errors.append(f"kernel log: {lock.why}")
         except cursorlock.LockNotTaken as e:
             errors.append(f"kernel log: not read this run: {e} (that run reads these events)")
             scan_xid = False

@@ -115,11 +115,11 @@ def read_hook_env(env: Mapping[str, str] | None = None) -> HookEnv:
 
     def checked(name: str, ok: object, what: str) -> None:
         if env.get(name) not in (None, "") and ok is None:
-            problems.append(f"{name} {env[name]!r} is not {what}")
+            problems.append(f"{name} {env[name][:80]!r} is not {what}")  # capped: one log line, not the variable
 
     job_id = env.get("SLURM_JOB_ID") or None
     if job_id is not None and not is_job_id(job_id):
-        problems.append(f"SLURM_JOB_ID {job_id!r} is not a job id")
+        problems.append(f"SLURM_JOB_ID {job_id[:80]!r} is not a job id")
         job_id = None
     uid = parse_uint(env.get("SLURM_JOB_UID"), ID_MAX)
     checked("SLURM_JOB_UID", uid, "a uid")

@@ -12,8 +12,12 @@ LOG = logging.getLogger("gpuguard")
 def setup(log_file: str | None, hook: str, job_id: str | None = None) -> logging.Logger:
     """Log to ``log_file`` (created 0640, directory 0755) or stderr, prefixed with the
     hook and job id. Returns the ``gpuguard`` logger."""
+    label = job_id or "-"
+    if len(label) > 24 or not (label.isascii() and label.isprintable()) or " " in label:
+        label = ascii(label[:24])  # a rejected SLURM_JOB_ID: one readable token, never a line break
     fmt = logging.Formatter(
-        f"%(asctime)s {hook}[%(process)d] job={job_id or '-'} %(levelname)s %(message)s",
+        # '%' doubled: the label is part of a %-style format string
+        f"%(asctime)s {hook}[%(process)d] job={label.replace('%', '%%')} %(levelname)s %(message)s",
         "%Y-%m-%dT%H:%M:%S%z",
     )
     handler: logging.Handler

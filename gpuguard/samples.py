@@ -337,17 +337,23 @@ class Buckets:
 _CACHE_SERIES = 16
 
 
+#: At most this many epoch-aligned buckets per series (:func:`read_buckets` with
+#: ``align_s``): the spool part's windows (our choice: a 24 h job keeps 60 s windows, a
+#: 7-day one 240 s; ~25 MB of Python numbers for 8 GPUs).
+MAX_ALIGNED_BUCKETS = 4096
+
+
 def bucket_width_ms(n: int, span_ms: int, max_points: int = MAX_POINTS, align_s: float | None = None) -> int:
     """Bucket width (ms) :func:`read_buckets` uses for a series of ``n`` samples spanning
     ``span_ms``: 0 (sample by sample) for at most ``max_points`` samples; else whole
     seconds giving at most ``max_points`` buckets, or with ``align_s`` the smallest
-    ``align_s * 2**k`` that does (so the spool part's windows, which start at ``align_s``
-    and double, are unions of whole buckets)."""
+    ``align_s * 2**k`` giving at most :data:`MAX_ALIGNED_BUCKETS` (so the spool part's
+    windows, which start at ``align_s`` and double, are unions of whole buckets)."""
     if n <= max_points:
         return 0
     if align_s:
         w = max(1, round(align_s * 1000))
-        while span_ms // w + 1 > max_points:
+        while span_ms // w + 1 > max(max_points, MAX_ALIGNED_BUCKETS):
             w *= 2
         return w
     return 1000 * -(-span_ms // (1000 * max_points))

@@ -346,8 +346,6 @@ def open_readonly(path: str) -> Store:
     Raises :class:`StoreError` when it cannot be read by this user."""
     import urllib.parse
 
-    import sqlite_utils  # a CLI reader: the import-time budget is the hooks', not ours
-
     if not os.path.exists(path):
         raise StoreError(f"store {path}: does not exist")
     if not os.access(path, os.R_OK):
@@ -363,7 +361,8 @@ def open_readonly(path: str) -> Store:
         conn.execute("select count(*) from sqlite_master").fetchone()
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open read-only: {e}") from None
-    return Store(sqlite_utils.Database(conn), path)
+    return Store(conn, path)
+
 
 def open_store(path: str, *, create: bool = True, mode: int = 0o640,
                sets: list[MigrationSet] | None = None) -> Store:

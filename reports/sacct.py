@@ -53,6 +53,7 @@ from __future__ import annotations
 import csv
 import functools
 import itertools
+import operator
 import re
 from collections.abc import Iterator
 
@@ -80,6 +81,7 @@ from gpuguard.reports.sacct_fields import (
     _finish,
     _int_or_none,
     check_column,
+    derive_usage,
     _js1_gpus,
     check_int,
     normalize_state,
@@ -139,6 +141,10 @@ def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> t
     return PipeRowParser(list(rec), conv, cluster)(list(rec.values()))
 
 
+#: The fields :class:`PipeRowParser` reads, in the order its ``pick`` returns them.
+_PICKED = ("jobid", "jobidraw", "cluster", "jobname", "user", "account", "partition", "qos", "submit", "eligible",
+           "start", "end", "elapsedraw", "elapsed", "state", "exitcode", "alloctres", "alloccpus", "nnodes",
+           "nodelist", "comment", "admincomment", "timelimitraw", "timelimit")
 #: The fields the GPU count falls back on when AllocTRES holds no GPU (:func:`_pipe_gpus`).
 _GPU_FALLBACK_FIELDS = ("reqtres", "allocgres", "reqgres", "admincomment", "submitline")
 
@@ -164,81 +170,95 @@ class PipeRowParser:
         def at(name: str) -> int:
             return ix.get(name, absent)
 
-        (self.i_jobid, self.i_raw, self.i_cluster, self.i_name, self.i_user, self.i_account, self.i_partition,
-         self.i_qos, self.i_submit, self.i_eligible, self.i_start, self.i_end, self.i_elapsedraw, self.i_elapsed,
-         self.i_state, self.i_exit, self.i_alloctres, self.i_cpus, self.i_nnodes, self.i_nodes, self.i_comment,
-         self.i_admin, self.i_limitraw, self.i_limit) = map(at, (
-            "jobid", "jobidraw", "cluster", "jobname", "user", "account", "partition", "qos", "submit", "eligible",
-            "start", "end", "elapsedraw", "elapsed", "state", "exitcode", "alloctres", "alloccpus", "nnodes",
-            "nodelist", "comment", "admincomment", "timelimitraw", "timelimit"))
+        # one C call picks every field a job needs out of a row (None for an absent one)
+        self.pick = operator.itemgetter(*map(at, _PICKED))
+        self.i_start, self.i_end = at("start"), at("end")
         self.has_raw, self.has_alloctres = "jobidraw" in ix, "alloctres" in ix
         self.fallback = tuple((k, ix[k]) for k in _GPU_FALLBACK_FIELDS if k in ix)
 
     def __call__(self, row: list[str]) -> tuple[dict | None, bool]:
         r = [*row, None]
-        jid_text = r[self.i_jobid] or r[self.i_raw]
+        (jid_text, raw_text, clus, name, user, account, partition, qos, submit, eligible, start, end, elapsed,
+         elapsed_text, state_raw, exit_text, alloc_text, cpus_text, nnodes, nodes, comment, admin, limit_raw,
+         limit_text) = self.pick(r)
+        jid_text = jid_text or raw_text
         if not jid_text:
             raise RowError("no JobID")
         if jid_text.isdigit() and jid_text.isascii():  # the common case: a plain job, not a step
-            ids, is_step = dict(_NO_IDS), False
+            ids, is_step = _NO_IDS, False
         else:
             ids, is_step = parse_job_id(jid_text)
-        raw_text = r[self.i_raw] or jid_text
+        raw_text = raw_text or jid_text
         if is_step or "." in raw_text:
             return None, True
         raw = self._raw_id(raw_text, jid_text, ids)
-        alloc = parse_tres(r[self.i_alloctres]) if self.has_alloctres else None
+        alloc = parse_tres(alloc_text) if self.has_alloctres else None
         if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
             gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
         else:
             g = _pipe_gpus({k: r[i] for k, i in self.fallback}, alloc)
             # GRES and jobstats counts are not range-checked by their parsers
             gpus, gpu_type, gpu_source = check_column("gpus", g.gpus), g.gpu_type, g.source
-        code, sig = parse_exit_code(r[self.i_exit])
-        elapsed = r[self.i_elapsedraw]
-        if elapsed is None:
-            elapsed = r[self.i_elapsed]
+        code, sig = parse_exit_code(exit_text)
         conv = self.conv
-        start_at, end_at = conv(r[self.i_start]), conv(r[self.i_end])
-        state_raw = r[self.i_state]
-        cpus_text = r[self.i_cpus]
-        job = {
-            "cluster": r[self.i_cluster] or self.cluster,
+        # converted in the order of the fields, so a row with several faults names the first
+        submit_at, eligible_at, start_at, end_at = conv(submit), conv(eligible), conv(start), conv(end)
+        state = normalize_state(state_raw)
+        elapsed_s = _elapsed(elapsed if elapsed is not None else elapsed_text)
+        limit_s = time_limit_s(limit_raw, limit_text)
+        cpus = _count(cpus_text, "AllocCPUS") if cpus_text else (alloc[2] if alloc is not None else None)
+        nnodes_n = _count(nnodes, "NNodes")
+        if state is None:
+            raise RowError("empty State")
+        if start_at is not None and end_at is not None and start_at > end_at:
+            raise RowError(f"Start {start.strip()} is after End {end.strip()}")
+        # Every integer and time above came from a range-checked parser and Start <= End,
+        # so :func:`_finish`'s checks would pass: the row is built whole, in one step.
+        elapsed_s, usage_end, charge, wait, submit_wait = derive_usage(start_at, end_at, elapsed_s, submit_at,
+                                                                        eligible_at)
+        comment = comment or None
+        return {
+            "cluster": clus or self.cluster or "",
             "job_id_raw": raw,
             "job_id": jid_text.strip(),
-            **ids,
-            "job_name": r[self.i_name],
-            "user": r[self.i_user] or None,
-            "account": r[self.i_account] or None,
-            "partition": r[self.i_partition] or None,
-            "qos": r[self.i_qos] or None,
-            "submit_at": conv(r[self.i_submit]),
-            "eligible_at": conv(r[self.i_eligible]),
+            "array_job_id": ids["array_job_id"],
+            "array_task_id": ids["array_task_id"],
+            "het_job_id": ids["het_job_id"],
+            "het_job_offset": ids["het_job_offset"],
+            "job_name": name,
+            "user": user or None,
+            "account": account or None,
+            "partition": partition or None,
+            "qos": qos or None,
+            "submit_at": submit_at,
+            "eligible_at": eligible_at,
             "start_at": start_at,
             "end_at": end_at,
-            "elapsed_s": _elapsed(elapsed),
-            "state": normalize_state(state_raw),
+            "elapsed_s": elapsed_s,
+            "usage_end_at": usage_end,
+            "charge_s": charge,
+            "wait_s": wait,
+            "submit_wait_s": submit_wait,
+            "state": state,
             "state_raw": state_raw or None,
             "exit_code": code,
             "exit_signal": sig,
             "gpus": gpus,
             "gpu_type": gpu_type,
+            "cpus": cpus,
+            "alloc_tres": alloc_text or None,
+            "nnodes": nnodes_n,
+            "node_list": nodes or None,
+            "comment": comment,
+            "admin_comment": admin or None,
+            "template": template_of(comment),
+            "synced_at": None,
+            "source": None,
+            # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
+            "attempt_at": submit_at if submit_at is not None else 0.0,
             "gpu_source": gpu_source,
-            "time_limit_s": time_limit_s(r[self.i_limitraw], r[self.i_limit]),
-            "cpus": (_count(cpus_text, "AllocCPUS") if cpus_text else
-                     (alloc[2] if alloc is not None else None)),
-            "alloc_tres": r[self.i_alloctres] or None,
-            "nnodes": _count(r[self.i_nnodes], "NNodes"),
-            "node_list": r[self.i_nodes] or None,
-            "comment": r[self.i_comment] or None,
-            "admin_comment": r[self.i_admin] or None,
-        }
-        if job["state"] is None:
-            raise RowError("empty State")
-        if start_at is not None and end_at is not None and start_at > end_at:
-            raise RowError(f"Start {r[self.i_start].strip()} is after End {r[self.i_end].strip()}")
-        # every integer and time above came from a range-checked parser, Start <= End
-        return _finish(job, checked=True), False
+            "time_limit_s": limit_s,
+        }, False
 
     def _raw_id(self, raw_text: str, jid_text: str, ids: dict) -> int:
         """JobIDRaw as an int (from JobID when the header has no JobIDRaw and the id is plain)."""
@@ -253,7 +273,7 @@ class PipeRowParser:
         raise RowError(f"JobIDRaw {raw_text!r} is not an integer")
 
 
-_NO_IDS = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None))
+_NO_IDS = {"array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None}
 
 
 def _elapsed(s: str | None) -> int | None:

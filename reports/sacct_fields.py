@@ -80,7 +80,7 @@ class RowError(ValueError):
     """One row is malformed; the caller reports it with its line number and skips it."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ParsedRow:
     """One parse outcome: a job (``job`` set), a skipped step (``step`` true), or a
     malformed row (``error`` set). ``line`` is 1-based in the input (for JSON: the
@@ -276,10 +276,11 @@ def _tres_count(name: str, val: str, what: str) -> int:
 
 @functools.lru_cache(maxsize=VALUE_CACHE)
 def normalize_state(s: str | None) -> str | None:
-    """``CANCELLED by 1234`` -> ``CANCELLED``; ``RUNNING`` -> ``RUNNING``; empty -> None."""
-    if not s:
+    """``CANCELLED by 1234`` -> ``CANCELLED``; ``RUNNING`` -> ``RUNNING``; empty or blank -> None."""
+    words = s.split() if s else None
+    if not words:  # empty or blank: no state
         return None
-    return s.split()[0].upper().rstrip("+")
+    return words[0].upper().rstrip("+")
 
 
 def parse_job_id(s: str) -> tuple[dict, bool]:
@@ -372,6 +373,22 @@ def _validate(job: dict) -> None:
         raise RowError(f"Start {_iso_utc(start)} is after End {_iso_utc(end)}")
 
 
+def derive_usage(start: float | None, end: float | None, el: int | None, submit: float | None,
+                 eligible: float | None) -> tuple[int | None, float | None, float | None, float | None, float | None]:
+    """The derived columns of one job (see :func:`_finish`) from its Start, End,
+    elapsed seconds, Submit and Eligible: ``(elapsed_s, usage_end_at, charge_s, wait_s,
+    submit_wait_s)``; ``elapsed_s`` is ``end - start`` when sacct gave none."""
+    if el is None and start is not None and end is not None:
+        el = int(max(0.0, end - start))
+    if start is None:
+        return el, None, None, None, None
+    usage_end = end if end is not None else (start + el if el is not None else start)
+    elig = eligible if eligible is not None else submit
+    sub = submit if submit is not None else eligible
+    return (el, usage_end, el if el is not None else max(0.0, usage_end - start),
+            max(0.0, start - elig) if elig is not None else None, max(0.0, start - sub) if sub is not None else None)
+
+
 def _finish(job: dict, *, checked: bool = False) -> dict:
     """Fill the derived columns the reports aggregate (computed once here, not per query):
 
@@ -389,19 +406,9 @@ def _finish(job: dict, *, checked: bool = False) -> dict:
     if not checked:
         _validate(job)
     get = job.get
-    start, end, el = get("start_at"), get("end_at"), get("elapsed_s")
-    if el is None and start is not None and end is not None:
-        job["elapsed_s"] = el = int(max(0.0, end - start))
-    if start is not None:
-        usage_end = job["usage_end_at"] = end if end is not None else (start + el if el is not None else start)
-        job["charge_s"] = el if el is not None else max(0.0, usage_end - start)
-        submit, eligible = get("submit_at"), get("eligible_at")
-        elig = eligible if eligible is not None else submit
-        sub = submit if submit is not None else eligible
-        job["wait_s"] = max(0.0, start - elig) if elig is not None else None
-        job["submit_wait_s"] = max(0.0, start - sub) if sub is not None else None
-    else:
-        job["usage_end_at"] = job["charge_s"] = job["wait_s"] = job["submit_wait_s"] = None
+    start = get("start_at")
+    (job["elapsed_s"], job["usage_end_at"], job["charge_s"], job["wait_s"],
+     job["submit_wait_s"]) = derive_usage(start, get("end_at"), get("elapsed_s"), get("submit_at"), get("eligible_at"))
     job["template"] = template_of(get("comment"))
     for c in _COLUMN_SET - job.keys():
         job[c] = None

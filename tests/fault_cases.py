@@ -361,6 +361,16 @@ def sacctmgr_hung(n: Node) -> str | None:
     return _expect(rcs == [1, 0], f"rcs {rcs}")
 
 
+def xid79_four_prologs_at_once(n: Node) -> str | None:
+    """Four hooks start together on a node with one new XID 79: one reads it (the
+    kernel-log cursor lock, gpuguard.cursorlock), so it is drained and recorded once."""
+    n.log_kernel(XID79)
+    runs = n.concurrently([("prolog", str(20 + i)) for i in range(4)])
+    events = n.query("select count(*) from events where code = 79")
+    return _first(_expect(sorted(r.rc for r in runs) == [0, 0, 0, 1], f"rcs {[r.rc for r in runs]}"),
+                  _expect(events == [(1,)], f"XID 79 recorded {events} times"))
+
+
 def eight_concurrent_jobs(n: Node) -> str | None:
     n.write_config(n.root.joinpath("etc", "gpuguard.toml").read_text().replace("start_collector = false",
                                                                                 "start_collector = true"))
@@ -380,6 +390,7 @@ CASES: list[Case] = [
     Case("healthy node", 0, healthy),
     Case("XID 79, then 2 more jobs", 1, xid79_then_two_more_jobs),
     Case("XID 79 behind 'kernel:' only", 1, xid79_kernel_prefix_only),
+    Case("XID 79, 4 Prologs at once", 1, xid79_four_prologs_at_once),
     Case("XID 79 during the job (epilog)", 1, xid79_during_job_epilog),
     Case("spoof: logger -t kernel in syslog", 0, spoof_logger_in_syslog, {"kernel_only": False}),
     Case("spoof: user text in kern.log", 0, spoof_user_text_in_kernel_only_file),

@@ -226,8 +226,8 @@ def test_worker_sigkilled_then_cluster_ingest_completes_the_job_and_twice_change
     time.sleep(2)
     assert cl.query("select * from verdicts where job_id = ?", [str(jid)]) == []
     spool = cl.root / "spool" / str(jid)
-    assert sorted(p.name for p in spool.iterdir() if p.name.endswith(".gz")) == [
-        "n1.part.json.gz", "n2.part.json.gz"]
+    assert sorted(p.name for p in spool.iterdir() if p.name.endswith(".npz")) == [
+        "n1.part.npz", "n2.part.npz"]
     cl.toml("[cluster]\ningest_grace_s = 0.0\n", wait_s=0.0)
     # as root: refused, the store belongs to SlurmUser
     r = cl.gpuguard("cluster", "ingest")

@@ -59,7 +59,7 @@ def _lock_path(cfg) -> str:
 
 def test_second_taker_waits_bounded_then_gets_a_one_line_refusal(node):
     cfg = node["cfg"]
-    holder = Holder(_lock_path(cfg), time.time())
+    holder = Holder(_lock_path(cfg), time.monotonic())
     t0 = time.monotonic()
     with pytest.raises(cursorlock.LockNotTaken) as e:
         cursorlock.acquire(cfg, wait_s=0.3)
@@ -77,7 +77,7 @@ def test_second_taker_waits_bounded_then_gets_a_one_line_refusal(node):
 
 def test_prolog_while_another_reader_holds_the_lock_never_drains_and_keeps_the_events(node):
     cfg = node["cfg"]
-    holder = Holder(_lock_path(cfg), time.time())
+    holder = Holder(_lock_path(cfg), time.monotonic())
     try:
         t0 = time.monotonic()
         assert hook.run(ENV) == 0
@@ -98,7 +98,7 @@ def test_prolog_while_another_reader_holds_the_lock_never_drains_and_keeps_the_e
 
 def test_a_stuck_holder_is_not_waited_for_forever(node):
     cfg = node["cfg"]
-    holder = Holder(_lock_path(cfg), time.time() - cursorlock.STALE_S - 30)
+    holder = Holder(_lock_path(cfg), time.monotonic() - cursorlock.STALE_S - 30)
     try:
         assert hook.run(ENV) == 1  # read without the lock: the XID still drains
     finally:
@@ -131,12 +131,28 @@ def test_lock_released_after_the_cursor_moved_before_scontrol(node, monkeypatch)
     assert read_cursor_file(node["cfg"]) is not None
 
 
-def test_unopenable_lock_file_is_a_tool_error_never_a_drain(node):
+def test_no_directory_for_the_lock_reads_without_it_and_the_fault_still_drains(node):
+    """No state directory can hold the lock file: the lock cannot coordinate anything
+    (nor can the cursor be stored), so the kernel log is read without it: the XID is
+    never lost; the lock problem is one tool error."""
     cfg = node["cfg"]
     for d in (cfg.get("paths", "state_dir"), cfg.get("paths", "run_dir")):
         os.makedirs(d, exist_ok=True)
         os.symlink("/nonexistent/target", os.path.join(d, cursorlock.LOCK_FILE))  # O_NOFOLLOW refuses it
-    assert hook.run(ENV) == 0
-    assert node["calls"]() == []
+    assert hook.run(ENV) == 1
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_79}"]]
     log = (node["tmp"] / "gpuguard.log").read_text()
-    assert f"tool error: kernel log: not read this run: cursor lock: cannot open {cursorlock.LOCK_FILE} in " in log
+    assert f"tool error: kernel log: cursor lock: cannot open {cursorlock.LOCK_FILE} in " in log
+    assert "; read without it" in log
+
+
+def test_a_wall_clock_step_never_makes_a_live_holder_look_stuck(node, monkeypatch):
+    cfg = node["cfg"]
+    holder = Holder(_lock_path(cfg), time.monotonic())
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600.0)  # the clock jumps an hour ahead
+    try:
+        with pytest.raises(cursorlock.LockNotTaken, match=f"held by pid {holder.p.pid} for "):
+            cursorlock.acquire(cfg, wait_s=0.1)
+    finally:
+        holder.release()

@@ -90,7 +90,8 @@ def test_missing_node_is_named_and_the_late_part_is_judged_by_ingest(ctld):
     time.sleep(0.35)  # ingest leaves a job alone while a worker could still be waiting (0.3 s here)
     r = CliRunner().invoke(cli, ["cluster", "ingest", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output) == {"judged": 1, "unchanged": 0, "waiting": 0, "removed": 0, "errors": []}
+    assert json.loads(r.output) == {"judged": 1, "unchanged": 0, "waiting": 0, "removed": 0,
+                                    "nccl_probes_carried": 0, "errors": []}
     second = admincomment.decode(ctld["calls"]()[1][7][len("AdminComment="):])
     assert "x" not in second and sorted(second["n"]) == ["n1", "n2"]
     assert len(ctld["calls"]()) == 2

@@ -337,3 +337,20 @@ def test_mailprog_reads_the_store_read_only(big, tmp_path):
     assert "Verdict: data-pipeline" in (tmp_path / "mail.log.body").read_text()
     assert open(big, "rb").read() == before
     assert not os.path.exists(big + "-wal") and not os.path.exists(big + "-shm")
+
+
+@pytest.mark.parametrize("rcpt", ["-Ssendmail=/tmp/x.sh", "--help", "-"])
+def test_mailprog_never_passes_an_option_as_the_recipient(tmp_path, rcpt):
+    """Slurm 22.05 keeps `--mail-user=-Ssendmail=/path` as it is (measured on the testbed)
+    and passes it as the recipient: the mailer is not run at all."""
+    exe, log = _fake_mailer(tmp_path)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[mail]\nmailer = "{exe}"\nstore = "{tmp_path}/missing.db"\n')
+    env = {**os.environ, "GPUGUARD_CONFIG": str(cfg)}
+    gm = os.path.join(os.path.dirname(sys.executable), "gpuguard-mail")
+    cp = subprocess.run([gm, "-s", "Slurm Job_id=9 Name=x Ended, Run time 00:00:01, COMPLETED, ExitCode 0", rcpt],
+                        input="body\n", text=True, env=env, capture_output=True)
+    assert cp.returncode == 2
+    assert cp.stderr == (f"gpuguard-mail: not sent: recipient {rcpt!r} starts with '-' (it would be read as a "
+                         "mailer option)\n")
+    assert not os.path.exists(f"{log}.argv")

@@ -193,7 +193,9 @@ def test_low_against_the_fleet_without_own_history(env, tmp_path):
 
 
 @pytest.mark.parametrize("mode,nodes,want", [("never", "4", False), ("multi-node", "1", False),
-                                             ("multi-node", "2", True), ("always", "1", True)])
+                                             ("multi-node", "2", True), ("always", "1", True),
+                                             ("multi-node", "9" * 5000, False), ("multi-node", "4294967296", False),
+                                             ("multi-node", "-2", False), ("multi-node", "\u0662", False)])
 def test_prolog_mode(mode, nodes, want):
     cfg = config_mod.from_dict({"nccl": {"prolog": mode}})
     assert prolog_wants_probe(cfg, {"SLURM_JOB_NUM_NODES": nodes}) is want

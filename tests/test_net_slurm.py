@@ -145,3 +145,37 @@ def test_prolog_single_node_job_is_not_probed(nccl_prolog):
         assert st.query("select count(*) n from nccl_probes")[0]["n"] == 0
     finally:
         st.close()
+
+
+def test_prolog_probe_never_drains_a_node_in_maintenance(slurm):
+    """The same corrupting probe on a node inside a maintenance window: no drain (not even
+    Slurm's 'Prolog error'), the job runs, the suppression is on the node's record."""
+    from nccl_fake import DATA
+
+    tb = slurm
+    root = tb.root / "ggnetm"
+    tb.install_gpuguard(root, dump_snapshot(node_snapshot(4), t0=time.time()), extra=f"""
+[nccl]
+binary = "{root}/all_reduce_perf"
+prolog = "multi-node"
+timeout_s = 20.0
+[maintenance]
+slurm_reservations = false
+windows = [{{nodes = "n1", start = "2020-01-01T00:00:00Z", end = "2099-01-01T00:00:00Z", reason = "NIC swap"}}]
+""")
+    fake = root / "all_reduce_perf"
+    fake.write_text(FAKE.format(root=root))
+    fake.chmod(0o755)
+    _queue(root, "n1", [], default=(DATA / "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt").read_text())
+    _queue(root, "n2", [], default=healthy_text())
+    jid = tb.submit(wrap="true", gres="gpu:2", nodes=2)
+    assert tb.wait_job(jid, timeout=90)["State"] == "COMPLETED"
+    assert tb.drain_reason("n1") is None and tb.drain_reason("n2") is None
+    st = open_store(str(root / "n1" / "node.db"), create=False)
+    try:
+        assert st.query("select action, by, outcome, why, reason from node_actions") == [
+            {"action": "suppressed", "by": "prolog", "outcome": "refused",
+             "why": "would drain: in maintenance (window: NIC swap) until 2099-01-01T00:00:00Z",
+             "reason": PROLOG_REASON}]
+    finally:
+        st.close()

@@ -116,3 +116,14 @@ def test_long_step_windows_keep_exact_counts_and_sums(tmp_path, monkeypatch):
         assert all(len(q) == 5 for q in a["q"])
     first = min(recs, key=lambda r: r.t)
     assert span == (first.t - (first.step_time_s or 0.0), max(r.t for r in recs))
+
+
+def test_window_is_never_narrower_than_the_aligned_buckets(tmp_path):
+    s = open_store(str(tmp_path / "node.db"))
+    n = samples.MAX_ALIGNED_BUCKETS + 100  # one sample a minute for ~70 h: 60 s buckets would be too many
+    s.insert_many("samples", [{"job_id": "5", "node": "n1", "at": T0 + 60 * i, "gpu_index": 0, "gpu_uuid": "GPU-0",
+                               "gpu_util_pct": 50 + i % 2} for i in range(n)])
+    b = samples.read_buckets(s.db.conn, 1, T0, align_s=60.0)
+    assert (b.bucket_ms, len(b.n), b.n[:2]) == (120000, (n + 1) // 2, [2, 2])
+    p = nodepart.build_node_part(s, "5", "n1", window_s=60.0, job={}, summary=None, align_s=60.0, now=1.0)
+    assert p["window_s"] == 120.0 and len(p["gpus"][0]["t"]) == (n + 1) // 2 and p["gpus"][0]["util"][0] == 50.5

@@ -130,7 +130,7 @@ def test_node_list_and_show_read_the_store_read_only(env, tmp_path):
     appear beside it (as for job show, template list, baseline show)."""
     import os
 
-    fake, cfg, gg = env
+    _fake, cfg, gg = env
     (tmp_path / "kern.log").write_text(XID79)
     healthcheck.main_run(cfg, logging.getLogger("t"))
     db = cfg.store_path

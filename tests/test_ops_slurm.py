@@ -123,6 +123,8 @@ def test_cleared_fault_resumes_after_n_clean_runs_admin_drain_stays(hc):
     (root / "n2" / "gpus.json").write_text(dump_snapshot(hot, t0=time.time()))
     reason = wait_for(lambda: tb.drain_reason("n1"), "n1 drained", root=root)
     assert reason.startswith("gpuguard: throttle.hw_slowdown_idle ")
+    # n2's run must have seen its fault too before it clears (the two runs race under load)
+    wait_for(lambda: actions(root, "n2"), "n2's drain refused", root=root)
     (root / "n1" / "gpus.json").write_text(dump_snapshot(node_snapshot(4), t0=time.time()))
     (root / "n2" / "gpus.json").write_text(dump_snapshot(node_snapshot(4), t0=time.time()))
     t = time.monotonic()
@@ -207,3 +209,29 @@ dcgm_job_map_dir = "{root}/{{node}}/dcgm"
     finally:
         flag.unlink(missing_ok=True)
         time.sleep(1)
+
+
+def test_auto_fault_refused_by_an_admin_drain_never_fires_after_the_resume(hc):
+    """An auto fault (a state every run re-reads) seen while an administrator holds the
+    node is not kept to drain it after the resume on stale evidence; an XID (an event)
+    seen then is, and drains once the administrator resumes the node."""
+    tb, root, _hook = hc
+    hot = node_snapshot(4, gpu1={"clock_event_reasons": ["hw_slowdown"]})
+    tb.drain_node("n2", "admin: fan replacement")
+    (root / "n2" / "gpus.json").write_text(dump_snapshot(hot, t0=time.time()))
+    wait_for(lambda: actions(root, "n2"), "n2's drain refused", root=root)
+    assert [a[:3] for a in actions(root, "n2")] == [("drain", "health", "refused")]
+    (root / "n2" / "gpus.json").write_text(dump_snapshot(node_snapshot(4), t0=time.time()))
+    time.sleep(6)  # a clean run while still held
+    tb.resume_node("n2")
+    time.sleep(11)  # two health runs after the resume
+    assert tb.drain_reason("n2") is None
+    assert not (root / "n2" / "state" / "pending_drains.json").exists() or \
+        '"n2"' not in (root / "n2" / "state" / "pending_drains.json").read_text()
+    # an event seen while held waits for the resume, then drains
+    tb.drain_node("n2", "admin: fan replacement")
+    (root / "n2" / "kern.log").write_text(XID79.replace("0000:18:00", "0000:29:00"))
+    wait_for(lambda: len(actions(root, "n2")) > 1, "n2's XID drain refused", root=root)
+    tb.resume_node("n2")
+    reason = wait_for(lambda: tb.drain_reason("n2"), "n2 drained after the resume", root=root)
+    assert reason.startswith("gpuguard: xid.79 XID 79 GPU has fallen off the bus on gpu1 (0000:29:00)")

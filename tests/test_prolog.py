@@ -356,3 +356,15 @@ def test_impossible_gpu_indices_are_one_tool_error_in_both_hooks(node, gpus):
     assert log.count(line) == 2, log[-2000:]
     assert job_gpus({"SLURM_JOB_GPUS": gpus}) == []
     assert job_gpus({"SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": "1,1,0"}) == [1, 0]
+
+
+@pytest.mark.parametrize("job_id", ["%(x)s", "1\n2026-01-01 prolog[1] job=9 ERROR forged", "%" * 5000])
+def test_rejected_job_id_cannot_break_or_forge_log_lines(node, job_id):
+    """A SLURM_JOB_ID the reader rejects still labels the log, as one escaped token: a '%'
+    cannot break the log format and a newline cannot start a forged line."""
+    assert hook.run(dict(ENV, SLURM_JOB_ID=job_id)) == 0
+    lines = (node["tmp"] / "gpuguard.log").read_text().splitlines()
+    label = ascii(job_id[:24]) if "\n" in job_id or len(job_id) > 24 else job_id
+    assert lines and all(f" job={label} " in ln for ln in lines)
+    assert not any("forged" in ln and "ERROR" in ln.split(" job=")[0] for ln in lines)
+    assert any(f"tool error: SLURM_JOB_ID {job_id[:80]!r} is not a job id; node checks only" in ln for ln in lines)

@@ -399,3 +399,17 @@ def test_rows_a_locked_store_refused_at_exit_reach_the_store_through_the_spill(t
     assert s.query("select count(*) as n from samples where job_id = '9'") == [{"n": 5}]
     assert not os.path.exists(spill)
     _ = _t
+
+
+@pytest.mark.parametrize("reason,kind", [("gpuguard: ib.port_down mlx5_0/1 port DOWN", "auto"),
+                                         ("gpuguard: xid.79 XID 79 GPU has fallen off the bus", "reboot"),
+                                         ("gpuguard: ecc.row_remap_failure gpu0", "rma"),
+                                         ("gpuguard: ib.port_down mlx5_0/1 port DOWN (+1 more)", "manual"),
+                                         ("gpuguard: manual: fan noisy (by alice)", "manual")])
+def test_a_drain_without_a_kind_takes_the_kind_of_the_code_its_reason_names(cfg, reason, kind):
+    slurm = FakeSlurm()
+    slurm.reasons["n1"] = "memory test by alice"
+    out = PendingDrains(cfg, Actuator(slurm)).drain("n1", reason)
+    assert out.status == "refused"
+    entries = PendingDrains(cfg, None).entries()
+    assert (entries == {}) if kind == "auto" else (entries["n1"]["recovery"] == kind)

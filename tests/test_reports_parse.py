@@ -411,6 +411,19 @@ def test_states_ids_exit_template():
     assert template_of(None) is None
 
 
+def test_blank_state_is_a_malformed_row_not_a_crash():
+    """A State of blanks is "empty State" on its line; the rows around it are stored."""
+    assert normalize_state("   ") is None
+    text = ("JobID|JobIDRaw|Account|State|Start|End\n"
+            "7|7|a|COMPLETED|2025-01-01T00:00:00|2025-01-01T01:00:00\n"
+            "8|8|a|   |2025-01-01T00:00:00|2025-01-01T01:00:00\n"
+            "9|9|a|FAILED|2025-01-01T00:00:00|2025-01-01T00:30:00\n")
+    rows = list(iter_pipe(io.StringIO(text, newline=""), conv=UTC))
+    assert [(r.line, r.error) for r in rows if r.error] == [(3, "empty State")]
+    assert [(r.job["job_id_raw"], r.job["state"], r.job["elapsed_s"]) for r in rows if r.job] == [
+        (7, "COMPLETED", 3600), (9, "FAILED", 1800)]
+
+
 def test_json_oversized_and_impossible_values_are_malformed_jobs():
     def job(jid, **kw):
         j = {"job_id": jid, "state": {"current": ["COMPLETED"]}, "account": "a",

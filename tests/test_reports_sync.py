@@ -240,3 +240,87 @@ def test_cli_sync_ambiguous_pipe_is_stored_with_a_note(tmp_path):
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[:2] == ["group,jobs,gpu_hours,cpu_hours,gpu_cost,cpu_cost,cost,failed_cost,"
                                          "timeout_cost,node_fail_cost", "acct,1,4.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0"]
+
+
+# --- bulk load: indexes set aside and rebuilt in one transaction ------------------------------
+def _index_sql(store):
+    return sorted((r["name"], r["sql"]) for r in store.query(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'sacct_jobs' AND sql IS NOT NULL"))
+
+
+def test_bulk_load_stores_what_the_batched_path_stores_and_keeps_every_index(tmp_path, monkeypatch):
+    import gpuguard.reports.sync as sync_mod
+
+    stores = []
+    for name, bulk_min in (("batched", 10**9), ("bulk", 1)):
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", bulk_min)
+        s = next(cache_store(tmp_path / name))
+        indexes = _index_sql(s)
+        res = import_file(s, str(HANDMADE), tz=UTC, synced_at=1.0)
+        assert (res.jobs, res.malformed) == (14, [])
+        assert _index_sql(s) == indexes and len(indexes) == 6
+        stores.append(s)
+    batched, bulk = (s.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw, attempt_at") for s in stores)
+    assert len(bulk) == 14 and bulk == batched
+    # the rebuilt indexes answer (and are used by) the reports' range queries
+    plan = " ".join(r["detail"] for r in stores[1].query("EXPLAIN QUERY PLAN SELECT COUNT(*) FROM sacct_jobs "
+                                                         "WHERE start_at >= 0"))
+    assert "sacct_jobs_start" in plan
+    assert stores[1].query("PRAGMA integrity_check") == [{"integrity_check": "ok"}]
+
+
+def test_bulk_load_failing_part_way_leaves_the_store_as_it_was(cstore, monkeypatch):
+    import gpuguard.reports.sync as sync_mod
+    from gpuguard.reports.sacct import TimeConverter, iter_pipe
+
+    import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    before, indexes = cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw"), _index_sql(cstore)
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+    monkeypatch.setattr(sync_mod, "BATCH", 3)
+
+    def jobs():
+        with open(HANDMADE, newline="") as fh:
+            for i, r in enumerate(iter_pipe(fh, conv=TimeConverter(UTC))):
+                if i == 7:
+                    raise OSError("disk gone")
+                if r.job is not None:
+                    r.job["state"] = "CANCELLED"
+                    yield r.job
+    with pytest.raises(OSError, match="disk gone"):
+        sync_mod.upsert_jobs(cstore, jobs(), synced_at=2.0, expect_rows=100)
+    assert cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw") == before
+    assert _index_sql(cstore) == indexes
+
+
+def test_large_import_is_a_bulk_load_and_a_small_one_is_not(cstore, monkeypatch):
+    import gpuguard.reports.sync as sync_mod
+
+    seen = []
+    real = sync_mod._bulk_load
+    monkeypatch.setattr(sync_mod, "_bulk_load", lambda *a: seen.append("bulk") or real(*a))
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 10)
+    import_file(cstore, str(HANDMADE), tz=UTC)  # 14 jobs into an empty store: bulk
+    assert seen == ["bulk"]
+    small = HEAD + "900|900|a|COMPLETED|2025-03-01T00:00:00|2025-03-01T00:00:00|2025-03-01T01:00:00|" \
+                   "2025-03-01T02:00:00|3600|0:0|cpu=1|\n"
+    import_text(cstore, small, tz=UTC)  # 1 job: below the threshold, batched
+    assert seen == ["bulk"]
+    assert cstore.query("SELECT COUNT(*) AS n FROM sacct_jobs")[0]["n"] == 15
+
+
+def test_bulk_load_replaces_an_attempt_stored_without_submit(cstore, monkeypatch):
+    """A job first imported from a file without Submit (attempt 0) and then bulk-loaded
+    with its submit time is stored once, as the batched path stores it."""
+    import gpuguard.reports.sync as sync_mod
+
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+    no_submit = "JobIDRaw|State|Start|End|ElapsedRaw|AllocTRES\n" \
+                "600|COMPLETED|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=2\n"
+    import_text(cstore, no_submit, tz=UTC)
+    assert rows(cstore, "SELECT job_id_raw, attempt_at FROM sacct_jobs") == [(600, 0.0)]
+    with_submit = "JobIDRaw|State|Submit|Start|End|ElapsedRaw|AllocTRES\n" \
+                  "600|COMPLETED|2025-03-01T01:00:05|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=2\n" \
+                  "601|COMPLETED|2025-03-01T01:00:05|2025-03-01T01:10:00|2025-03-01T03:10:00|7200|gres/gpu=1\n"
+    import_text(cstore, with_submit, tz=UTC)
+    assert rows(cstore, "SELECT job_id_raw, attempt_at, gpus FROM sacct_jobs ORDER BY 1") == [
+        (600, utc("2025-03-01T01:00:05"), 2), (601, utc("2025-03-01T01:00:05"), 1)]

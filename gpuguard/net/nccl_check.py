@@ -167,7 +167,20 @@ def probe_node(cfg: Any, store: Any, *, hook: str, job_id: str | None = None, bu
             out.probe_id = nb.record_probe(store, row, out.reading, algbw)
         except Exception as e:  # store trouble is ours: the findings still stand
             out.tool_errors.append(f"nccl store: {type(e).__name__}: {e}")
+        else:
+            _spool(cfg, row, out, algbw)
     return out
+
+
+def _spool(cfg: Any, row: dict[str, Any], out: ProbeOutcome, algbw: dict[int, float]) -> None:
+    """Leave the recorded probe in the spool for the cluster store's fleet median
+    (:mod:`gpuguard.net.nccl_spool`); a spool fault is ours, recorded as a tool error."""
+    from gpuguard.net.nccl_spool import spool_probe
+
+    try:
+        spool_probe(cfg, row, out.reading, algbw)
+    except (OSError, ValueError) as e:
+        out.tool_errors.append(f"nccl spool: {type(e).__name__}: {e}")
 
 
 def _fleet(cfg: Any, store: Any, gpu_model: str | None, key: str, node: str) -> nb.Reference:
@@ -255,8 +268,10 @@ def prolog_wants_probe(cfg: Any, env: dict[str, str]) -> bool:
     if mode == "always":
         return True
     if mode == "multi-node":
-        n = env.get("SLURM_JOB_NUM_NODES", "1")
-        return n.isascii() and n.isdigit() and int(n) > 1
+        from gpuguard.hookenv import UINT32_MAX, parse_uint
+
+        n = parse_uint(env.get("SLURM_JOB_NUM_NODES"), UINT32_MAX)  # the hook reader's check: junk is unset
+        return n is not None and n > 1
     return False
 
 
