@@ -172,7 +172,6 @@ class PipeRowParser:
 
         # one C call picks every field a job needs out of a row (None for an absent one)
         self.pick = operator.itemgetter(*map(at, _PICKED))
-        self.i_start, self.i_end = at("start"), at("end")
         self.has_raw, self.has_alloctres = "jobidraw" in ix, "alloctres" in ix
         self.fallback = tuple((k, ix[k]) for k in _GPU_FALLBACK_FIELDS if k in ix)
 
