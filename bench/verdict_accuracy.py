@@ -60,9 +60,9 @@ from gpuguard.store import open_store
 #: found at; the README's "Detection limits" table states the same numbers.
 DETECTION_LIMITS = {
     "hardware-fault": 1.0,
-    "straggler-gpu": 0.12,
-    "straggler-node": 0.12,
-    "gpu-throttling": 0.10,
+    "straggler-gpu": 0.08,
+    "straggler-node": 0.08,
+    "gpu-throttling": 0.06,
     "memory-leak": 0.05,
     "data-pipeline": 0.10,
     "communication": 0.10,
