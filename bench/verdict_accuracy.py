@@ -24,6 +24,7 @@ detector no longer measure the detector on data it has not seen):
 * *tuning seeds* ``1 2 3 4 5`` (240 scenarios each): the only runs whose misses are read
   (``--show-misses``) while changing detectors or thresholds. Seed 7 (read while an
   earlier round tuned the detectors) and seed 11 count as tuning seeds too.
+  :data:`DETECTION_LIMITS` were set from the tuning seeds before any blind run.
 * *blind seeds* ``101 102 103`` (480 scenarios each): run only to report, after the
   tuning is done; their misses are not read to change a detector. A change made after
   reading them would turn them into tuning seeds, and the next blind seeds would be
