@@ -5,8 +5,8 @@ Writes H hours of step records (default 168 = 7 days) of R ranks (default 1) at 
 a second, ~250 bytes each (phases, loss, grad norm: what the training API writes), in
 ``--chunk-s`` pieces (default 3600 s; the collector looks every liveness period, 15 s:
 the per-record cost is the same, the per-call overhead is printed separately). After each
-piece the collector's call (:func:`gpuguard.collector.ingest_tail.ingest_new_records`,
-``final=False``) runs; the last 15 s of records and an unterminated line are then
+piece the collector's calls (:func:`gpuguard.collector.ingest_tail.ingest_new_records`,
+``final=False``, with the collector's per-call caps) run until they have caught up; the last 15 s of records and an unterminated line are then
 written and the Epilog's call (``final=True``) times the tail alone.
 
 Reference, same files, one run: what the Epilog did before, :func:`read_job_records` +
@@ -31,7 +31,7 @@ import time
 
 import gpuguard.epilog.schema  # noqa: F401  (steps, checkpoints, train_offsets)
 from gpuguard.collector.ingest import read_job_records
-from gpuguard.collector.ingest_tail import ingest_new_records
+from gpuguard.collector.ingest_tail import TICK_MAX_BYTES, TICK_MAX_RECORDS, ingest_new_records
 from gpuguard.epilog.training_rows import save_training_records
 from gpuguard.store import open_store
 
@@ -79,10 +79,13 @@ def main() -> None:
                 with open(os.path.join(jd, f"train.rank{r}.jsonl"), "a") as fh:
                     written += fh.write(_lines(rnd, r, k0, k1))
             c, w = _cpu(), time.perf_counter()
-            ingest_new_records(st, jd, "1", "n1", uid, final=False, now=now)
+            while True:  # the collector's ticks, with its per-call caps, until it has caught up
+                calls += 1
+                if not ingest_new_records(st, jd, "1", "n1", uid, final=False, now=now, max_records=TICK_MAX_RECORDS,
+                                          max_total_bytes=TICK_MAX_BYTES, max_file_bytes=TICK_MAX_BYTES).steps:
+                    break
             coll_cpu += _cpu() - c
             coll_wall += time.perf_counter() - w
-            calls += 1
         c = _cpu()
         for _ in range(20):  # a look with nothing new: the per-call overhead
             ingest_new_records(st, jd, "1", "n1", uid, final=False, now=now)

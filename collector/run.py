@@ -144,7 +144,7 @@ class Collector:
         self._next_slow = 0.0  # the first sample reads the slow counters too
         #: called every liveness period: the job directory's size cap (jobdir_cap)
         self.job_dir_check = job_dir_check
-        #: training records stored during the job (gpuguard.collector.ingest.record_ingest_tick)
+        #: training records stored during the job (gpuguard.collector.ingest_tail.record_ingest_tick)
         self.record_ingest = record_ingest
         #: where rows the store did not take at exit go (a locked store), for the epilog
         self.spill_path = spill_path
