@@ -197,7 +197,7 @@ def bench_ingest(tmp: str, jobs: int) -> None:
     with open(os.path.join(bindir, "sacctmgr"), "w") as fh:
         fh.write(f"#!/bin/sh\necho \"$5\" >> {counter}\n")
     os.chmod(os.path.join(bindir, "sacctmgr"), 0o755)
-    import gzip
+    from gpuguard.epilog import part_codec
 
     t = time.perf_counter()
     docs = {}
@@ -211,8 +211,7 @@ def bench_ingest(tmp: str, jobs: int) -> None:
         node = f"n{j % 97 + 1}"
         doc = docs[j % 8]
         doc["job_id"], doc["node"] = job_id, node
-        part_mod.write_part(spool, job_id, node, gzip.compress(json.dumps(doc, separators=(",", ":")).encode(),
-                                                               compresslevel=6, mtime=0))
+        part_mod.write_part(spool, job_id, node, part_codec.encode(doc))
         write_manifest(spool, job_id, {"job_id": job_id, "nodes": [node], "user": "u", "account": "a",
                                        "comment": "gpuguard:template=ingest", "exit_code_raw": 0})
     t_prep = time.perf_counter() - t

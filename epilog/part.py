@@ -1,18 +1,20 @@
 """The spool *part*: what one node's Epilog hands to the job judge on the controller.
 
-One file per (job, node): ``{spool_dir}/{job_id}/{node}.part.json.gz``, gzip-compressed
-JSON (read it with ``gzip -dc FILE | python -m json.tool``), written atomically (temp file
-in the same directory + ``rename``), versioned (``"format": "gpuguard-part"``, ``"v"``)
-and bounded: at most :data:`MAX_PART_BYTES` compressed. Shape (``v`` = 1)::
+One file per (job, node): ``{spool_dir}/{job_id}/{node}.part.npz``, written atomically
+(temp file in the same directory + ``rename``), versioned and bounded: at most
+:data:`MAX_PART_BYTES`. The file format (a numpy ``.npz`` of columns, version 2; the
+previous release's gzip JSON, version 1, still read) is :mod:`gpuguard.epilog.part_codec`.
+:func:`build_part` gives the part as a dict of lists (``None`` = no value)::
 
-    {"format": "gpuguard-part", "v": 1, "job_id": "42", "node": "n1", "written_at": epoch s,
+    {"format": "gpuguard-part", "v": 2, "job_id": "42", "node": "n1", "written_at": epoch s,
      "window_s": 60.0,                     # width of one window of the series below
      "job": {"user", "uid", "account", "partition", "comment", "num_nodes", "nodelist",
              "exit_code_raw"},             # what the node Epilog's environment said
      "summary": JobSummary.to_dict(),      # the node summary (gpuguard.epilog.summary)
      "gpus": [{"index", "uuid", "name", "mem_total_mib",
-               "t": [...], "util": [...], "mem": [...], "power": [...], "temp": [...],
-               "clock": [...], "mask": [...], "ecc": [...]}],
+               "t": [...], "util": [...], "mem_util": [...], "power": [...], "temp": [...],
+               "clock": [...],             # one per compared GPU series (jobdata.SERIES_ATTR)
+               "mem": [...], "mask": [...], "ecc": [...]}],
      "ranks": [{"rank", "t": [...], "n": [...], "p50": [...], "p95": [...], "q": [[p10, p30, p50,
                 p70, p90], ...], "sum_s": [...],
                 "samples": [...], "tokens": [...], "data_wait": [...], "fwd_bwd": [...],
@@ -20,21 +22,26 @@ and bounded: at most :data:`MAX_PART_BYTES` compressed. Shape (``v`` = 1)::
      "host": {"t": [...], "rss": [...]},
      "checkpoints_s": [...], "hw_events": [...], "hw_findings": [...]}
 
+:func:`decode_part` gives the same shape with each series a numpy array (NaN = no value,
+``q`` one row of five per window).
+
 **Windows.** Series are cut into windows of ``[verdict] short_window_s`` aligned on the
 epoch (``floor(t / window_s)``), so every node's windows line up. Per GPU and window: ``t``
-the mean sample time, the *median* utilisation, power, temperature and SM clock, the
+the mean sample time, the *median* of each compared series (utilisation, memory
+utilisation, power, temperature, SM clock), the
 *largest* memory used and volatile uncorrectable ECC count, and ``mask`` the clock-event
 reasons active in at least half of the window's samples. Per rank and window: ``n`` step
 records, their median (``p50``) and 95th percentile step time, and the sums of step time,
 samples, tokens and phases, and ``q`` the step-time quantiles. One window of 8 GPUs and
-8 ranks is ~240 numbers, so a 24 h job
-at 60 s windows is ~300 k numbers, ~0.5 MB compressed (``bench/cluster_judge.py``). When a
+8 ranks is ~210 numbers, so a 24 h job
+at 60 s windows is ~300 k numbers, ~440 kB compressed (``bench/cluster_judge.py``). When a
 part would exceed :data:`MAX_PART_BYTES` the window doubles until it fits (``window_s``
 says which was used).
 
-**What the judge sees** (:func:`to_job_data`): one GPU sample per GPU and window, and per
-rank and window up to five step records at the window's step-time quantiles ``q``
-(:data:`QUANTILES`: p10, p30, p50, p70, p90; fewer for windows with fewer steps, and one,
+**What the judge sees** (:func:`to_job_data`): one GPU sample per GPU and window (lists, and
+the part's arrays behind :meth:`GpuSeries.array`), and per rank and window up to five step
+records (a :class:`~gpuguard.epilog.steptable.StepTable` of columns) at the window's
+step-time quantiles ``q`` (:data:`QUANTILES`: p10, p30, p50, p70, p90; fewer for windows with fewer steps, and one,
 the median, when a job would exceed :data:`MAX_STEP_RECORDS`), with samples, tokens and
 phase times scaled so that throughput and phase shares over any span of windows equal the
 exact sums. One median per window made the p95 of a short job the largest of a handful
@@ -68,9 +75,10 @@ OWN_EVENT_KINDS = ("collector_died",)
 #: Step-time quantiles (nearest rank) kept per rank and window: the midpoints of five
 #: equal-mass bins, so that the union over windows has about the right median and tail.
 QUANTILES = (10, 30, 50, 70, 90)
-#: At most this many synthetic step records for the judge (each is a Python object): a
-#: 64-node x 8-rank x 24 h job at 60 s windows has 737 k rank-windows and gets one record
-#: per rank-window, a single node gets all five (bench/cluster_judge.py measures both).
+#: At most this many synthetic step records for the judge (a row of the step table; the
+#: per-rank checks' medians walk them): a 64-node x 8-rank x 24 h job at 60 s windows has
+#: 737 k rank-windows and gets one record per rank-window, a single node gets all five
+#: (bench/cluster_judge.py measures both). Raising it changes what such jobs are judged on.
 MAX_STEP_RECORDS = 400_000
 
 

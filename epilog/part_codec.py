@@ -222,6 +222,10 @@ def _members(blob: bytes) -> dict[str, Any]:
         name = info.filename[:-4] if info.filename.endswith(".npy") else ""
         if not _MEMBER.match(name) or name in out:
             raise SpoolError(f"unexpected part member {info.filename!r}")
+        # what numpy writes: deflate (or stored), unencrypted; other methods are not bounded
+        # per read by zipfile, an encrypted member cannot be read at all
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 0x1:
+            raise SpoolError(f"member {name}: compression {info.compress_type} / flags {info.flag_bits:#x}")
         with zf.open(info) as fh:
             version = npf.read_magic(fh)
             if version not in ((1, 0), (2, 0)):
@@ -249,7 +253,7 @@ def _decode_v2(blob: bytes) -> dict[str, Any]:
         arrays = _members(blob)
         meta = json.loads(bytes(arrays.pop("meta")), parse_constant=_no_constant) if "meta" in arrays else None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, ValueError,
-            NotImplementedError, KeyError) as e:
+            NotImplementedError, KeyError, RuntimeError) as e:
         raise SpoolError(f"not a readable part archive: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise SpoolError("not a gpuguard part")

@@ -165,7 +165,12 @@ def gpu_units(data: JobData, t0: float, t1: float) -> list[Unit]:
 
 def rank_units(data: JobData) -> list[Unit]:
     """The job's ranks, valued by their median ``fwd_bwd_s`` (comm: median ``comm_s``),
-    each mapped to its node's GPU in rank order (module docstring)."""
+    each mapped to its node's GPU in rank order (module docstring). Made once per job
+    (kept in ``data.window_cache``): each unit memoises its medians, and the spread, GPU
+    and node checks all ask the same units (512 ranks of a 64-node job)."""
+    cached = data.window_cache.get("rank_units")
+    if cached is not None:
+        return list(cached)
     series = data.step_columns().rank_series()  # (node, rank) -> t, fwd_bwd_s, comm_s; by t
     gpus_on: dict[str, list[GpuSeries]] = {}
     for g in data.gpus:
@@ -182,7 +187,8 @@ def rank_units(data: JobData) -> list[Unit]:
                 return _memo(lambda a, b: robust.median(vals[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)]))
             out.append(Unit(node, g.gpu_index if g else None, g.gpu_uuid if g else None, rank,
                             phase(fb), phase(cm)))
-    return out
+    data.window_cache["rank_units"] = out
+    return list(out)
 
 
 def rank_compute_spread(data: JobData, t0: float, t1: float) -> float | None:

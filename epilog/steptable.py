@@ -32,9 +32,10 @@ def _none_for_nan(values: list[float]) -> list[float | None]:
 class StepTable:
     """Step records as aligned columns (module docstring). Slicing gives a view."""
 
-    __slots__ = ("nodes", "node", "rank", *VALUE_COLS)
+    __slots__ = ("nodes", "node", "rank", *VALUE_COLS, "_series")
 
     def __init__(self, nodes: Sequence[str | None], node: Any, rank: Any, cols: dict[str, Any]):
+        self._series: Any = None
         self.nodes = list(nodes)
         self.node = node
         self.rank = rank
@@ -105,7 +106,13 @@ class StepTable:
 
     def rank_series(self) -> dict[tuple[str, int], tuple[list[float], list[float | None], list[float | None]]]:
         """``(node or "", int(rank)) -> (t, fwd_bwd_s, comm_s)`` in ``t`` order, over the
-        records that have a rank and a ``fwd_bwd_s`` (what the per-rank peer checks read)."""
+        records that have a rank and a ``fwd_bwd_s`` (what the per-rank peer checks read).
+        Made once per table (the columns are not changed in place): read-only lists."""
+        if self._series is None:
+            self._series = self._rank_series()
+        return self._series
+
+    def _rank_series(self) -> dict[tuple[str, int], tuple[list[float], list[float | None], list[float | None]]]:
         ok = ~np.isnan(self.rank) & ~np.isnan(self.fwd_bwd_s)
         if not ok.any():
             return {}

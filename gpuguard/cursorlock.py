@@ -128,9 +128,9 @@ def acquire(cfg: Any, wait_s: float | None = None, *, now=time.monotonic) -> Cur
         except OSError as e:
             os.close(fd)
             raise LockNotTaken(f"cursor lock {path}: {e}") from None
-    try:  # who holds it, for a waiter's message and its stale test
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {now():.3f}\n".encode(), 0)
+    try:  # who holds it, for a waiter's message and its stale test: one fixed-width record
+        # overwritten in place (an ftruncate costs milliseconds on some filesystems)
+        os.pwrite(fd, f"{os.getpid()} {now():.3f}".ljust(63).encode() + b"\n", 0)
     except OSError:
         pass  # opened read-only: the lock holds all the same
     return CursorLock(fd, path)

@@ -66,7 +66,10 @@ class Nvml:
     """How a GPU metric is read through NVML (NVML API reference, "Device Queries" and
     "Field Value Queries"), for metrics that are one number:
 
-    * ``getter``: the ``nvmlDevice*`` function, called as ``getter(handle, *args)``;
+    * ``getter``: the ``nvmlDevice*`` function, called as ``getter(handle, *args)``; empty
+      for a value NVML gives only as a field (``field_id``), which a ``gpu`` metric then
+      reads every tick in one ``nvmlDeviceGetFieldValues`` call per GPU shared by all
+      such metrics;
     * ``args``: names of ``pynvml`` constants passed after the handle
       (``("NVML_CLOCK_SM",)``);
     * ``attr``: attribute of the returned structure holding the value (``"used"`` of
@@ -80,12 +83,16 @@ class Nvml:
 
     Metrics read from one getter with the same ``args`` share one call per GPU per tick."""
 
-    getter: str
+    getter: str = ""
     args: tuple[str, ...] = ()
     attr: str = ""
     raw_per_unit: float = 1
     fallback: str = ""
     field_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.getter or self.field_id):
+            raise ValueError("an Nvml read needs a getter or a field_id")
 
     def convert(self, raw: Any, integer: bool) -> int | float:
         """The metric from the getter's result (``raw``) or a field value's number:

@@ -440,9 +440,8 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     return out
 
 
-#: Per-window values of :func:`windows_of` per GPU: metric -> how a window combines its
-#: samples (the verdict's short windows): the mean of each GPU metric the verdict compares
-#: (:func:`gpuguard.metrics.series_attrs`), and the peak for memory.
+#: Per-window values of :func:`windows_of` per GPU (the verdict's short windows): the mean
+#: of each GPU metric the verdict compares (:func:`gpuguard.metrics.series_attrs`), memory's peak.
 WINDOW_VALUES = {**dict.fromkeys(series_attrs(), "mean"), "mem_used_mib": "max"}
 
 def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict[str, list[float | None]]:

@@ -172,7 +172,6 @@ class PipeRowParser:
 
         # one C call picks every field a job needs out of a row (None for an absent one)
         self.pick = operator.itemgetter(*map(at, _PICKED))
-        self.i_start, self.i_end = at("start"), at("end")
         self.has_raw, self.has_alloctres = "jobidraw" in ix, "alloctres" in ix
         self.fallback = tuple((k, ix[k]) for k in _GPU_FALLBACK_FIELDS if k in ix)
 
@@ -193,12 +192,7 @@ class PipeRowParser:
             return None, True
         raw = self._raw_id(raw_text, jid_text, ids)
         alloc = parse_tres(alloc_text) if self.has_alloctres else None
-        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
-            gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
-        else:
-            g = _pipe_gpus({k: r[i] for k, i in self.fallback}, alloc)
-            # GRES and jobstats counts are not range-checked by their parsers
-            gpus, gpu_type, gpu_source = check_column("gpus", g.gpus), g.gpu_type, g.source
+        gpus, gpu_type, gpu_source = self._gpus(alloc, r)
         code, sig = parse_exit_code(exit_text)
         conv = self.conv
         # converted in the order of the fields, so a row with several faults names the first
@@ -259,6 +253,14 @@ class PipeRowParser:
             "gpu_source": gpu_source,
             "time_limit_s": limit_s,
         }, False
+
+    def _gpus(self, alloc: tuple[int, str | None, int | None] | None, r: list) -> tuple:
+        """``(gpus, gpu_type, gpu_source)`` of a row (``r``: its fields and a trailing None)."""
+        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
+            return alloc[0], alloc[1], "AllocTRES"
+        g = _pipe_gpus({k: r[i] for k, i in self.fallback}, alloc)
+        # GRES and jobstats counts are not range-checked by their parsers
+        return check_column("gpus", g.gpus), g.gpu_type, g.source
 
     def _raw_id(self, raw_text: str, jid_text: str, ids: dict) -> int:
         """JobIDRaw as an int (from JobID when the header has no JobIDRaw and the id is plain)."""

@@ -135,6 +135,9 @@ class SyncResult:
     attempts: dict[str, int] = field(default_factory=dict)
     #: GPU utilisation readings taken from jobstats ``JS1:`` AdminComments.
     js1_readings: int = 0
+    #: Live sync: why sacct's full output was not taken line by line (a free-text field
+    #: held a newline), and where the jobs came from instead (:mod:`~gpuguard.reports.sacct_live`).
+    record_check: str | None = None
 
     def summary(self) -> str:
         """One line: what was stored and what of it no report (or no GPU figure) can count,
@@ -157,6 +160,8 @@ class SyncResult:
             s += f", {self.steps_skipped} step row(s) ignored"
         if self.malformed:
             s += f", {len(self.malformed)} malformed row(s) skipped"
+        if self.record_check:
+            s += f"; {self.record_check}"
         return s
 
 
@@ -283,7 +288,7 @@ def _bulk_load(store: Store, batches: Iterator[list[tuple]], now: float) -> None
 
 def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
              on_progress: Callable[[int], None] | None, gpus_tracked: bool | None = None,
-             expect_rows: int | None = None) -> None:
+             expect_rows: int | None = None, free_text: dict | None = None) -> None:
     first_submit: dict[str, float | None] = {}  # job id -> the first submit time seen
     attempts: dict[str, set] = {}  # only jobs seen with two or more submit times
     js1: list[tuple[int, str]] = []
@@ -296,6 +301,10 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
                 result.steps_skipped += 1
             elif r.job is not None:
                 j = r.job
+                if free_text is not None:
+                    from gpuguard.reports.sacct_live import set_free_text
+
+                    set_free_text(j, free_text)
                 if r.note is not None:
                     result.notes.append((r.line, r.note))
                 if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
@@ -382,10 +391,12 @@ def _json_jobs(doc) -> int | None:
 
 def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: str = "", source: str = "<text>",
                 fields: list[str] | None = None, delimiter: str = "|", synced_at: float | None = None,
-                gpus_tracked: bool | None = None) -> SyncResult:
+                gpus_tracked: bool | None = None, free_text: dict | None = None) -> SyncResult:
     """Like :func:`import_file` for text in memory (``fields`` for header-less ``-n`` output).
     ``gpus_tracked`` False (the cluster's AccountingStorageTRES has no ``gres/gpu``): a
-    job whose TRES hold no GPU has GPU usage unknown, not 0."""
+    job whose TRES hold no GPU has GPU usage unknown, not 0. ``free_text``: ``(job_id_raw,
+    submit_at) -> (job_name, comment, admin_comment)`` for ``-P`` text without those
+    fields (:mod:`gpuguard.reports.sacct_live`); a job it lacks has them unknown."""
     result = SyncResult(source=source)
     now = time.time() if synced_at is None else synced_at
     if sniff_format(text[:4096]) == "json":
@@ -399,7 +410,7 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     conv = TimeConverter(tz or resolve_timezone())
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
-    _consume(store, rows, result, now, None, gpus_tracked, expect_rows=text.count("\n"))
+    _consume(store, rows, result, now, None, gpus_tracked, expect_rows=text.count("\n"), free_text=free_text)
     return result
 
 
@@ -450,11 +461,29 @@ def sync_from_slurm(store: Store, slurm, *, since: float | None = None, cluster:
     if since is None:
         prev = last_sync(store)
         since = prev - overlap_s if prev is not None else started - first_sync_days * 86400
+    from gpuguard.reports.sacct_live import RECORD_FIELDS, free_text_from_json, one_job_per_line
+    from gpuguard.slurm import SlurmError
+
     tz = resolve_timezone()
-    out = slurm.sacct(fields=SACCT_FIELDS, start=_local(since, tz), end=_local(started, tz),
-                      delimiter=LIVE_DELIMITER, timeout_s=timeout_s, duplicates=True)
-    result = import_text(store, out, tz=tz, cluster=cluster, source="sacct", fields=list(SACCT_FIELDS),
-                         delimiter=LIVE_DELIMITER, synced_at=started, gpus_tracked=gpus_tracked(slurm))
+    window = {"start": _local(since, tz), "end": _local(started, tz), "delimiter": LIVE_DELIMITER,
+              "timeout_s": timeout_s, "duplicates": True}
+    out = slurm.sacct(fields=SACCT_FIELDS, **window)
+    # asked second: the record list then holds every job the full output can hold
+    records = slurm.sacct(fields=RECORD_FIELDS, **window)
+    kw = {"tz": tz, "cluster": cluster, "source": "sacct", "delimiter": LIVE_DELIMITER, "synced_at": started,
+          "gpus_tracked": gpus_tracked(slurm)}
+    why = one_job_per_line(out, records, tz, LIVE_DELIMITER)
+    if why is None:
+        result = import_text(store, out, fields=list(SACCT_FIELDS), **kw)
+    else:
+        # forged or split records possible: usage from the record list, free text from JSON
+        try:
+            free = free_text_from_json(slurm, window["start"], window["end"], timeout_s)
+            how = "JobName/Comment/AdminComment taken from sacct --json"
+        except (SlurmError, ValueError) as e:
+            free, how = {}, f"JobName/Comment/AdminComment unknown (sacct --json: {e})"
+        result = import_text(store, records, fields=list(RECORD_FIELDS), free_text=free, **kw)
+        result.record_check = f"{why}; jobs read from sacct's record list, {how}"
     result.since, result.until = since, started
     store.set_cursor(CURSOR, repr(started))
     return result

@@ -490,7 +490,9 @@ class FakeNvml:
         ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (device key ``recovery_action``, ``uiVal``),
         ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (from the ``ecc`` key) and
         ``NVML_FI_DEV_PCIE_REPLAY_COUNTER`` (``pcie_replay``) and
-        ``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (``energy_mj``), all ``ullVal``."""
+        ``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (``energy_mj``) and
+        ``NVML_FI_DEV_MEMORY_TEMP`` (``mem_temp``, °C; absent from the recorded GPUs), all
+        ``ullVal``."""
         dev = self._dev("nvmlDeviceGetFieldValues", handle)
         unsupported = _real.NVML_ERROR_NOT_SUPPORTED
         out = []
@@ -506,6 +508,8 @@ class FakeNvml:
                 v = dev.get("pcie_replay")
             elif fid == _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
                 v = dev.get("energy_mj")
+            elif fid == _real.NVML_FI_DEV_MEMORY_TEMP:
+                v = dev.get("mem_temp")
             else:
                 v = None
             out.append(_Struct(fieldId=fid, scopeId=0, valueType=_real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuguard.cli import main
-from gpuguard.collector.rows import gpu_row
+from gpuguard.collector.run import Collector
 from gpuguard.epilog import summary_shape
 from gpuguard.epilog.summary import load_summaries, save_summary, summarize_job
 from gpuguard.gpu.nvml import NvmlSource
@@ -26,14 +26,18 @@ MJ0 = 81_234_567_890  # fake_pynvml.h100_gpu: energy counter of GPU 0 at the sta
 
 
 def _collect(fake: fp.FakeNvml, store, ticks: int, *, watts: tuple[int, int]) -> None:
-    """``ticks`` collector ticks of 1 s (t = 1000, 1001, ...), every one a slow tick; between
-    ticks GPU i's energy counter grows by ``watts[i]`` J."""
+    """``ticks`` ticks of the collector's own path (its per-job NVML reader, its rows, its
+    buffer flush), every one a slow tick; between ticks GPU i's energy counter grows by
+    ``watts[i]`` J."""
     src = NvmlSource(pynvml_module=fake.module)
+    c = Collector(job_id="9", node="n1", source=src, gpus="0,1", host=None, liveness=None,
+                  open_store=lambda: store, interval_s=1.0, flush_s=1.0, slow_every_s=1e-9)
     try:
-        for k in range(ticks):
-            snap = src.telemetry([0, 1], [], slow=True)
-            assert snap.error is None
-            store.insert_many("samples", [gpu_row(g, "9", "n1", 1000.0 + k) for g in snap.gpus])
+        for _ in range(ticks):
+            rows = c.gpu_rows()
+            assert rows is not None and len(rows) == 2
+            c.buffer.add("samples", rows)
+            c.buffer.flush(store)
             for i in (0, 1):
                 fake.devices[i]["energy_mj"] += watts[i] * 1000
     finally:
@@ -48,14 +52,15 @@ def fake():
 def test_read_by_field_value_and_by_getter(fake):
     src = NvmlSource(pynvml_module=fake.module)
     (g0, g1) = src.telemetry([0, 1], [], slow=True).gpus
-    assert (g0.energy_j, g1.energy_j) == (MJ0 / 1000, (MJ0 + 1) / 1000)  # mJ -> J, no rounding here
+    # mJ -> J, in the store's form: whole joules (81,234,567.890 and .891 J)
+    assert (g0.energy_j, g1.energy_j) == (81234568, 81234568)
     assert ("nvmlDeviceGetTotalEnergyConsumption", 0) not in fake.calls  # the batched field value served it
     assert src.telemetry([0, 1], [], slow=False).gpus[0].energy_j is None  # a slow counter: not every tick
     src.close()
     fake.hide("nvmlDeviceGetFieldValues")  # an older nvidia-ml-py: the getter
     src = NvmlSource(pynvml_module=fake.module)
     (g0, _g1) = src.telemetry([0, 1], [], slow=True).gpus
-    assert g0.energy_j == MJ0 / 1000 and ("nvmlDeviceGetTotalEnergyConsumption", 0) in fake.calls
+    assert g0.energy_j == round(MJ0 / 1000) and ("nvmlDeviceGetTotalEnergyConsumption", 0) in fake.calls
     src.close()
 
 
@@ -71,7 +76,7 @@ def test_energy_from_collector_to_job_show(fake, tmp_path, monkeypatch):
     db = str(tmp_path / "node.db")
     store = open_store(db)
     _collect(fake, store, 11, watts=(700, 350))  # 10 intervals of 1 s
-    s = summarize_job(store, "9", "n1", exit_status_raw=0, collector_status="ok", ended_at=1100.0)
+    s = summarize_job(store, "9", "n1", exit_status_raw=0, collector_status="ok")
     # stored in whole joules: GPU 0 from 81,234,568 J (81,234,567.89 rounded) to +7,000 J
     assert [(g.gpu_index, g.energy_increase_j) for g in s.gpus] == [(0, 7000), (1, 3500)]
     assert s.energy_increase_j == 10500

@@ -148,6 +148,12 @@ def test_a_member_declaring_a_huge_shape_is_refused_before_it_is_allocated():
             zout.writestr(info.filename, fake.getvalue() if info.filename == "gpu_t.npy" else zin.read(info))
     with pytest.raises(SpoolError, match="member gpu_t: shape \\(1000000000000,\\) larger than its data"):
         part.decode_part(out.getvalue())
+    bz = io.BytesIO()  # bzip2 is not what numpy writes, and zipfile does not bound its output per read
+    with zipfile.ZipFile(bz, "w", zipfile.ZIP_BZIP2) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(SpoolError, match="member .*: compression 12"):
+        part.decode_part(bz.getvalue())
 
 
 def test_spool_reads_both_versions_prefers_v2_and_logs_skipped_files(tmp_path, caplog):
@@ -253,3 +259,15 @@ def test_gpu_series_follow_the_metric_table_across_releases():
     assert p["gpus"][0]["future_metric"].tolist() == [0.0, 1.0, 2.0, 3.0]
     g = part.to_job_data("5", {"n1": p}).gpus[0]
     assert (g.mem_util, g.util) == ([None] * 4, [97.5, None, 98.0, 96.0])
+
+
+def test_a_window_without_a_time_is_left_out_of_every_series():
+    doc = _doc()
+    doc["gpus"][0]["t"] = [T0 + 30, None, T0 + 150, T0 + 210]
+    doc["ranks"][0]["t"] = [None, T0 + 90, T0 + 150, T0 + 210]
+    d = part.to_job_data("5", {"n1": part.decode_part(part_codec.encode(doc))})
+    g = d.gpus[0]
+    assert (g.t, g.util, g.clock, g.mask, g.ecc_unc) == ([T0 + 30, T0 + 150, T0 + 210], [97.5, 98.0, 96.0],
+                                                         [1755.0, None, 1755.0], [0, 4, 0], [0, None, 1])
+    assert g.array("clock").tolist()[0] == 1755.0 and len(g.array("util")) == 3
+    assert [(s.t, s.step_time_s) for s in d.steps] == [(T0 + 90, 1.1), (T0 + 210, 0.9)]

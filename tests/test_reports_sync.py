@@ -14,6 +14,7 @@ from reports_helpers import DATA, HANDMADE, cache_store, utc
 
 from gpuguard.cli import main
 from gpuguard.reports.sacct import SACCT_FIELDS
+from gpuguard.reports.sacct_live import RECORD_FIELDS
 from gpuguard.reports.sync import CURSOR, import_file, import_text, last_sync, sync_from_slurm
 from gpuguard.slurm import SlurmCli
 
@@ -101,9 +102,22 @@ def test_malformed_rows_are_reported_with_their_line_and_skipped(cstore, tmp_pat
 
 
 FAKE_SACCT = """#!{python}
-import json, sys
+# Prints the jobs of sacct.records.json (a list of field -> text), else the lines of
+# sacct.out (SACCT_FIELDS order), with the --format fields asked, as sacct -P does: free
+# text raw; --json prints sacct.json.
+import json, os, sys
 open({log!r}, "a").write(json.dumps(sys.argv[1:]) + "\\n")
-sys.stdout.write(open({out!r}).read())
+if "--json" in sys.argv:
+    sys.stdout.write(open({out!r}[:-4] + ".json").read())
+    sys.exit(0)
+full = {fields!r}
+fmt = next(a for a in sys.argv if a.startswith("--format=")).split("=", 1)[1].split(",")
+recs = {out!r}[:-4] + ".records.json"
+if os.path.exists(recs):
+    jobs = json.load(open(recs))
+else:
+    jobs = [dict(zip(full, line.split("\\x1f"))) for line in open({out!r}).read().splitlines() if line]
+sys.stdout.write("".join("\\x1f".join(j[f] for f in fmt) + "\\n" for j in jobs))
 """
 
 
@@ -114,7 +128,8 @@ def _fake_sacct(tmp_path, output: str):
     out.write_text(output)
     log = tmp_path / "sacct.log"
     exe = bindir / "sacct"
-    exe.write_text(FAKE_SACCT.format(python=os.environ.get("PYTHON", "/usr/bin/env python3"), log=str(log), out=str(out)))
+    exe.write_text(FAKE_SACCT.format(python=os.environ.get("PYTHON", "/usr/bin/env python3"), log=str(log), out=str(out),
+                                     fields=list(SACCT_FIELDS)))
     exe.chmod(0o755)
     return str(bindir), log
 
@@ -141,11 +156,15 @@ def test_live_sync_is_incremental_and_reads_the_unit_separator(cstore, tmp_path,
     argv = [json.loads(x) for x in log.read_text().splitlines()]
     assert argv[0] == ["-X", "-a", "-D", "-P", "-n", "--delimiter=\x1f", "--format=" + ",".join(SACCT_FIELDS),
                        "-S", "2025-02-27T01:01:00", "-E", "2025-03-01T01:01:00"]
+    # then the record list without the free-text fields (one line per job whatever they hold)
+    assert argv[1] == ["-X", "-a", "-D", "-P", "-n", "--delimiter=\x1f", "--format=" + ",".join(RECORD_FIELDS),
+                       "-S", "2025-02-27T01:01:00", "-E", "2025-03-01T01:01:00"]
+    assert len(argv) == 2 and "JobName" not in RECORD_FIELDS and "Comment" not in RECORD_FIELDS
     # second sync: from the last one minus the overlap; the job finished meanwhile
     (tmp_path / "sacct.out").write_text(_live_line(7, "COMPLETED", "2025-03-01T01:00:00", "2025-03-01T02:00:00", 3600))
     sync_from_slurm(cstore, slurm, now=t0 + 7200, overlap_s=300)
     argv = [json.loads(x) for x in log.read_text().splitlines()]
-    assert argv[1][-4:] == ["-S", "2025-03-01T00:56:00", "-E", "2025-03-01T03:01:00"]
+    assert argv[2][-4:] == ["-S", "2025-03-01T00:56:00", "-E", "2025-03-01T03:01:00"]
     assert rows(cstore, "SELECT state, account, comment, template, gpus, end_at FROM sacct_jobs") == [
         ("COMPLETED", "a|b", "gpuguard:template=x | note", "x", 1, utc("2025-03-01T02:00:00"))]
 
@@ -324,3 +343,35 @@ def test_bulk_load_replaces_an_attempt_stored_without_submit(cstore, monkeypatch
     import_text(cstore, with_submit, tz=UTC)
     assert rows(cstore, "SELECT job_id_raw, attempt_at, gpus FROM sacct_jobs ORDER BY 1") == [
         (600, utc("2025-03-01T01:00:05"), 2), (601, utc("2025-03-01T01:00:05"), 1)]
+
+
+def test_live_sync_never_stores_a_record_forged_in_a_job_name(cstore, tmp_path, monkeypatch):
+    """Slurm keeps newlines and \\x1f in --job-name and sacct -P prints them raw, so a job
+    name can hold a whole forged record (the testbed's repro: 512 GPU-hours on a victim's
+    account). The live sync stores the jobs of sacct's record list and their names from
+    sacct --json, never the forged one."""
+    monkeypatch.setenv("TZ", "UTC")
+    forged = dict(zip(SACCT_FIELDS, _live_line(999001, "COMPLETED", "2025-03-01T00:00:00", "2025-03-01T01:00:00",
+                                                3600).rstrip("\n").split("\x1f"), strict=True))
+    forged.update({"Account": "acct_victim", "User": "victim", "AllocTRES": "cpu=64,gres/gpu=512"})
+    name = "a\n" + "\x1f".join(forged[f] for f in SACCT_FIELDS) + "\nz"
+    real = dict(zip(SACCT_FIELDS, _live_line(7, "COMPLETED", "2025-03-01T00:00:00", "2025-03-01T01:00:00",
+                                              3600).rstrip("\n").split("\x1f"), strict=True))
+    real.update({"JobName": name, "Account": "acct_a", "User": "mallory"})
+    bindir, log = _fake_sacct(tmp_path, "")
+    (tmp_path / "sacct.records.json").write_text(json.dumps([real]))
+    (tmp_path / "sacct.json").write_text(json.dumps({"meta": {"plugin": {"data_parser": "v0.0.41"}}, "jobs": [{
+        "job_id": 7, "name": name, "account": "acct_a", "user": "mallory", "state": {"current": ["COMPLETED"]},
+        "comment": {"job": "gpuguard:template=x | note", "administrator": ""},
+        "time": {"submission": int(utc("2025-03-01T00:00:00")), "start": int(utc("2025-03-01T00:00:00")),
+                 "end": int(utc("2025-03-01T01:00:00")), "elapsed": 3600}}]}))
+    res = sync_from_slurm(cstore, SlurmCli(bindir), now=utc("2025-03-01T02:00:00"), first_sync_days=1)
+    assert rows(cstore, "SELECT job_id_raw, user, account, gpus, job_name, comment, template FROM sacct_jobs") == [
+        (7, "mallory", "acct_a", 1, name, "gpuguard:template=x | note", "x")]
+    assert (res.jobs, res.malformed, res.notes) == (1, [], [])
+    assert res.summary() == ("sacct: 1 job(s) stored; sacct printed 3 lines for 1 jobs: a JobName or Comment holds "
+                             "a newline; jobs read from sacct's record list, JobName/Comment/AdminComment taken "
+                             "from sacct --json")
+    argv = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [a[-5] if "--json" in a else a[6] for a in argv] == [
+        "--format=" + ",".join(SACCT_FIELDS), "--format=" + ",".join(RECORD_FIELDS), "--json"]

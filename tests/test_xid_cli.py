@@ -118,3 +118,22 @@ def test_scan_broken_gzip_is_one_line_and_nul_runs_hide_nothing(tmp_path):
     r = runner().invoke(xid, ["scan", "--json", str(crash)])
     assert r.exit_code == 0
     assert [(e["xid"], e["pci_bus_id"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00")]
+
+
+def test_scan_truncated_gzip_shows_the_events_before_the_cut_and_exits_2(tmp_path):
+    """A rotated log cut short (a full disk, a partial copy): the events before the cut
+    are printed, the cut is named on stderr, exit 2 (never a silent partial read)."""
+    import gzip
+
+    text = (DATA / "xid-79-sxid-20034-nvswitch.txt").read_bytes()
+    whole = gzip.compress(text)
+    cut = tmp_path / "kern.log.3.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    r = runner().invoke(xid, ["scan", "--json", str(cut)])
+    assert r.exit_code == 2
+    events = json.loads(r.stdout)
+    assert events and events[0]["xid"] == 79 and events[0]["pci_bus_id"] == "0000:91:00"
+    full = json.loads(runner().invoke(xid, ["scan", "--json", str(DATA / "xid-79-sxid-20034-nvswitch.txt")]).stdout)
+    assert len(events) < len(full)
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"Error: {cut}: gzip data ends early (truncated file); the events before the cut are shown")

@@ -26,12 +26,13 @@ class FileError(click.ClickException):
     exit_code = 2
 
 
-def _read_lines(path: str) -> list[str]:
-    """Lines of ``path`` (``-``: stdin). A gzip file (logrotate's ``kern.log.2.gz``) is
-    read decompressed, up to the input cap ("no XID events" on compressed bytes would hide
-    a real fault)."""
+def _read_lines(path: str) -> tuple[list[str], str | None]:
+    """``(lines, problem)`` of ``path`` (``-``: stdin). A gzip file (logrotate's
+    ``kern.log.2.gz``) is read decompressed, up to the input cap ("no XID events" on
+    compressed bytes would hide a real fault); a gzip stream that ends early (a file cut
+    by a full disk or a copy) gives the lines before the cut and the ``problem``."""
     if path == "-":
-        return sys.stdin.read().splitlines()
+        return sys.stdin.read().splitlines(), None
     import zlib
 
     from gpuguard.inputs import MAX_INPUT_BYTES, InputError, read_input
@@ -40,6 +41,7 @@ def _read_lines(path: str) -> list[str]:
         data = read_input(path)
     except InputError as exc:
         raise FileError(f"cannot read {exc}") from None
+    problem = None
     if data[:2] == b"\x1f\x8b":
         d = zlib.decompressobj(wbits=31)  # gzip header; max_length caps a decompression bomb
         try:
@@ -48,9 +50,11 @@ def _read_lines(path: str) -> list[str]:
             raise FileError(f"cannot read {path}: broken gzip data ({exc})") from None
         if d.unconsumed_tail:
             raise FileError(f"cannot read {path}: more than {MAX_INPUT_BYTES} bytes decompressed")
+        if not d.eof:
+            problem = f"{path}: gzip data ends early (truncated file); the events before the cut are shown"
     # a syslog file written through a crash holds runs of NUL bytes where unflushed blocks
     # were; they end a line, they do not hide the lines after them
-    return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines()
+    return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines(), problem
 
 
 def _time_text(event: XidEvent) -> str:
@@ -109,9 +113,11 @@ def scan(file: str, fmt: str) -> None:
     was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
     prefix, no PCI address, no code), with the first few lines and their numbers.
     Any real log-prefix layout is read (:mod:`gpuguard.xid.prefix`). Exit status 0; 2
-    when FILE cannot be read.
+    when FILE cannot be read, or is a gzip file that ends early (its events before the
+    cut are printed, and the problem on stderr).
     """
-    result = parse_lines(_read_lines(file))
+    lines, problem = _read_lines(file)
+    result = parse_lines(lines)
     if fmt != "text":
         emit(fmt, event_rows(result), headers=_CSV_HEADERS)
     elif result.events:
@@ -123,6 +129,9 @@ def scan(file: str, fmt: str) -> None:
         click.echo(f"  {n} x {why}", err=True)
     for line_no, _why, sample in result.rejected_samples:
         click.echo(f"  line {line_no}: {sample}", err=True)
+    if problem:
+        click.echo(f"Error: {problem}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
