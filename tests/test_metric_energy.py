@@ -52,15 +52,15 @@ def fake():
 def test_read_by_field_value_and_by_getter(fake):
     src = NvmlSource(pynvml_module=fake.module)
     (g0, g1) = src.telemetry([0, 1], [], slow=True).gpus
-    # mJ -> J, in the store's form: whole joules (81,234,567.890 and .891 J)
-    assert (g0.energy_j, g1.energy_j) == (81234568, 81234568)
+    # mJ -> J in real units (the collector's own reader gives the store's whole joules)
+    assert (g0.energy_j, g1.energy_j) == (MJ0 / 1000, (MJ0 + 1) / 1000)
     assert ("nvmlDeviceGetTotalEnergyConsumption", 0) not in fake.calls  # the batched field value served it
     assert src.telemetry([0, 1], [], slow=False).gpus[0].energy_j is None  # a slow counter: not every tick
     src.close()
     fake.hide("nvmlDeviceGetFieldValues")  # an older nvidia-ml-py: the getter
     src = NvmlSource(pynvml_module=fake.module)
     (g0, _g1) = src.telemetry([0, 1], [], slow=True).gpus
-    assert g0.energy_j == round(MJ0 / 1000) and ("nvmlDeviceGetTotalEnergyConsumption", 0) in fake.calls
+    assert g0.energy_j == MJ0 / 1000 and ("nvmlDeviceGetTotalEnergyConsumption", 0) in fake.calls
     src.close()
 
 
