@@ -107,8 +107,8 @@ def test_many_windows_equal_window_metrics_one_at_a_time(monkeypatch: pytest.Mon
     monkeypatch.setattr(metrics, "MIN_POINTS_FOR_BUCKETS", min_points)
     monkeypatch.setattr(window_buckets, "MAX_GATHERED", gathered)
     data = _job(7, span_s=2 * 3600.0, table=True)
-    windows = metrics.long_windows(data.start + 300, data.end + 1e-6, 600.0, 60.0) + [
-        (data.start, data.start + 90.0), (data.start - 500.0, data.start - 400.0)]
+    windows = [*metrics.long_windows(data.start + 300, data.end + 1e-6, 600.0, 60.0),
+               (data.start, data.start + 90.0), (data.start - 500.0, data.start - 400.0)]
     got = window_buckets.many_window_metrics(data, windows)
     one = _job(7, span_s=2 * 3600.0, table=True)
     one.window_cache["all_buckets"] = 60.0
