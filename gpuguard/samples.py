@@ -370,8 +370,12 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     store object and is cleared by its sample writes), a result is kept keyed by the rows
     it covered (count, first and last time) and the bucketing, so the Epilog's part and
     verdict reuse the pass its summary just made instead of reading the samples again."""
-    n, a, b = conn.execute("select count(*), min(t_ms), max(t_ms) from gpu_samples where sid = ? and t_ms "
-                           "between ? and ?", (sid, lo, hi)).fetchone()
+    # count(*) alone scans the series' keys; min/max alone are two seeks of the primary key
+    # (together with the count they would decode every row: 2.5x the time)
+    rng = "from gpu_samples where sid = ? and t_ms between ? and ?"
+    n = conn.execute(f"select count(*) {rng}", (sid, lo, hi)).fetchone()[0]
+    a = conn.execute(f"select min(t_ms) {rng}", (sid, lo, hi)).fetchone()[0]
+    b = conn.execute(f"select max(t_ms) {rng}", (sid, lo, hi)).fetchone()[0]
     bucket_ms = bucket_width_ms(n, (b - a) if n else 0, max_points, align_s)
     align_ms = 1 if bucket_ms and align_s else 0
     key = ("buckets", sid, n, a, b, bucket_ms, align_ms)
