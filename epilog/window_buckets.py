@@ -49,8 +49,12 @@ def _nearest_rank(bucket: Any, values: Any, p: float, k: int, finite: bool = Tru
     values, as the step-time percentiles take them), None for a bucket without one."""
     ok = np.isfinite(values) if finite else ~np.isnan(values)
     b, v = bucket[ok], values[ok]
-    order = np.lexsort((v, b))
-    v = v[order]
+    # sorted by (bucket, value): the values' ranks among the distinct values make one
+    # integer key (two plain sorts; a lexsort of the pair is 2-3 times slower)
+    uniq, inv = np.unique(v, return_inverse=True)
+    key = b.astype(np.int64) * max(1, len(uniq)) + inv.reshape(-1)
+    key.sort()
+    v = uniq[key % max(1, len(uniq))]
     n = np.bincount(b, minlength=k)
     first = np.cumsum(n) - n
     rank = np.maximum(1, np.ceil(p / 100 * n)).astype(np.int64) - 1
