@@ -178,7 +178,7 @@ def compile_plan(nv: Any, stored: bool = True) -> tuple[list[_Call], list[_Call]
             if getattr(nv, n.field_id, None) is None:
                 unread.append(m.name)
             else:
-                fast_fields.append((pos, m.name, n.field_id, converter(n, False, m.scale)))
+                fast_fields.append((pos, m.name, n.field_id, converter(n, False, m.scale if stored else None)))
         else:
             add((n.getter, n.fallback, n.args), (n.getter, n.fallback), tuple(getattr(nv, a) for a in n.args),
                 (pos, m.name, converter(n, False, m.scale if stored else None)))
