@@ -42,6 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop_on_signals() -> tuple[threading.Event, list[str]]:
+    """Install SIGTERM/SIGINT handlers that set the returned event and record why in the
+    returned list (SIGHUP is ignored: the collector outlives the Prolog's session)."""
+    stop = threading.Event()
+    why: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        why.append(f"stopped by {signal.Signals(signum).name}")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return stop, why
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the collector for ``argv`` (default ``sys.argv[1:]``); exit status 0, 2 for bad
     arguments or config (module docstring of :mod:`gpuguard.collector.run`)."""
@@ -53,16 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(argv)
     # Handlers first: a SIGTERM from a quick epilog during start-up still ends in a clean
     # exit 0 (before this line nothing has been sampled, so the default action loses nothing).
-    stop = threading.Event()
-    why: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        why.append(f"stopped by {signal.Signals(signum).name}")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop, why = _stop_on_signals()
     args = build_parser().parse_args(argv)
     from gpuguard.collector.host import HostSampler
     from gpuguard.collector.liveness import JobLiveness

@@ -211,7 +211,8 @@ class PipeRowParser:
         elapsed_s, usage_end, charge, wait, submit_wait = derive_usage(start_at, end_at, elapsed_s, submit_at,
                                                                         eligible_at)
         comment = comment or None
-        return {
+        # a literal of at most 30 keys is built in one step; a longer one key by key (CPython)
+        job = {
             "cluster": clus or self.cluster or "",
             "job_id_raw": raw,
             "job_id": jid_text.strip(),
@@ -242,17 +243,18 @@ class PipeRowParser:
             "cpus": cpus,
             "alloc_tres": alloc_text or None,
             "nnodes": nnodes_n,
-            "node_list": nodes or None,
-            "comment": comment,
-            "admin_comment": admin or None,
-            "template": template_of(comment),
-            "synced_at": None,
-            "source": None,
-            # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
-            "attempt_at": submit_at if submit_at is not None else 0.0,
-            "gpu_source": gpu_source,
-            "time_limit_s": limit_s,
-        }, False
+        }
+        job["node_list"] = nodes or None
+        job["comment"] = comment
+        job["admin_comment"] = admin or None
+        job["template"] = template_of(comment)
+        job["synced_at"] = None
+        job["source"] = None
+        # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
+        job["attempt_at"] = submit_at if submit_at is not None else 0.0
+        job["gpu_source"] = gpu_source
+        job["time_limit_s"] = limit_s
+        return job, False
 
     def _gpus(self, alloc: tuple[int, str | None, int | None] | None, r: list) -> tuple:
         """``(gpus, gpu_type, gpu_source)`` of a row (``r``: its fields and a trailing None)."""

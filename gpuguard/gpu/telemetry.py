@@ -71,10 +71,13 @@ MASK_CALL = (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClo
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 
-def converter(n: Nvml, integer: bool, scale: int) -> Callable[[Any], Any]:
+def converter(n: Nvml, integer: bool, scale: int | None) -> Callable[[Any], Any]:
     """The stored integer of a metric from its getter's result (or a field value's
     number): ``round(n.convert(raw, integer) * scale)``, compiled once (C-level
-    ``attrgetter``/``int`` where the value is NVML's integer as it is)."""
+    ``attrgetter``/``int`` where the value is NVML's integer as it is). ``scale`` None:
+    the value in real units, ``n.convert(raw, integer)``."""
+    if scale is None:
+        return lambda r: n.convert(r, integer)
     d, a = n.raw_per_unit, n.attr
     if d == 1 and scale == 1:  # NVML's unsigned integer is the stored value
         return operator.attrgetter(a) if a else int
@@ -86,7 +89,8 @@ def converter(n: Nvml, integer: bool, scale: int) -> Callable[[Any], Any]:
 class GpuReading(NamedTuple):
     """One job GPU at one tick: ``values`` in ``GPU_SAMPLED`` order, as the store keeps
     them (``round(value * Metric.scale)``: :func:`gpuguard.metrics.scale_value`; ``None`` =
-    no reading); ``slow`` likewise in ``GPU_SLOW`` order, or ``None`` when not read;
+    no reading; real units from a reader made with ``stored=False``); ``slow`` likewise
+    in ``GPU_SLOW`` order, or ``None`` when not read;
     ``errors``: metric name (or ``"telemetry"``) -> NVML error name, ``None`` when none."""
 
     index: int
@@ -151,9 +155,10 @@ def _field_call(nv: Any, metrics: list[tuple[int, str, str, Any]]) -> _Call | No
     return _Call([fv], (ids,), [(p, n, getter(i, cv)) for i, (p, n, _c, cv) in enumerate(metrics)])
 
 
-def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
+def compile_plan(nv: Any, stored: bool = True) -> tuple[list[_Call], list[_Call], list[str]]:
     """The per-tick calls, the slow calls and the metrics nothing reads, from the metric
-    table and the loaded pynvml module (functions and constants it lacks are dropped)."""
+    table and the loaded pynvml module (functions and constants it lacks are dropped).
+    Values in the stored integer form, or in real units when not ``stored``."""
     calls: dict[tuple[Any, ...], _Call] = {}
     unread: list[str] = []
     fast_fields: list[tuple[int, str, str, Any]] = []
@@ -173,10 +178,10 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
             if getattr(nv, n.field_id, None) is None:
                 unread.append(m.name)
             else:
-                fast_fields.append((pos, m.name, n.field_id, converter(n, False, m.scale)))
+                fast_fields.append((pos, m.name, n.field_id, converter(n, False, m.scale if stored else None)))
         else:
             add((n.getter, n.fallback, n.args), (n.getter, n.fallback), tuple(getattr(nv, a) for a in n.args),
-                (pos, m.name, converter(n, False, m.scale)))
+                (pos, m.name, converter(n, False, m.scale if stored else None)))
     fast = [c for c in calls.values() if c.fn is not None]
     unread += [n for c in calls.values() if c.fn is None for _p, n, _g in c.outs]
     fc = _field_call(nv, fast_fields)
@@ -191,9 +196,9 @@ def compile_plan(nv: Any) -> tuple[list[_Call], list[_Call], list[str]]:
         n = m.nvml
         fn = getattr(nv, n.getter, None) if n is not None else None
         if fn is not None and all(getattr(nv, a, None) is not None for a in n.args):
-            singles.append(_Call([fn], tuple(getattr(nv, a) for a in n.args), [(pos, m.name, converter(n, True, m.scale))]))
+            singles.append(_Call([fn], tuple(getattr(nv, a) for a in n.args), [(pos, m.name, converter(n, True, m.scale if stored else None))]))
         if n is not None and n.field_id and getattr(nv, n.field_id, None) is not None:
-            fields.append((pos, m.name, n.field_id, converter(n, True, m.scale)))
+            fields.append((pos, m.name, n.field_id, converter(n, True, m.scale if stored else None)))
     in_fields = {name for _p, name, _f, _c in fields}
     fc = _field_call(nv, fields)
     if fc is not None:  # counters without a field id keep their getter call
@@ -293,10 +298,12 @@ def _resolve(nv: Any, indices: list[int], uuids: list[str]) -> list[JobGpu]:
 class JobTelemetry:
     """The per-interval reader of one job's GPUs through an :class:`NvmlSource` (its NVML
     initialisation, worker thread and hung-call bookkeeping are reused). ``indices`` /
-    ``uuids``: the job's GPUs as ``--gpus`` names them. Not thread-safe (one per source)."""
+    ``uuids``: the job's GPUs as ``--gpus`` names them. ``stored``: values in the store's
+    integer form (the collector), else in real units. Not thread-safe (one per source)."""
 
-    def __init__(self, src: Any, indices: list[int], uuids: list[str]):
+    def __init__(self, src: Any, indices: list[int], uuids: list[str], stored: bool = True):
         self.src = src
+        self.stored = stored
         self.indices = list(indices)
         self.uuids = list(uuids)
         #: the job's GPUs once resolved (None before the first successful read)
@@ -324,7 +331,7 @@ class JobTelemetry:
             if SCOPE in src._stuck:
                 return self._timed_out(taken_at)
         if self._plan is None:
-            self._plan = compile_plan(src._nv)
+            self._plan = compile_plan(src._nv, self.stored)
             self.unread = self._plan[2]
         fast, slow_calls, _unread = self._plan
         try:
@@ -362,7 +369,7 @@ class JobTelemetry:
                 return self._timed_out(taken_at)
         try:
             if self._plan is None:
-                self._plan = compile_plan(src._nv)
+                self._plan = compile_plan(src._nv, self.stored)
                 self.unread = self._plan[2]
             if self.gpus is None:
                 try:
@@ -375,19 +382,24 @@ class JobTelemetry:
             return Reading(taken_at, f"tool error: telemetry read failed: {type(e).__name__}: {e}", [])
 
 
-def to_gpu_state(r: GpuReading) -> GpuState:
+def to_gpu_state(r: GpuReading, stored: bool = True) -> GpuState:
     """A reading as a :class:`GpuState` in real units (the GpuState fields named like the
-    metrics; the clock-event mask as reason names)."""
+    metrics; the clock-event mask as reason names). ``stored``: the reading's values are
+    in the store's integer form (divided by the scale here)."""
     g = GpuState(index=r.index, uuid=r.uuid, pci_bus_id=r.pci_bus_id)
+
+    def real(m: Any, v: Any) -> Any:
+        return v / m.scale if stored and v is not None and m.scale != 1 else v
+
     for m, v in zip(GPU_SAMPLED, r.values, strict=True):
         if m.name == "clock_event_mask":
             g.clock_event_reasons = None if v is None else decode_clock_event_reasons(v)
         elif hasattr(g, m.name):
-            setattr(g, m.name, None if v is None else v / m.scale if m.scale != 1 else v)
+            setattr(g, m.name, real(m, v))
     if r.slow is not None:
         for m, v in zip(GPU_SLOW, r.slow, strict=True):
             if hasattr(g, m.name):
-                setattr(g, m.name, None if v is None else v / m.scale if m.scale != 1 else v)
+                setattr(g, m.name, real(m, v))
     if r.errors:
         g.read_errors = {("clock_event_reasons" if k == "clock_event_mask" else k): e for k, e in r.errors.items()}
     return g
@@ -401,9 +413,9 @@ def read_job_gpus(src: Any, indices: list[int], uuids: list[str], slow: bool) ->
     key = (tuple(indices), tuple(uuids))
     cache = getattr(src, "_job_telemetry", None)
     if cache is None or cache[0] != key:
-        cache = src._job_telemetry = (key, JobTelemetry(src, indices, uuids))
+        cache = src._job_telemetry = (key, JobTelemetry(src, indices, uuids, stored=False))
     r = cache[1].read(slow)
     snap = NodeSnapshot(taken_at=r.taken_at, source="nvml")
     snap.error = r.error
-    snap.gpus = [to_gpu_state(g) for g in r.gpus]
+    snap.gpus = [to_gpu_state(g, stored=False) for g in r.gpus]
     return snap
