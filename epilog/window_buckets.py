@@ -160,6 +160,30 @@ def metrics_over(data: JobData, lo: Any, hi: Any) -> list[dict[str, float | None
     return [{name: cols[name][kk] for name in names} for kk in range(count)]
 
 
+#: Points gathered at once (a point counts once per window holding it): our choice,
+#: ~100 MB of numpy temporaries at most (a 64-node day-long job has ~1.5 M points).
+MAX_GATHERED = 1_000_000
+
+
+def chunked_metrics(data: JobData, lo: Any, hi: Any) -> list[dict[str, float | None]]:
+    """:func:`metrics_over` in chunks of consecutive windows holding at most
+    :data:`MAX_GATHERED` points (one window more when a single one holds more)."""
+    step_t = np.asarray(data.step_t, dtype=np.float64)
+    sizes = np.searchsorted(step_t, hi) - np.searchsorted(step_t, lo)
+    for g in data.gpus:
+        t = g.array("t")
+        sizes = sizes + np.searchsorted(t, hi) - np.searchsorted(t, lo)
+    ends = np.cumsum(np.maximum(sizes, 0))
+    out: list[dict[str, float | None]] = []
+    a = 0
+    while a < lo.shape[0]:
+        base = ends[a - 1] if a else 0
+        b = max(a + 1, int(np.searchsorted(ends, base + MAX_GATHERED, side="right")))
+        out += metrics_over(data, lo[a:b], hi[a:b])
+        a = b
+    return out
+
+
 def all_bucket_metrics(data: JobData, width_s: float, count: int) -> list[dict[str, float | None]]:
     """Bucket ``k`` (``0 <= k < count``, starting at ``data.start + k * width_s``) as
     :func:`gpuguard.epilog.metrics.exact_window_metrics` over
@@ -167,12 +191,7 @@ def all_bucket_metrics(data: JobData, width_s: float, count: int) -> list[dict[s
     assert data.start is not None
     lo = np.array([data.start + kk * width_s for kk in range(count)], dtype=np.float64)
     hi = np.array([a + width_s for a in lo.tolist()], dtype=np.float64)
-    return metrics_over(data, lo, hi)
-
-
-#: Points gathered at once by :func:`many_window_metrics` (overlapping windows hold a
-#: point once per window): our choice, ~50 MB of numpy temporaries at most.
-MAX_GATHERED = 1_000_000
+    return chunked_metrics(data, lo, hi)
 
 
 def many_window_metrics(data: JobData, windows: list[tuple[float, float]]) -> list[dict[str, float | None]]:
@@ -189,19 +208,8 @@ def many_window_metrics(data: JobData, windows: list[tuple[float, float]]) -> li
     if exact and data.start is not None:
         lo = np.array([windows[i][0] for i in exact], dtype=np.float64)
         hi = np.array([windows[i][1] for i in exact], dtype=np.float64)
-        sizes = np.searchsorted(np.asarray(data.step_t, dtype=np.float64), hi) - np.searchsorted(
-            np.asarray(data.step_t, dtype=np.float64), lo)
-        for g in data.gpus:
-            t = g.array("t")
-            sizes = sizes + np.searchsorted(t, hi) - np.searchsorted(t, lo)
-        ends = np.cumsum(np.maximum(sizes, 0))
-        a = 0
-        while a < len(exact):
-            base = ends[a - 1] if a else 0
-            b = max(a + 1, int(np.searchsorted(ends, base + MAX_GATHERED, side="right")))
-            for i, vals in zip(exact[a:b], metrics_over(data, lo[a:b], hi[a:b]), strict=True):
-                out[i] = vals
-            a = b
+        for i, vals in zip(exact, chunked_metrics(data, lo, hi), strict=True):
+            out[i] = vals
     return [v if v is not None else metrics.window_metrics(data, *windows[i]) for i, v in enumerate(out)]
 
 

@@ -56,8 +56,11 @@ def _job(seed: int, span_s: float = 3600.0, table: bool = False) -> JobData:
     return JobData("1", ["n1", "n2"], min(ts), max(te), gpus, steps, [r.t for r in recs], {}, [], [], [], {})
 
 
-@pytest.mark.parametrize(("seed", "table"), [(1, False), (2, True), (3, False), (4, True)])
-def test_every_bucket_equals_the_per_bucket_computation(seed: int, table: bool) -> None:
+@pytest.mark.parametrize(("seed", "table", "gathered"), [(1, False, 10**9), (2, True, 10**9), (3, False, 10**9),
+                                                        (4, True, 300)])
+def test_every_bucket_equals_the_per_bucket_computation(monkeypatch: pytest.MonkeyPatch, seed: int, table: bool,
+                                                        gathered: int) -> None:
+    monkeypatch.setattr(window_buckets, "MAX_GATHERED", gathered)  # 300: chunks of a few buckets
     data = _job(seed, table=table)
     count = int((data.end - data.start) // 60.0) + 2
     got = window_buckets.all_bucket_metrics(data, 60.0, count)
