@@ -20,6 +20,10 @@ from typing import Any
 #: sacct fields of the header, in this order (``sacct --helpformat``).
 HEADER_FIELDS = ("JobIDRaw", "JobName", "User", "Account", "Partition", "State", "Elapsed", "Timelimit",
                  "NNodes", "NodeList", "AllocTRES", "Start", "End", "ExitCode", "Comment", "AdminComment")
+#: The header fields a user (JobName, Comment) or an admin (AdminComment) writes text into.
+FREE_TEXT = ("JobName", "Comment", "AdminComment")
+#: The header fields without them: one line of ``-P`` output is one job, whatever the names hold.
+RECORD_FIELDS = tuple(f for f in HEADER_FIELDS if f not in FREE_TEXT)
 #: sacct does not escape its delimiter; comments may hold ``|``, the unit separator not.
 DELIM = "\x1f"
 
@@ -43,24 +47,75 @@ def _gpus_of(tres: str) -> int | None:
     return None
 
 
+def _header_dict(r: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": r["JobIDRaw"], "name": r.get("JobName"), "user": r["User"], "account": r["Account"],
+            "partition": r["Partition"], "state": r["State"], "elapsed": r["Elapsed"],
+            "time_limit": r["Timelimit"], "nodes": r["NodeList"],
+            "num_nodes": int(r["NNodes"]) if r["NNodes"].isdigit() else None,
+            "gpus": _gpus_of(r["AllocTRES"]), "start": r["Start"], "end": r["End"], "exit_code": r["ExitCode"],
+            "comment": r.get("Comment"), "admin_comment": r.get("AdminComment")}
+
+
+def _rows(out: str, fields: tuple[str, ...], job_id: str) -> list[dict[str, Any]]:
+    """The lines of ``-P`` output (split on newlines only: str.splitlines would also split
+    on \\x1c-\\x1e) that have exactly ``fields`` and name ``job_id``."""
+    lines = out.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    rows = []
+    for line in lines:
+        vals = line.split(DELIM)
+        if len(vals) == len(fields) and vals[0] == str(job_id):
+            rows.append(dict(zip(fields, vals, strict=True)))
+    return rows
+
+
+def _free_text_json(slurm: Any, job_id: str) -> tuple[str | None, str | None, str | None]:
+    """``(job_name, comment, admin_comment)`` of the job from ``sacct -X -j JOB --json``
+    (JSON escapes what ``-P`` prints raw); all None when sacct cannot give them (no JSON
+    support, an error, the job absent or listed twice with different text)."""
+    import json
+
+    from gpuguard.reports.sacct import iter_json
+    from gpuguard.slurm import SlurmError
+
+    try:
+        doc = json.loads(slurm.run("sacct", "-X", "-j", str(job_id), "--json"))
+        rows = [r.job for r in iter_json(doc, source="sacct --json") if r.job is not None
+                and str(r.job.get("job_id_raw")) == str(job_id)]
+    except (SlurmError, ValueError):
+        return None, None, None
+    texts = {(j.get("job_name"), j.get("comment"), j.get("admin_comment")) for j in rows}
+    return texts.pop() if len(texts) == 1 else (None, None, None)
+
+
 def sacct_header(slurm: Any, job_id: str) -> dict[str, Any] | None:
     """The job's header from ``sacct -X -j JOB`` as the calling user, or None when sacct
     shows nothing (unknown job, or one Slurm hides from this user). Raises
-    :class:`gpuguard.slurm.SlurmError` when sacct cannot run."""
+    :class:`gpuguard.slurm.SlurmError` when sacct cannot run.
+
+    JobName, Comment and AdminComment are free text that sacct prints raw: a newline or the
+    delimiter in them would let a job's name carry a whole forged header line (another
+    user, another AdminComment verdict). So the full query is taken only when it is one
+    line with exactly :data:`HEADER_FIELDS`; otherwise the header comes from a query
+    without the free-text fields (:data:`RECORD_FIELDS`: one line is the job) and the
+    free text from ``sacct --json`` (:func:`_free_text_json`), the approach of
+    :mod:`gpuguard.reports.sacct_live`."""
     out = slurm.run("sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", "-j", str(job_id),
                     f"--format={','.join(HEADER_FIELDS)}")
-    for line in out.splitlines():
-        vals = line.split(DELIM)
-        if len(vals) != len(HEADER_FIELDS) or vals[0] != str(job_id):
-            continue
-        r = dict(zip(HEADER_FIELDS, vals, strict=True))
-        return {"job_id": r["JobIDRaw"], "name": r["JobName"], "user": r["User"], "account": r["Account"],
-                "partition": r["Partition"], "state": r["State"], "elapsed": r["Elapsed"],
-                "time_limit": r["Timelimit"], "nodes": r["NodeList"],
-                "num_nodes": int(r["NNodes"]) if r["NNodes"].isdigit() else None,
-                "gpus": _gpus_of(r["AllocTRES"]), "start": r["Start"], "end": r["End"], "exit_code": r["ExitCode"],
-                "comment": r["Comment"], "admin_comment": r["AdminComment"]}
-    return None
+    rows = _rows(out, HEADER_FIELDS, job_id)
+    if len(rows) == 1 and out.rstrip("\n").count("\n") == 0:
+        return _header_dict(rows[0])
+    if not out.strip():
+        return None
+    out = slurm.run("sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", "-j", str(job_id),
+                    f"--format={','.join(RECORD_FIELDS)}")
+    rows = _rows(out, RECORD_FIELDS, job_id)
+    if not rows:
+        return None
+    r = dict(rows[0])
+    r["JobName"], r["Comment"], r["AdminComment"] = _free_text_json(slurm, job_id)
+    return _header_dict(r)
 
 
 def _duration_s(text: str) -> float | None:

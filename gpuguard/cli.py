@@ -1,13 +1,15 @@
 """gpuguard command line (click). A thin layer: parse, call the library, format.
 
-Exit codes: 0 success; ``gpuguard check`` 0 healthy / 1 warnings / 2 critical; 2 for bad
-input or configuration (a one-line error naming the input).
+Exit codes: 0 success; 2 for bad input or configuration (a one-line error naming the
+input). ``gpuguard check`` is a health check and follows the monitoring-plugin convention
+instead (:data:`CHECK_UNKNOWN`): 0 healthy / 1 warnings / 2 critical / 3 could not check.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 import click
 
 from gpuguard import config as config_mod
@@ -34,7 +36,57 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-click.ClickException.exit_code = 2  # bad input/config: exit 2 everywhere
+click.ClickException.exit_code = 2  # bad input/config: exit 2 everywhere but `check`
+
+#: ``gpuguard check``'s exit status when it could not check (bad or unreadable input, a
+#: usage or config error, no GPU source readable). Source: the Nagios plugin guidelines
+#: (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, "invalid command line arguments ... that
+#: prevent it from performing the specified operation" is UNKNOWN), which monitoring
+#: systems (Nagios, Icinga, Checkmk, Zabbix agents) read; ``check``'s documented 2 for a
+#: critical finding stays, so a typo in a path never pages as a critical GPU.
+CHECK_UNKNOWN = 3
+
+
+class _CheckCommand(click.Command):
+    """A command whose click errors (parsing and body) exit :data:`CHECK_UNKNOWN`."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as e:
+            e.exit_code = CHECK_UNKNOWN
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as e:
+            e.exit_code = CHECK_UNKNOWN
+            raise
+
+
+def _kernel_log_file_problem(path: str) -> str | None:
+    """Why the kernel-log FILE named with ``check --kernel-log`` cannot be scanned, one
+    line, or None. Checked before the run: a missing or binary file would otherwise read
+    as "no XID events" and the check would pass."""
+    from gpuguard.inputs import InputError, read_input
+    from gpuguard.xid.cli import not_a_log
+
+    try:
+        data = read_input(path)
+    except InputError as e:
+        return f"kernel log {e}"
+    if data[:2] == b"\x1f\x8b":
+        return (f"kernel log {path} is gzip-compressed; --kernel-log reads plain text "
+                "(zcat it to a file, or use gpuguard xid scan FILE)")
+    why = not_a_log(data)
+    return f"kernel log {path} {why}" if why else None
+
+
+def _cannot_check(msg: str) -> None:
+    """``gpuguard check`` could not check: one line, exit :data:`CHECK_UNKNOWN`."""
+    click.echo(f"Error: {msg}", err=True)
+    sys.exit(CHECK_UNKNOWN)
 
 
 @click.group()
@@ -49,7 +101,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 
 
 # --- check --------------------------------------------------------------------------
-@main.command()
+@main.command(cls=_CheckCommand)
 @output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
               help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
@@ -68,8 +120,11 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
           kernel_log: str | None, record: bool, list_checks: bool, from_files: tuple[str, ...]) -> None:
     """Run every health check once and print the findings with their policy action.
 
-    Exit status: 0 healthy (info only), 1 warnings, 2 critical findings. Reads the
-    node store for history but writes nothing unless --record is given.
+    Exit status: 0 healthy (info only), 1 warnings, 2 critical findings, 3 could not
+    check (a file that is missing, unreadable or not the format named, a bad option or
+    config, no GPU source readable; one line on stderr): the monitoring-plugin convention
+    (Nagios plugin guidelines: 3 UNKNOWN). Reads the node store for history but writes
+    nothing unless --record is given.
     """
     from gpuguard.checks import load_all
 
@@ -93,9 +148,13 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
 
         try:
             if not stat.S_ISREG(os.stat(nvsmi).st_mode):
-                _fail(f"{nvsmi}: not a regular file")
+                _cannot_check(f"{nvsmi}: not a regular file")
         except OSError as e:
-            _fail(f"{nvsmi}: {e.strerror}")
+            _cannot_check(f"{nvsmi}: {e.strerror}")
+    if kernel_log and kernel_log not in ("none", "auto", "kmsg", "journalctl", "dmesg"):
+        why = _kernel_log_file_problem(kernel_log)
+        if why:
+            _cannot_check(why)
     from gpuguard.health import run_health
     from gpuguard.store import StoreError, open_store
 
@@ -110,7 +169,7 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
     res = run_health(cfg, hook="check", store=store, nvidia_smi_file=nvsmi,
                      kernel_log=None if kl == "none" else kl, scan_xid=kl != "none", record=record)
     if res.snapshot is None:
-        _fail("; ".join(res.tool_errors))
+        _cannot_check("; ".join(res.tool_errors))
     rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
             for f, a in res.decision.actions]
     if fmt == "json":
@@ -147,11 +206,11 @@ def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:
         try:
             files.append((p, read_input(p, 64 * 2**20).decode("utf-8", "replace")))
         except InputError as e:
-            _fail(str(e))
+            _cannot_check(str(e))
     try:
         res = triage(files, cfg)
     except TriageError as e:
-        _fail(str(e))
+        _cannot_check(str(e))
     decision = decide(res.findings, cfg.policy, cfg.xid_policy)
     rows = [{"severity": f.severity, "action": a, "code": f.code, "gpu": f.gpu_index, "message": f.message}
             for f, a in decision.actions]

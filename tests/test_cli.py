@@ -65,10 +65,10 @@ def test_corpus_dump_decisions(name):
 
 def test_check_missing_and_wrong_format_files():
     r = invoke("check", "--from-nvidia-smi", "/nonexistent/dump.txt")
-    assert r.exit_code == 2
+    assert r.exit_code == 3  # could not check: not the critical finding's 2
     assert r.output.strip() == "Error: /nonexistent/dump.txt: No such file or directory"
     r = invoke("check", "--from-nvidia-smi", str(DATA / "nvsmi-default-v100-inforom-corrupt.txt"))
-    assert r.exit_code == 2
+    assert r.exit_code == 3
     assert r.output.count("\n") == 1 and "default nvidia-smi table" in r.output
 
 
@@ -120,7 +120,7 @@ def test_check_list_names_every_check():
 
 def test_text_that_is_not_nvidia_smi_is_refused():
     r = invoke("check", "--from-nvidia-smi", str(DATA / "xid-13-43-dmesg-iso.txt"))
-    assert r.exit_code == 2
+    assert r.exit_code == 3
     assert r.output == (f"Error: GPU source: {DATA / 'xid-13-43-dmesg-iso.txt'}: no GPU section and no "
                         "nvidia-smi -q GPU field; not nvidia-smi -q output\n")
 
@@ -154,8 +154,8 @@ def test_replay_step_keys_checked(write_replay):
         ReplaySource(p)
 
 
-@pytest.mark.parametrize("args", [["check", "--from-nvidia-smi"], ["gpu", "show", "--from-nvidia-smi"]])
-def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args):
+@pytest.mark.parametrize("args,rc", [(["check", "--from-nvidia-smi"], 3), (["gpu", "show", "--from-nvidia-smi"], 2)])
+def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args, rc):
     import os
 
     fifo = tmp_path / "f"
@@ -163,7 +163,7 @@ def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args):
     for path, why in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
                       (tmp_path, "not a regular file")):
         r = invoke(*args, str(path))
-        assert r.exit_code == 2
+        assert r.exit_code == rc
         assert r.output.count("\n") == 1 and r.output.rstrip().endswith(f"{path}: {why}")
 
 
@@ -176,3 +176,39 @@ def test_snapshot_refuses_to_write_through_a_symlink(tmp_path):
     assert r.exit_code == 2
     assert r.output.count("\n") == 1 and "symbolic link" in r.output
     assert target.read_text() == "precious"
+
+
+def test_check_separates_could_not_check_3_from_critical_2(tmp_path):
+    """Critical findings exit 2 (documented); anything that stops the check (a bad option,
+    a bad config, a missing or binary input) exits 3, the monitoring-plugin UNKNOWN,
+    with one line on stderr."""
+    dump = str(DATA / "nvsmi-q-h100x8-535.183.01-full.txt")
+    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
+    r = invoke("check", "--json", "--from-nvidia-smi", dump)
+    assert (r.exit_code, json.loads(r.output)["outcome"]) == (2, "drain")
+    r = invoke("check", "--json", "--from-nvidia-smi", healthy)
+    assert (r.exit_code, json.loads(r.output)["outcome"]) == (0, "proceed")
+    bad_cfg = tmp_path / "bad.toml"
+    bad_cfg.write_text("x = [\n")
+    r = CliRunner().invoke(main, ["--config", str(bad_cfg), "check", "--from-nvidia-smi", healthy])
+    assert (r.exit_code, r.output.splitlines()) == (3, [f"Error: {bad_cfg}: invalid TOML: Invalid value (at end of document)"])
+    r = invoke("check", "--format", "yaml")
+    assert r.exit_code == 3 and r.output.splitlines()[-1] == (
+        "Error: Invalid value for '--format': 'yaml' is not one of 'text', 'json', 'csv'.")
+    r = invoke("check", "--gpu-source", "replay")
+    assert r.exit_code == 3 and r.output.splitlines()[-1] == "Error: --gpu-source replay needs --replay FILE"
+    # a kernel log named by the operator that cannot be scanned: never a silent pass
+    elf = tmp_path / "prog"
+    elf.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 64)
+    gz = tmp_path / "kern.log.2.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 12)
+    for path, line in ((tmp_path / "none.log", f"Error: kernel log {tmp_path / 'none.log'}: cannot open: No such file or directory"),
+                       (elf, f"Error: kernel log {elf} is an ELF binary, not a kernel log"),
+                       (gz, f"Error: kernel log {gz} is gzip-compressed; --kernel-log reads plain text "
+                            "(zcat it to a file, or use gpuguard xid scan FILE)")):
+        r = invoke("check", "--from-nvidia-smi", healthy, "--kernel-log", str(path))
+        assert (r.exit_code, r.output) == (3, line + "\n"), path
+    r = invoke("check", "--json", "--from-nvidia-smi", healthy, "--kernel-log", str(DATA / "xid-13-43-dmesg-iso.txt"))
+    assert r.exit_code == 0 and json.loads(r.output)["outcome"] == "proceed"
+    r = invoke("gpu", "show", "--from-nvidia-smi", "/nonexistent/dump.txt")  # other commands: bad input is 2
+    assert r.exit_code == 2

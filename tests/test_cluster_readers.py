@@ -123,3 +123,66 @@ def test_report_sync_decodes_admin_comment_into_summaries(tmp_path):
         # job 42: 4 GPU-h at (80+60+100+40)/4 = 70 %; job 43: 1 GPU-h, no summary
         assert (row["jobs_with_summary"], row["jobs_no_summary"], row["measured_gpu_hours"],
                 row["util_weighted_gpu_hours"]) == (1, 1, 4.0, 2.8)
+
+
+def _fake_sacct_by_query(tmp_path, full: str, record: str, doc: dict | None) -> str:
+    """A sacct answering the full header query (``--format`` with JobName), the record
+    query (without the free-text fields) and ``--json`` with their own outputs."""
+    b = tmp_path / "bin"
+    b.mkdir(exist_ok=True)
+    (tmp_path / "full.out").write_text(full)
+    (tmp_path / "record.out").write_text(record)
+    (tmp_path / "json.out").write_text(json.dumps(doc) if doc is not None else "")
+    json_part = f"cat {tmp_path}/json.out" if doc is not None else "echo 'sacct: error: json not supported' >&2; exit 1"
+    (b / "sacct").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\ncase \"$*\" in\n"
+                             f"  *--json*) {json_part} ;;\n  *JobName*) cat {tmp_path}/full.out ;;\n"
+                             f"  *) cat {tmp_path}/record.out ;;\nesac\n")
+    (b / "sacct").chmod(0o755)
+    return str(b)
+
+
+def _forged_comment() -> str:
+    v = {"cause": "job", "state": "judged", "template": "llm", "baseline_runs": 5,
+         "summary": "FORGED: the job was slow because of its own code", "evidence": {}, "comparisons": []}
+    return admincomment.encode(admincomment.build("42", v, {"n1": {"gpu_util_mean_pct": 99.0, "gpus": []}}, []))
+
+
+def test_job_show_never_takes_a_header_forged_in_the_job_name(tmp_path):
+    # Slurm keeps a newline and the unit separator in `sbatch -J`, and sacct -P prints them raw:
+    # the name below ends the real line after two fields and adds a whole line for job 42
+    # (another user, another account, a forged AdminComment verdict).
+    real = _line(_comment()).split("\x1f")
+    forged = ["42", "x", "mallory", "acct_m", "gpu", "COMPLETED", "00:01:00", "01:00:00", "1", "n9",
+              "billing=1,cpu=1,gres/gpu=1,node=1", "2026-01-01T00:00:00", "2026-01-01T00:01:00", "0:0",
+              "", _forged_comment()]
+    name = "train\n" + "\x1f".join(forged) + "\nz"
+    full = "\x1f".join([real[0], name, *real[2:]]) + "\n"
+    record = "\x1f".join([real[0], *real[2:14]]) + "\n"
+    doc = {"jobs": [{"job_id": 42, "name": name, "state": {"current": "COMPLETED"}, "account": "acct_a",
+                     "comment": {"job": "gpuguard:template=llm", "administrator": _comment(), "system": ""}}]}
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[paths]\nstore = "{tmp_path}/none/node.db"\ncluster_store = "{tmp_path}/none/cluster.db"\n'
+                   f'[slurm]\nbin_dir = "{_fake_sacct_by_query(tmp_path, full, record, doc)}"\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "job", "show", "42", "--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert (j["source"], j["verdict"]["cause"], j["verdict"]["evidence"]["node"], j["nodes"]) == (
+        "AdminComment (sacct)", "straggler-node", "n2", ["n1", "n2"])
+    assert (j["job"]["name"], j["job"]["user"], j["job"]["account"], j["job"]["gpus"], j["job"]["elapsed_s"]) == (
+        name, "alice", "acct_a", 4, 600.0)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [("--json" in c, "JobName" in c) for c in calls] == [(False, True), (False, False), (True, False)]
+
+
+def test_job_show_with_a_forged_name_and_no_sacct_json_shows_no_admin_comment(tmp_path):
+    real = _line(_forged_comment()).split("\x1f")
+    full = "\x1f".join([real[0], "a\x1fb", *real[2:]]) + "\n"  # the delimiter in a name: 17 fields
+    record = "\x1f".join([real[0], *real[2:14]]) + "\n"
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[paths]\nstore = "{tmp_path}/none/node.db"\ncluster_store = "{tmp_path}/none/cluster.db"\n'
+                   f'[slurm]\nbin_dir = "{_fake_sacct_by_query(tmp_path, full, record, None)}"\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "job", "show", "42", "--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert (j["source"], j["verdict"], j["note"]) == ("sacct", None, "no gpuguard record for this job")
+    assert (j["job"]["name"], j["job"]["user"], j["job"]["gpus"]) == (None, "alice", 4)

@@ -179,6 +179,7 @@ def test_cli_from_file_exit_codes():
     r = CliRunner().invoke(main, ["check", "--from-file", str(TRI / "perfquery-saturated.txt"), "--json"])
     assert r.exit_code == 1 and '"code": "ib.counter_saturated"' in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "nvsmi-nvlink-s-a10-empty-output.txt")])
-    assert r.exit_code == 2 and r.output.startswith("Error: ") and "empty" in r.output
+    # could not check (3, the monitoring-plugin UNKNOWN), never the critical finding's 2
+    assert r.exit_code == 3 and r.output.startswith("Error: ") and "empty" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", "/nonexistent/ibstat.txt"])
-    assert r.exit_code == 2 and "cannot open" in r.output
+    assert r.exit_code == 3 and "cannot open" in r.output

@@ -137,3 +137,44 @@ def test_scan_truncated_gzip_shows_the_events_before_the_cut_and_exits_2(tmp_pat
     assert len(events) < len(full)
     assert r.stderr.strip().splitlines()[-1] == (
         f"Error: {cut}: gzip data ends early (truncated file); the events before the cut are shown")
+
+
+def test_scan_binary_files_are_one_line_exit_2_and_real_logs_with_bad_bytes_still_read(tmp_path):
+    import gzip
+    import random
+
+    rng = random.Random(7)
+    noise = bytes(rng.randrange(256) for _ in range(65536))
+    cases = {
+        "prog": (b"\x7fELF\x02\x01\x01" + noise, "is an ELF binary, not a kernel log"),
+        "logs.zip": (b"PK\x03\x04" + noise, "is a zip archive, not a kernel log"),
+        "kern.log.1.xz": (b"\xfd7zXZ\x00" + noise,
+                          "is xz-compressed data (decompress it first: xz -dc FILE | gpuguard xid scan -), "
+                          "not a kernel log"),
+        "zeros": (b"\x00" * 8192, "holds only NUL bytes (8192 bytes), not a kernel log"),
+    }
+    for name, (data, why) in cases.items():
+        f = tmp_path / name
+        f.write_bytes(data)
+        r = runner().invoke(xid, ["scan", str(f)])
+        assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"Error: {f} {why}\n"), name
+    # random bytes (no magic), also behind gzip and on stdin: counted, not "no XID events"
+    (tmp_path / "blob").write_bytes(noise)
+    (tmp_path / "blob.gz").write_bytes(gzip.compress(noise))
+    for args, kw, shown in ((["scan", str(tmp_path / "blob")], {}, str(tmp_path / "blob")),
+                            (["scan", str(tmp_path / "blob.gz")], {}, str(tmp_path / "blob.gz")),
+                            (["scan", "-"], {"input": noise}, "stdin")):
+        r = runner().invoke(xid, args, **kw)
+        assert r.exit_code == 2 and r.stdout == "", args
+        assert r.stderr.startswith(f"Error: {shown} is binary data, not a kernel log (") and r.stderr.count("\n") == 1
+    # a real log with a few corrupt bytes (non-UTF-8, stray control characters) keeps its event
+    log = (DATA / "xid-79-no-pid-serial-zero-595.txt").read_bytes()
+    f = tmp_path / "kern.log"
+    f.write_bytes(b"Nov 30 11:59:59 n1 kernel: junk \xff\xfe\x01\x02\x03\n" + log)
+    r = runner().invoke(xid, ["scan", "--json", str(f)])
+    assert r.exit_code == 0, r.stderr
+    assert [(e["xid"], e["pci_bus_id"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00")]
+    # an empty file is an empty log
+    (tmp_path / "empty").write_bytes(b"")
+    r = runner().invoke(xid, ["scan", str(tmp_path / "empty")])
+    assert (r.exit_code, r.stdout) == (0, "no XID events\n")

@@ -16,6 +16,21 @@ from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines
 _CSV_HEADERS = ["time_iso", "monotonic_s", "pci_bus_id", "kind", "xid", "name", "pid", "process", "action",
                 "severity", "message"]
 
+#: Leading bytes of formats that are not a kernel log, as file(1)'s magic database and the
+#: formats' specifications give them; named so the error says what the file is.
+_MAGIC = ((b"\x7fELF", "an ELF binary"), (b"PK\x03\x04", "a zip archive"),
+          (b"\xfd7zXZ\x00", "xz-compressed data (decompress it first: xz -dc FILE | gpuguard xid scan -)"),
+          (b"\x28\xb5\x2f\xfd", "zstd-compressed data (decompress it first: zstd -dc FILE | gpuguard xid scan -)"),
+          (b"BZh", "bzip2-compressed data (decompress it first: bzcat FILE | gpuguard xid scan -)"),
+          (b"SQLite format 3\x00", "an SQLite database"), (b"%PDF-", "a PDF document"),
+          (b"\x89PNG", "a PNG image"))
+#: Largest share of a file's non-NUL characters that may be undecodable UTF-8 or control
+#: characters other than tab, newline, CR, form feed and ESC (dmesg --color) while it is
+#: still read as a kernel log. Our choice: a real log with a few corrupt bytes stays far
+#: below it; a binary file is far above (about 70 % for random bytes, more for executables).
+MAX_BINARY_SHARE = 0.10
+_CONTROL = re.compile("[\x01-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f\ufffd]")
+
 #: Message column width in the table (characters).
 MESSAGE_WIDTH = 60
 
@@ -26,21 +41,46 @@ class FileError(click.ClickException):
     exit_code = 2
 
 
+def not_a_log(data: bytes) -> str | None:
+    """Why ``data`` (a file's bytes, decompressed) is not a kernel log, one phrase, or
+    None when it reads as text. NUL bytes are left out (a log written through a crash
+    holds runs of them); an empty file is an empty log."""
+    for magic, what in _MAGIC:
+        if data.startswith(magic):
+            return f"is {what}, not a kernel log"
+    text = data.replace(b"\x00", b"")
+    if data and not text:
+        return f"holds only NUL bytes ({len(data)} bytes), not a kernel log"
+    chars = text.decode("utf-8", errors="replace")
+    bad = len(_CONTROL.findall(chars))
+    if chars and bad > MAX_BINARY_SHARE * len(chars):
+        return (f"is binary data, not a kernel log ({bad} of {len(chars)} characters are not text: "
+                "undecodable UTF-8 or control characters)")
+    return None
+
+
 def _read_lines(path: str) -> tuple[list[str], str | None]:
     """``(lines, problem)`` of ``path`` (``-``: stdin). A gzip file (logrotate's
     ``kern.log.2.gz``) is read decompressed, up to the input cap ("no XID events" on
     compressed bytes would hide a real fault); a gzip stream that ends early (a file cut
-    by a full disk or a copy) gives the lines before the cut and the ``problem``."""
-    if path == "-":
-        return sys.stdin.read().splitlines(), None
+    by a full disk or a copy) gives the lines before the cut and the ``problem``. Raises
+    :class:`FileError` for a file that cannot be read or is not a kernel log
+    (:func:`not_a_log`: "no XID events" on a binary file would hide that it is the wrong
+    file)."""
     import zlib
 
     from gpuguard.inputs import MAX_INPUT_BYTES, InputError, read_input
 
-    try:
-        data = read_input(path)
-    except InputError as exc:
-        raise FileError(f"cannot read {exc}") from None
+    if path == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read(MAX_INPUT_BYTES + 1) if stream is not None else sys.stdin.read().encode()
+        if len(data) > MAX_INPUT_BYTES:
+            raise FileError(f"cannot read stdin: more than {MAX_INPUT_BYTES} bytes")
+    else:
+        try:
+            data = read_input(path)
+        except InputError as exc:
+            raise FileError(f"cannot read {exc}") from None
     problem = None
     if data[:2] == b"\x1f\x8b":
         d = zlib.decompressobj(wbits=31)  # gzip header; max_length caps a decompression bomb
@@ -52,6 +92,9 @@ def _read_lines(path: str) -> tuple[list[str], str | None]:
             raise FileError(f"cannot read {path}: more than {MAX_INPUT_BYTES} bytes decompressed")
         if not d.eof:
             problem = f"{path}: gzip data ends early (truncated file); the events before the cut are shown"
+    why = not_a_log(data)
+    if why:
+        raise FileError(f"{'stdin' if path == '-' else path} {why}")
     # a syslog file written through a crash holds runs of NUL bytes where unflushed blocks
     # were; they end a line, they do not hide the lines after them
     return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines(), problem
@@ -113,7 +156,8 @@ def scan(file: str, fmt: str) -> None:
     was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
     prefix, no PCI address, no code), with the first few lines and their numbers.
     Any real log-prefix layout is read (:mod:`gpuguard.xid.prefix`). Exit status 0; 2
-    when FILE cannot be read, or is a gzip file that ends early (its events before the
+    when FILE cannot be read, is not a kernel log (binary data, an executable, an archive,
+    xz/zstd/bzip2 data; one line naming the file and what it is), or is a gzip file that ends early (its events before the
     cut are printed, and the problem on stderr).
     """
     lines, problem = _read_lines(file)
