@@ -121,8 +121,8 @@ def test_many_windows_equal_window_metrics_one_at_a_time(monkeypatch: pytest.Mon
 
 
 def test_read_buckets_column_fill_equals_the_row_merge() -> None:
-    """samples._fill_columns (one mask per bucket) gives what samples._fill_rows gives."""
-    from gpuguard import samples
+    """bucket_rows.fill_columns (one mask per bucket) gives what bucket_rows.fill_rows gives."""
+    from gpuguard import bucket_rows, samples
 
     names = [m.name for m in samples._VALUE_METRICS]
     maxed = [n for n in names if n in samples._MAX_NEEDED]
@@ -131,11 +131,11 @@ def test_read_buckets_column_fill_equals_the_row_merge() -> None:
     rows = [(k, rnd.choice((None, 0, 4, 4 | 32, 1, 256)), rnd.randint(1, 60), 1000 * k, 1000 * k + 59, 60000 * k,
              *(rnd.choice((None, rnd.randint(0, 10**6))) for _ in range(width - 6))) for k in range(500)]
     a, b = samples.Buckets(1, 0.0, 60000), samples.Buckets(1, 0.0, 60000)
-    samples._fill_columns(a, rows, names, maxed)
-    samples._fill_rows(b, rows, names, maxed)
+    bucket_rows.fill_columns(a, rows, names, maxed)
+    bucket_rows.fill_rows(b, rows, names, maxed)
     for attr in ("n", "t_min", "t_max", "t_sum", "sums", "counts", "maxes", "bits"):
         assert getattr(a, attr) == getattr(b, attr), attr
     assert sum(a.bits[4]) > 0 and sum(a.bits[256]) > 0
     empty = samples.Buckets(1, 0.0, 60000)
-    samples._fill_columns(empty, [], names, maxed)
+    bucket_rows.fill_columns(empty, [], names, maxed)
     assert empty.n == [] and all(v == [] for v in empty.bits.values())
