@@ -388,7 +388,7 @@ def _fuzzed_sacct(path, seed: int, n: int = 300) -> None:
     states = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED by 1000", "RUNNING", "PENDING", "NODE_FAIL",
               "OUT_OF_MEMORY", "REQUEUED"]
     lines = ["|".join(SACCT_FIELDS)]
-    for i in range(n):
+    for _ in range(n):
         jid = str(5000 + rnd.randrange(n // 3))  # about three records per job id
         sub = rnd.choice(["", f"2026-11-0{rnd.randint(1, 3)}T0{rnd.randint(0, 9)}:00:00"])
         start = rnd.choice(["Unknown", "", f"2026-11-04T0{rnd.randint(0, 9)}:{rnd.randint(10, 59)}:00"])
@@ -414,7 +414,13 @@ def _corpus_inputs(tmp_path):
     # the fixed-width file is refused as a whole (its own test), the same on both paths
     files = sorted(p for p in DATA.iterdir() if p.name.startswith("sacct-") and "default-pending" not in p.name)
     if HANDMADE not in files:
-        files.append(HANDMADE)  # its rows with ``|`` in JobName and Comment are stored with a note
+        files.append(HANDMADE)
+    # readings of the extra ``|`` that agree on the usage: stored with JobName/Comment unknown and a note
+    mid = "acct|2026-11-01T10:00:00|2026-11-01T12:00:00|COMPLETED|gres/gpu=2"
+    amb = tmp_path / "ambiguous.txt"
+    amb.write_text(f"JobIDRaw|JobName|Account|Start|End|State|AllocTRES|Comment\n7|x|{mid}|{mid}|{mid}|y\n"
+                   f"8|n|{mid}|c\n")
+    files.append(amb)
     for seed in (1, 2, 3):
         f = tmp_path / f"fuzzed-{seed}.txt"
         _fuzzed_sacct(f, seed)
