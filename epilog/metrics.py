@@ -164,6 +164,11 @@ def window_metrics(data: JobData, t0: float, t1: float) -> dict[str, float | Non
     vals: dict[str, list[float]] = {}
     for k in range(first, last):
         b = data.window_cache.get(k)
+        if b is None and "all_buckets" not in data.window_cache:
+            from gpuguard.epilog.window_buckets import fill_cache
+
+            fill_cache(data, BUCKET_S)  # every bucket in one numpy pass, equal values
+            b = data.window_cache.get(k)
         if b is None:
             a = data.start + k * BUCKET_S
             b = data.window_cache[k] = exact_window_metrics(data, a, a + BUCKET_S)

@@ -93,6 +93,11 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+#: Element types a list converts by ``numpy.array`` alone to what :func:`_column` makes of it.
+_INT = frozenset({int})
+_NUM = frozenset({int, float, type(None)})
+
+
 def _column(values: Any, n: int, kind: str) -> Any:
     """``values`` (a list of numbers/None, or an array) as an array of ``n`` rows of
     ``kind``: ``"f8"`` (non-numbers and non-finite values -> NaN), ``"i8"`` (non-integers
@@ -115,7 +120,10 @@ def _column(values: Any, n: int, kind: str) -> Any:
     if isinstance(values, np.ndarray):
         a = values[:n].astype(dt)
     elif isinstance(values, list):
-        if kind == "i8":
+        types = set(map(type, values[:n]))
+        if types <= (_INT if kind == "i8" else _NUM):  # the usual case, converted by numpy (None -> NaN)
+            a = np.array(values[:n], dt)
+        elif kind == "i8":
             a = np.array([int(x) if isinstance(x, int) and not isinstance(x, bool) else 0 for x in values[:n]], dt)
         else:
             a = np.array([float(x) if _number(x) else np.nan for x in values[:n]], dt)
