@@ -46,6 +46,12 @@ CURSOR = "reports.sacct_sync"
 BATCH = 2000
 #: Page cache of the syncing connection, KiB (see :func:`upsert_jobs`).
 SYNC_CACHE_KIB = 65536
+#: Most page cache a bulk load may use, KiB: a bulk load is one transaction, and once its
+#: dirty pages outgrow the cache SQLite spills them to the WAL and reads them back, so a
+#: load gets about 256 B of cache per expected job, up to this cap (our choice: measured by
+#: ``bench/sync_1m.py``-sized loads, 1 M jobs took 46.6 ms CPU per 1k with 64 MiB and 37.4 with
+#: 256 MiB; SQLite allocates cache pages only as they are used).
+BULK_CACHE_MAX_KIB = 262144
 #: Live sync asks sacct for this field separator: sacct does not escape its delimiter, and
 #: ``|`` is common in free-text comments; ASCII unit separator is not.
 LIVE_DELIMITER = "\x1f"
@@ -186,7 +192,9 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
     ``expect_rows``: about how many jobs ``jobs`` holds (an estimate from the input's
     size). When that is at least :data:`BULK_MIN_ROWS` and at least the number of jobs
     already stored, the import is a bulk load (:func:`_bulk_load`): one transaction that
-    sets the table's secondary indexes aside and rebuilds them at the end.
+    sets the table's secondary indexes aside and rebuilds them at the end, with a page
+    cache sized to the load (:data:`BULK_CACHE_MAX_KIB`). The connection's cache size is
+    restored afterwards.
     """
     now = time.time() if synced_at is None else synced_at
     # The table's indexes insert in unrelated key orders: with SQLite's default
@@ -200,6 +208,8 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
     batches = _batches(jobs, now, source, counted)
     try:
         if expect_rows is not None and expect_rows >= BULK_MIN_ROWS and expect_rows >= _stored_rows(store):
+            kib = min(BULK_CACHE_MAX_KIB, max(SYNC_CACHE_KIB, expect_rows // 4))
+            conn.execute(f"pragma cache_size = {-kib}")
             store._guard("sacct cache bulk load", lambda: _bulk_load(store, batches, now))
         else:
             for batch in batches:

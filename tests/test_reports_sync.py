@@ -459,3 +459,21 @@ def test_bulk_and_batched_paths_store_the_same_rows_and_say_the_same(tmp_path, m
     res = import_file(s, str(files[-1]), tz=UTC, synced_at=1.0)
     assert res.malformed and res.steps_skipped and any(n > 1 for n in res.attempts.values())
     assert s.query("SELECT COUNT(*) AS n FROM sacct_jobs WHERE attempt_at = 0")[0]["n"] > 0
+
+
+def test_bulk_load_cache_grows_with_the_expected_jobs_up_to_its_cap_and_is_restored(cstore, monkeypatch):
+    import gpuguard.reports.sync as sync_mod
+
+    seen = []
+    real = sync_mod._bulk_load
+
+    def spy(store, *a):
+        seen.append(store.db.conn.execute("pragma cache_size").fetchone()[0])
+        return real(store, *a)
+    monkeypatch.setattr(sync_mod, "_bulk_load", spy)
+    before = cstore.db.conn.execute("pragma cache_size").fetchone()[0]
+    for expect in (20_000, 600_000, 10**8):
+        sync_mod.upsert_jobs(cstore, [], expect_rows=expect)
+    # KiB as a negative cache_size: 64 MiB floor, 256 B per expected job, 256 MiB cap
+    assert seen == [-65536, -150000, -262144]
+    assert cstore.db.conn.execute("pragma cache_size").fetchone()[0] == before
