@@ -43,8 +43,12 @@ call's timeout is capped by what is left before the actuator's ``deadline`` (a
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +77,13 @@ RETRY_SHARE = 0.5
 #: Reasons Slurm itself sets when a hook exits non-zero (SLURM-FACTS.md §5): the node is
 #: drained because of our own Prolog/Epilog exit, so a pending drain counts as done.
 SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
+
+#: Lock file beside :data:`FILE`: hooks that start together settle one drain at a time,
+#: so the second reads the first's reason back and confirms instead of draining again.
+LOCK_FILE = "pending_drains.lock"
+#: Longest wait for that lock (s; our choice: a drain + read-back takes well under 1 s on a
+#: healthy slurmctld; past it we drain without the lock: a repeated drain beats a lost one).
+SETTLE_LOCK_WAIT_S = 2.0
 
 
 @dataclass
@@ -239,7 +250,45 @@ class PendingDrains:
             out.append(self._settle(node, e))
         return out
 
+    @contextlib.contextmanager
+    def _settle_lock(self) -> Iterator[bool]:
+        """Hold :data:`LOCK_FILE` (first state directory that can hold it) for one settle;
+        waits at most :data:`SETTLE_LOCK_WAIT_S` and never past the deadline. Yields
+        whether it is held; without it the caller goes on (a repeated drain of the same
+        node is harmless, a skipped one is not)."""
+        fd = None
+        for d in self.dirs:
+            try:
+                fd = os.open(os.path.join(d, LOCK_FILE),
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                break
+            except OSError:
+                continue
+        held = False
+        try:
+            if fd is not None:
+                end = time.monotonic() + SETTLE_LOCK_WAIT_S
+                if self.deadline is not None:
+                    end = min(end, self.deadline - MIN_CALL_S)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        held = True
+                        break
+                    except OSError:
+                        if time.monotonic() >= end:
+                            break
+                        time.sleep(0.02)
+            yield held
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the flock
+
     def _settle(self, node: str, entry: dict[str, Any]) -> Outcome:
+        with self._settle_lock():
+            return self._settle_locked(node, entry)
+
+    def _settle_locked(self, node: str, entry: dict[str, Any]) -> Outcome:
         reason = str(entry.get("reason", ""))
         res = self._drain_one(node, reason, applied=bool(entry.get("applied_at")))
         if res.status == "confirmed":

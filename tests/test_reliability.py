@@ -91,6 +91,35 @@ def test_failed_drain_stays_pending_and_the_next_run_confirms_it(cfg):
     assert slurm.calls[-1][0] == "show"  # confirmed by reading the node back
 
 
+class SlowSlurm(FakeSlurm):
+    """Both hooks read the node before either drain lands: the race of hooks that start together."""
+
+    def node_reason(self, node, timeout_s=None):
+        time.sleep(0.1)
+        return super().node_reason(node, timeout_s)
+
+    def drain_node(self, node, reason, timeout_s=None):
+        time.sleep(0.2)
+        super().drain_node(node, reason, timeout_s)
+
+
+def test_two_hooks_settling_one_pending_drain_drain_once(cfg):
+    import threading
+
+    slurm = SlowSlurm()
+    assert PendingDrains(cfg, None).add("n1", "gpuguard: xid.79 x", "reset")
+    outs: list = []
+    threads = [threading.Thread(target=lambda: outs.append(PendingDrains(cfg, Actuator(slurm)).settle(
+        "n1", "gpuguard: xid.79 x"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(o.status for o in outs) == ["confirmed", "confirmed"]
+    assert [c[0] for c in slurm.calls].count("drain") == 1  # the second read the first's reason back
+    assert PendingDrains(cfg, None).entries() == {}
+
+
 def test_already_drained_by_us_is_confirmed_without_a_second_drain(cfg):
     slurm = FakeSlurm()
     slurm.reasons["n1"] = "gpuguard: xid.48 earlier [root@x]"
