@@ -46,11 +46,8 @@ CURSOR = "reports.sacct_sync"
 BATCH = 2000
 #: Page cache of the syncing connection, KiB (see :func:`upsert_jobs`).
 SYNC_CACHE_KIB = 65536
-#: Most page cache a bulk load may use, KiB: a bulk load is one transaction, and once its
-#: dirty pages outgrow the cache SQLite spills them to the WAL and reads them back, so a
-#: load gets about 256 B of cache per expected job, up to this cap (our choice: measured by
-#: ``bench/sync_1m.py``-sized loads, 1 M jobs took 46.6 ms CPU per 1k with 64 MiB and 37.4 with
-#: 256 MiB; SQLite allocates cache pages only as they are used).
+#: Most page cache a bulk load (one transaction) may use, KiB: 256 B per expected job up to this cap (our choice:
+#: ``bench/sync_1m.py``, 1 M jobs 46.6 ms CPU per 1k with 64 MiB, 37.4 with 256 MiB; pages are allocated as used).
 BULK_CACHE_MAX_KIB = 262144
 #: Live sync asks sacct for this field separator: sacct does not escape its delimiter, and
 #: ``|`` is common in free-text comments; ASCII unit separator is not.
@@ -193,8 +190,7 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
     size). When that is at least :data:`BULK_MIN_ROWS` and at least the number of jobs
     already stored, the import is a bulk load (:func:`_bulk_load`): one transaction that
     sets the table's secondary indexes aside and rebuilds them at the end, with a page
-    cache sized to the load (:data:`BULK_CACHE_MAX_KIB`). The connection's cache size is
-    restored afterwards.
+    cache sized to the load (:data:`BULK_CACHE_MAX_KIB`; restored afterwards).
     """
     now = time.time() if synced_at is None else synced_at
     # The table's indexes insert in unrelated key orders: with SQLite's default
