@@ -410,3 +410,30 @@ def test_prolog_probe_drain_is_suppressed_in_maintenance(tmp_path, make_config, 
          "why": "would drain: in maintenance (window: PSU swap) until 2099-01-01T00:00:00Z",
          "reason": "gpuguard: nccl.errors NCCL probe: #wrong 475896"}]
     assert "pending" not in {p.name.split("_")[0] for p in (tmp_path / "state").iterdir()}
+
+
+def test_a_node_reads_the_cluster_store_without_writing_it(env, tmp_path):
+    """The cluster store has one writer (the controller): a node's probe reads the fleet
+    reference read-only, never migrates it, and a store with no probe carried in yet gives
+    no fleet reference and no tool error."""
+    import hashlib
+    import sqlite3
+
+    cfg0, store, fake = env
+    _seed(cfg0, store, fake)
+    cluster = tmp_path / "cluster.db"
+    con = sqlite3.connect(cluster)
+    con.execute("create table verdicts (job_id text)")  # a cluster store the judge made, no probes yet
+    con.commit()
+    con.close()
+    before = hashlib.sha256(cluster.read_bytes()).hexdigest()
+    cfg = config_mod.from_dict({"node": {"name": "gn1", "gpu_count": 8},
+                                "nccl": {"binary": str(fake.binary), "timeout_s": 30.0},
+                                "paths": {"cluster_store": str(cluster)}})
+    low = scaled(healthy_text(), 0.6)
+    fake.push(low)
+    fake.push(low)
+    out = probe_node(cfg, store, hook="health")
+    assert (out.state, out.judgement.against, out.tool_errors) == ("low", ["node"], [])
+    assert hashlib.sha256(cluster.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cluster.db")) == ["cluster.db"]

@@ -192,13 +192,13 @@ def _fleet(cfg: Any, store: Any, gpu_model: str | None, key: str, node: str) -> 
         return nb.fleet_reference(store, gpu_model, key, node, time.time(), cfg.get("nccl", "fleet_min_nodes"))
     if not os.path.exists(path):
         return nb.Reference("fleet")  # no cluster store here (not created yet, not mounted): no fleet
-    from gpuguard.store import open_store
+    from gpuguard.store import open_readonly
 
-    cluster = open_store(path, create=False)
+    # Read-only: the cluster store has one writer (the controller); a node never migrates it.
+    cluster = open_readonly(path)
     try:
-        from gpuguard.net.schema import ensure
-
-        ensure(cluster)
+        if not cluster.query("select 1 from sqlite_master where type = 'table' and name = 'nccl_busbw'"):
+            return nb.Reference("fleet")  # no probe carried into it yet
         return nb.fleet_reference(cluster, gpu_model, key, node, time.time(), cfg.get("nccl", "fleet_min_nodes"))
     finally:
         cluster.close()
