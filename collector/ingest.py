@@ -218,6 +218,29 @@ class _Limits:
         self.full = False
 
 
+def _ranked_files(res: Any, dfd: int, job_dir: str, uid: int, max_files: int) -> list[tuple[int, str]] | None:
+    """The ``(rank, name)`` record files of the open job directory ``dfd``, by rank, at
+    most ``max_files`` (``res.truncated`` set when more). None (and ``res`` told why) when
+    the directory is not a directory owned by ``uid`` or cannot be listed."""
+    st = os.fstat(dfd)
+    if not stat.S_ISDIR(st.st_mode):
+        _reject(res, job_dir, "not a directory")
+        return None
+    if st.st_uid != uid:
+        _reject(res, job_dir, f"owned by uid {st.st_uid}, expected {uid}")
+        return None
+    try:
+        names = os.listdir(dfd)
+    except OSError as e:
+        _reject(res, job_dir, e.strerror or str(e))
+        return None
+    ranked = sorted((int(m.group(1)), n) for n in names if (m := _NAME_RE.match(n)))
+    if len(ranked) > max_files:
+        res.truncated = True
+        ranked = ranked[:max_files]
+    return ranked
+
+
 def read_job_records(job_dir: str, expected_uid: int, *, max_file_bytes: int = MAX_FILE_BYTES,
                      max_line_bytes: int = 64 * 1024, max_files: int = 4096,
                      max_total_bytes: int = MAX_TOTAL_BYTES, max_records: int = MAX_RECORDS,
@@ -246,22 +269,9 @@ def read_job_records(job_dir: str, expected_uid: int, *, max_file_bytes: int = M
         _reject(res, job_dir, reason)
         return res
     try:
-        st = os.fstat(dfd)
-        if not stat.S_ISDIR(st.st_mode):
-            _reject(res, job_dir, "not a directory")
+        ranked = _ranked_files(res, dfd, job_dir, expected_uid, max_files)
+        if ranked is None:
             return res
-        if st.st_uid != expected_uid:
-            _reject(res, job_dir, f"owned by uid {st.st_uid}, expected {expected_uid}")
-            return res
-        try:
-            names = os.listdir(dfd)
-        except OSError as e:
-            _reject(res, job_dir, e.strerror or str(e))
-            return res
-        ranked = sorted((int(m.group(1)), n) for n in names if (m := _NAME_RE.match(n)))
-        if len(ranked) > max_files:
-            res.truncated = True
-            ranked = ranked[:max_files]
         budget = max_total_bytes
         for _rank, name in ranked:
             if budget <= 0 or lim.full:

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuguard.collector.ingest import (
     _CHUNK,
-    _NAME_RE,
+    _ranked_files,
     MAX_FILE_BYTES,
     MAX_RECORDS,
     MAX_TOTAL_BYTES,
@@ -204,20 +204,9 @@ def _read_tails(res: IngestResult, job_dir: str, uid: int, before: dict[str, tup
         return []
     tails: list[_FileTail] = []
     try:
-        st = os.fstat(dfd)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-            _reject(res, job_dir, "not a directory" if not stat.S_ISDIR(st.st_mode)
-                    else f"owned by uid {st.st_uid}, expected {uid}")
+        ranked = _ranked_files(res, dfd, job_dir, uid, max_files)
+        if ranked is None:
             return []
-        try:
-            names = os.listdir(dfd)
-        except OSError as e:
-            _reject(res, job_dir, e.strerror or str(e))
-            return []
-        ranked = sorted((int(m.group(1)), n) for n in names if (m := _NAME_RE.match(n)))
-        if len(ranked) > max_files:
-            res.truncated = True
-            ranked = ranked[:max_files]
         budget = max_total_bytes
         for _rank, name in ranked:
             if budget <= 0 or lim.full:

@@ -319,10 +319,10 @@ class JobTelemetry:
         return Reading(taken_at, None, [GpuReading(g.index, g.uuid, g.pci_bus_id, self._none, None, dict(err))
                                         for g in self.gpus or []])
 
-    def read(self, slow: bool) -> Reading:
-        """One tick of the job's GPUs (the slow counters too when ``slow``). Never raises."""
+    def _not_readable(self, taken_at: float) -> Reading | None:
+        """The reading to return without touching the GPUs: NVML not initialised, or a
+        call of this scope still hung (its GPUs read as ``Timeout``); else None."""
         src = self.src
-        taken_at = time.time()
         err = src._init()
         if err is not None:
             return Reading(taken_at, err, [])
@@ -330,6 +330,15 @@ class JobTelemetry:
             src._prune_stuck()
             if SCOPE in src._stuck:
                 return self._timed_out(taken_at)
+        return None
+
+    def read(self, slow: bool) -> Reading:
+        """One tick of the job's GPUs (the slow counters too when ``slow``). Never raises."""
+        src = self.src
+        taken_at = time.time()
+        early = self._not_readable(taken_at)
+        if early is not None:
+            return early
         if self._plan is None:
             self._plan = compile_plan(src._nv, self.stored)
             self.unread = self._plan[2]
@@ -360,13 +369,9 @@ class JobTelemetry:
         a hung NVML call blocks the calling thread until it returns."""
         src = self.src
         taken_at = time.time()
-        err = src._init()
-        if err is not None:
-            return Reading(taken_at, err, [])
-        if src._stuck:
-            src._prune_stuck()
-            if SCOPE in src._stuck:
-                return self._timed_out(taken_at)
+        early = self._not_readable(taken_at)
+        if early is not None:
+            return early
         try:
             if self._plan is None:
                 self._plan = compile_plan(src._nv, self.stored)

@@ -27,10 +27,11 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuguard.ops.files import atomic_write
 
 #: The spool's sub-directory of probe files (not a job id, so the job ingest skips it).
 SUBDIR = "nccl"
@@ -65,20 +66,7 @@ def spool_probe(cfg: Any, row: dict[str, Any], reading: dict[int, float], algbw:
     final = os.path.join(d, f"{node}.{int(row['at'] * 1e6)}.{key}{SUFFIX}")
     # temp file + fsync + rename: the ingest never reads half a file (names not ending
     # in .json are not read)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".probe.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(json.dumps(doc, separators=(",", ":")).encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass  # already gone
-        raise
+    atomic_write(final, json.dumps(doc, separators=(",", ":")), 0o644, fsync=True)
     return final
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 
 
-def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
+def atomic_write(path: str, text: str, mode: int = 0o644, *, fsync: bool = False) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and
     ``os.replace``: a reader sees the old or the new file, never half of one. The
     temporary file is opened with ``O_NOFOLLOW | O_EXCL`` (no symlink planted in a shared
-    directory redirects a root write). Creates the directory (0755). Raises ``OSError``."""
+    directory redirects a root write). ``fsync``: the data reaches the disk before the
+    rename (for files another host picks up from a shared directory). Creates the
+    directory (0755). Raises ``OSError``."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, mode=0o755, exist_ok=True)
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
@@ -18,6 +20,9 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
