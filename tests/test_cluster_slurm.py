@@ -195,7 +195,7 @@ def test_two_node_straggler_once_healthy_control_job_show_and_reports(cl, tmp_pa
     # a job's first sample can still read the replay state the previous job left (its
     # switch is a file the collector picks up on its next tick), so the mean is 97 % less
     # at most one early sample's share, never an idle or missing figure
-    assert 90.0 <= two["mean_util_pct"] <= 97.0, two
+    assert 90.0 <= round(two["mean_util_pct"], 6) <= 97.0, two  # a mean of 97.0s may sum to 97.00000000000001
 
 
 def _worker_pid(jid: int) -> int | None:
