@@ -452,3 +452,39 @@ def test_json_oversized_and_impossible_values_are_malformed_jobs():
         (8, "jobs[7]: AllocTRES cpu=18446744073709551616: CPU count is more than 1000000"),
     ]
     assert [(r.job["job_id_raw"], r.job["gpus"], r.job["charge_s"]) for r in rows if r.job] == [(1, 2, 7200)]
+
+
+# --- line splitting: str.split where it is exact, csv's own reading elsewhere -----------------
+@pytest.mark.parametrize(("line", "fields"), [
+    ("1|a b| c |\n", ["1", "a b", " c ", ""]),
+    ('1|"q"|x\r\n', ["1", '"q"', "x"]),  # no quoting: quote characters are data
+    ("1|old mac\r", ["1", "old mac"]),
+    ("1|last line", ["1", "last line"]),
+    ("1|n\x00ul\n", ["1", "n\x00ul"]),  # a NUL goes to csv, which keeps it
+    ("\n", [""]),
+    ("1|" + "x" * 131073 + "\n", None),  # a field over csv's limit: csv's error
+    ("1|cr\rinside\n", None),  # a stray CR: csv's error
+])
+def test_split_record_reads_each_line_as_the_csv_module_does(line, fields):
+    import csv
+
+    from gpuguard.reports.sacct import split_record
+
+    got = split_record(line, "|")
+    try:
+        want = next(csv.reader([line], delimiter="|", quoting=csv.QUOTE_NONE), [])
+    except csv.Error as e:
+        assert fields is None and isinstance(got, csv.Error) and str(got) == str(e)
+        return
+    assert got == want == fields or (fields == [""] and want == [] and got == [""])
+
+
+def test_a_line_csv_refuses_is_malformed_with_its_line_and_the_rest_is_read():
+    lines = ["JobIDRaw|State\n", "1|COMPLETED\n", "2|COMP\rLETED\n", "3|" + "x" * 131073 + "\n", "4|FAILED\n"]
+    rows = list(iter_pipe(lines, conv=UTC))
+    assert [(r.line, r.job["job_id_raw"] if r.job else None, r.error) for r in rows] == [
+        (2, 1, None),
+        (3, None, "new-line character seen in unquoted field - do you need to open the file in "
+                  "universal-newline mode?"),
+        (4, None, "field larger than field limit (131072)"),
+        (5, 4, None)]
