@@ -164,6 +164,8 @@ class PipeRowParser:
 
     def __init__(self, names: list[str], conv: TimeConverter, cluster: str):
         self.names, self.conv, self.cluster = names, conv, cluster
+        #: the converter's fast callable (a plain function: cheaper to call than __call__)
+        self.time = getattr(conv, "convert", conv)
         ix = {name: i for i, name in enumerate(names)}  # the last column of a repeated name
         absent = len(names)  # each row gets a None appended: the value of an absent field
 
@@ -190,13 +192,22 @@ class PipeRowParser:
         raw_text = raw_text or jid_text
         if is_step or "." in raw_text:
             return None, True
-        raw = self._raw_id(raw_text, jid_text, ids)
+        if raw_text.isdigit() and raw_text.isascii() and len(raw_text) <= 18:  # the common case, inline
+            raw = int(raw_text)
+        else:
+            raw = self._raw_id(raw_text, jid_text, ids)
         alloc = parse_tres(alloc_text) if self.has_alloctres else None
-        gpus, gpu_type, gpu_source = self._gpus(alloc, r)
+        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
+            gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
+        else:
+            gpus, gpu_type, gpu_source = self._gpus(alloc, r)
         code, sig = parse_exit_code(exit_text)
-        conv = self.conv
+        conv = self.time
         # converted in the order of the fields, so a row with several faults names the first
-        submit_at, eligible_at, start_at, end_at = conv(submit), conv(eligible), conv(start), conv(end)
+        # (Eligible is most often Submit's very text: converted once)
+        submit_at = conv(submit)
+        eligible_at = submit_at if eligible == submit else conv(eligible)
+        start_at, end_at = conv(start), conv(end)
         state = normalize_state(state_raw)
         elapsed_s = _elapsed(elapsed if elapsed is not None else elapsed_text)
         limit_s = time_limit_s(limit_raw, limit_text)
@@ -476,7 +487,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
         except (RowError, OverflowError) as e:
             yield ParsedRow(line=line_no, error=str(e))
             continue
-        yield ParsedRow(line=line_no, job=job, step=is_step)
+        yield ParsedRow(line_no, job, is_step)
 
 
 #: Longest line :func:`split_record` splits itself: no field of it can exceed the csv

@@ -315,7 +315,7 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
                     result.notes.append((r.line, r.note))
                 if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
                     j["gpus"], j["gpu_source"] = None, "unknown: AccountingStorageTRES has no gres/gpu"
-                if in_no_report(j):
+                if j["start_at"] is None and in_no_report(j):
                     result.unreportable.append((r.line, j["job_id"]))
                 if j["gpus"] is None:
                     result.gpus_unknown.append((r.line, j["job_id"]))
@@ -323,8 +323,9 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
                 prev = first_submit.setdefault(jid, sub)
                 if prev != sub:
                     attempts.setdefault(jid, {prev}).add(sub)
-                if is_js1(j["admin_comment"]):
-                    js1.append((j["job_id_raw"], j["admin_comment"]))
+                ac = j["admin_comment"]
+                if ac and is_js1(ac):
+                    js1.append((j["job_id_raw"], ac))
                 yield j
     result.jobs = upsert_jobs(store, jobs(), synced_at=synced_at, source=result.source, expect_rows=expect_rows)
     result.attempts = {k: len(v) for k, v in attempts.items()}
