@@ -63,6 +63,16 @@ def _compact_minutes(db: sqlite_utils.Database) -> None:
     samples.migrate_minutes(db.conn)
 
 
+
+@MIGRATIONS(name="live_minutes")
+def _live_minutes(db: sqlite_utils.Database) -> None:
+    """The minutes the collector closes while a job runs (:mod:`gpuguard.live_minutes`),
+    so the Epilog reads minutes, not samples. Series written before get theirs as their
+    next samples arrive."""
+    from gpuguard import live_minutes
+
+    live_minutes.migrate(db.conn)
+
 #: Sample columns of the compact layout when it was released (``compact_samples``). Every
 #: metric-table row added since gets a step of its own, ``metric_<name>``, that adds the
 #: columns the table declares and the store lacks (:func:`gpuguard.samples.add_missing_columns`:

@@ -59,6 +59,9 @@ def _fold_series(conn: Any, sid: int, t0: float, cutoff: float) -> int:
         (t0, int(t0 // 60), sid, hi))
     conn.execute("delete from gpu_samples where sid = ? and t_ms < ?", (sid, hi))
     conn.execute("delete from gpu_slow where sid = ? and t_ms < ?", (sid, hi))
+    from gpuguard.live_minutes import forget_before
+
+    forget_before(conn, sid, t0, hi)
     return n
 
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, series_attrs, stored_column
 
+_SAMPLED_BY_NAME = {m.name: m for m in GPU_SAMPLED}
+
 MINUTE_S = 60
 
 
@@ -143,12 +145,14 @@ def _minutes_view_sql() -> str:
 
 class SeriesCache:
     """``(job_id, node, gpu_index) -> (sid, t0)`` for one store connection, and each
-    series' last ``t_ms`` and clock-step offset (:func:`write`)."""
+    series' last ``t_ms``, clock-step offset (:func:`write`) and first minute not closed
+    yet (:func:`gpuguard.live_minutes.close_due`)."""
 
     def __init__(self) -> None:
         self.ids: dict[tuple[Any, ...], tuple[int, float]] = {}
         self.last: dict[int, int] = {}
         self.offset: dict[int, int] = {}
+        self.live_next: dict[int, int] = {}
 
     def get(self, conn: sqlite3.Connection, job_id: str, node: str, gpu_index: int, uuid: str | None,
             at: float) -> tuple[int, float]:
@@ -210,7 +214,8 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
     series' last one (the wall clock stepped back, or two samples in one millisecond) is
     stored 1 ms after it, and the series' later samples by the same offset, so the summary
     counts every sample of the attempt and intervals stay true; their ``at`` reads back
-    shifted by the step."""
+    shifted by the step. Each series' whole minutes before its newest sample are then
+    closed (:func:`gpuguard.live_minutes.close_due`)."""
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
     ids = cache.ids
@@ -243,6 +248,12 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)
+    if fast:
+        from gpuguard.live_minutes import close_due
+
+        t0_of = {sid: t0 for sid, t0 in ids.values()}
+        for sid in {r[0] for r in fast}:
+            close_due(conn, cache.live_next, sid, t0_of[sid], last_of[sid])
     return len(fast)
 
 
@@ -276,10 +287,36 @@ def real_expr(m: Any) -> str:
 #: buckets, below the verdict's 60 s short window).
 MAX_POINTS = 2_000
 
+
+
+#: Per-window values of :func:`windows_of` per GPU (the verdict's short windows): the mean
+#: of each GPU metric the verdict compares (:func:`gpuguard.metrics.series_attrs`), memory's peak.
+WINDOW_VALUES = {**dict.fromkeys(series_attrs(), "mean"), "mem_used_mib": "max"}
+
 _VALUE_METRICS = tuple(m for m in GPU_SAMPLED if m.name != "clock_event_mask")
-#: Metrics whose bucket maximum anyone reads (summary max/peak, the verdict's memory).
-_MAX_NEEDED = frozenset(m.name for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats))
+#: Metrics whose bucket sum and count anyone reads (summary means, the verdict's window
+#: means), and those whose bucket maximum anyone reads (summary max/peak, the verdict's
+#: memory): what a bucket keeps, so what :mod:`gpuguard.live_minutes` stores.
+SUMMED = tuple(m.name for m in _VALUE_METRICS if "mean" in m.stats or WINDOW_VALUES.get(m.name) == "mean")
+MAXED = tuple(m.name for m in _VALUE_METRICS if {"max", "peak"} & set(m.stats) or WINDOW_VALUES.get(m.name) == "max")
+_MAX_NEEDED = frozenset(MAXED)
+#: Metrics with a percentile statistic (``p95`` ...): the summary counts their values.
+PCT_SAMPLED = tuple(m.name for m in _VALUE_METRICS if any(st[0] == "p" and st[1:].isdigit() for st in m.stats))
 _MASK_COL = stored_column(next(m for m in GPU_SAMPLED if m.name == "clock_event_mask"))
+
+
+def grouped_sql(group: str) -> str:
+    """The bucketed pass over one series' raw rows: ``(bucket, mask, count, min t_ms, max
+    t_ms, sum t_ms, sums..., maxes..., counts...)`` per (``group`` expression over
+    ``t_ms``, clock-event mask), in bucket order, for rows of ``sid = ?`` with ``t_ms``
+    in ``[?, ?]`` (the row shape :mod:`gpuguard.bucket_rows` fills :class:`Buckets` from).
+    Measured per day-long GPU series at 1 s: 0.08 s, against 0.15 s for one flag
+    expression per bit in SQL and 0.11 s for a second pass for the masks."""
+    agg = ([f"sum({stored_column(_SAMPLED_BY_NAME[n])})" for n in SUMMED]
+           + [f"max({stored_column(_SAMPLED_BY_NAME[n])})" for n in MAXED]
+           + [f"count({stored_column(_SAMPLED_BY_NAME[n])})" for n in SUMMED])
+    return (f"select {group}, {_MASK_COL}, count(*), min(t_ms), max(t_ms), sum(t_ms), {', '.join(agg)} "
+            f"from gpu_samples where sid = ? and t_ms between ? and ? group by 1, 2 order by 1")
 
 
 class Buckets:
@@ -289,16 +326,20 @@ class Buckets:
 
     * ``n``, ``t_min``, ``t_max``, ``t_sum``: samples in the bucket, first, last and summed
       sample time;
-    * ``sums[m]``, ``counts[m]``, ``maxes[m]``: per value metric (stored integer scale);
-    * ``bits[b]``: samples with clock-event bit ``b`` set.
+    * ``sums[m]``, ``counts[m]``: per :data:`SUMMED` metric, ``maxes[m]`` per
+      :data:`MAXED` metric (stored integer scale);
+    * ``bits[b]``: samples with clock-event bit ``b`` set;
+    * ``live_ms``: the ``[a, b)`` range of ``t_ms`` read from the collector's closed
+      minutes (:mod:`gpuguard.live_minutes`) instead of the raw rows, or None, and
+      ``live_hists``: ``{metric: {value: count}}`` of the percentile metrics over that range.
 
     With ``bucket_ms == 0`` every sample is its own bucket (the series was short). With
     ``align_ms`` (non-zero only with ``bucket_ms``) buckets are aligned on the epoch:
     bucket ``k`` holds the samples with ``(t0 * 1000 + t_ms) // bucket_ms == k``, so that
     every series' buckets (and the spool part's windows) line up."""
 
-    __slots__ = ("align_ms", "bits", "bucket_ms", "counts", "maxes", "n", "sid", "sums", "t0", "t_max", "t_min",
-                 "t_sum")
+    __slots__ = ("align_ms", "bits", "bucket_ms", "counts", "live_hists", "live_ms", "maxes", "n", "sid", "sums", "t0",
+                 "t_max", "t_min", "t_sum")
 
     def __init__(self, sid: int, t0: float, bucket_ms: int, align_ms: int = 0):
         from gpuguard.model import CLOCK_EVENT_REASONS
@@ -308,10 +349,12 @@ class Buckets:
         self.t_min: list[int] = []
         self.t_max: list[int] = []
         self.t_sum: list[int] = []
-        self.sums: dict[str, list[Any]] = {m.name: [] for m in _VALUE_METRICS}
-        self.counts: dict[str, list[int]] = {m.name: [] for m in _VALUE_METRICS}
-        self.maxes: dict[str, list[Any]] = {m.name: [] for m in _VALUE_METRICS}
+        self.sums: dict[str, list[Any]] = {m: [] for m in SUMMED}
+        self.counts: dict[str, list[int]] = {m: [] for m in SUMMED}
+        self.maxes: dict[str, list[Any]] = {m: [] for m in MAXED}
         self.bits: dict[int, list[int]] = {bit: [] for bit, _label in CLOCK_EVENT_REASONS.values()}
+        self.live_ms: tuple[int, int] | None = None
+        self.live_hists: dict[str, dict[int, int]] = {}
 
     def group_sql(self) -> str:
         """SQL expression (over ``t_ms``) of the bucket a row of this series falls in."""
@@ -361,7 +404,7 @@ def bucket_width_ms(n: int, span_ms: int, max_points: int = MAX_POINTS, align_s:
 
 def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**62), hi: int = 2**62,
                  max_points: int = MAX_POINTS, cache: dict[Any, Any] | None = None,
-                 align_s: float | None = None) -> Buckets:
+                 align_s: float | None = None, live_ok: bool = True) -> Buckets:
     """Series ``sid`` between ``t_ms`` ``lo`` and ``hi`` (inclusive) as :class:`Buckets`:
     one grouped SQL pass (plus a count). A series of
     more than ``max_points`` samples is bucketed (:func:`bucket_width_ms`); ``align_s``
@@ -369,7 +412,12 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     store's :attr:`Store.memo <gpuguard.store.Store.memo>`, which lives as long as that
     store object and is cleared by its sample writes), a result is kept keyed by the rows
     it covered (count, first and last time) and the bucketing, so the Epilog's part and
-    verdict reuse the pass its summary just made instead of reading the samples again."""
+    verdict reuse the pass its summary just made instead of reading the samples again.
+
+    An epoch-aligned read whose buckets are whole minutes takes the minutes the collector
+    closed while the job ran (:func:`gpuguard.live_minutes.closed_range`, checked against
+    the raw row count) instead of their raw rows, so a day-long series costs its last
+    minutes' rows, not 86,400 (``live_ok=False``: raw rows only; the same result)."""
     # count(*) alone scans the series' keys; min/max alone are two seeks of the primary key
     # (together with the count they would decode every row: 2.5x the time)
     rng = "from gpu_samples where sid = ? and t_ms between ? and ?"
@@ -383,25 +431,30 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     if hit is not None:
         return hit
     out = Buckets(sid, t0, bucket_ms, align_ms)
-    names = [m.name for m in _VALUE_METRICS]
-    cols = {m.name: stored_column(m) for m in _VALUE_METRICS}
-    maxed = [n for n in names if n in _MAX_NEEDED]
-    # One grouped pass of plain sum/max/count aggregates per (bucket, clock-event mask): a
-    # bucket holds a few distinct masks, whose bits are counted here in Python. Measured
-    # per day-long GPU series at 1 s: 0.08 s, against 0.15 s for one flag expression per
-    # bit in SQL and 0.11 s for a second pass for the masks.
-    agg = ([f"sum({cols[n]})" for n in names] + [f"max({cols[n]})" for n in maxed]
-           + [f"count({cols[n]})" for n in names])
     group = out.group_sql()
-    rows = conn.execute(f"select {group}, {_MASK_COL}, count(*), min(t_ms), max(t_ms), sum(t_ms), {', '.join(agg)} "
-                        f"from gpu_samples where sid = ? and t_ms between ? and ? group by 1, 2 order by 1",
-                        (sid, lo, hi)).fetchall()
+    from gpuguard import live_minutes
+
+    live = None
+    if live_ok and bucket_ms and align_ms and bucket_ms % live_minutes.MINUTE_MS == 0:
+        live = live_minutes.closed_range(conn, sid, t0, lo, hi)
+    rows = None
+    if live is not None:
+        # the raw rows before and after the closed minutes, the closed minutes between;
+        # used only when their counts add up to the range's (no raw row changed since)
+        a, b_, n_live, hists = live
+        around = (conn.execute(grouped_sql(group), (sid, lo, a - 1)).fetchall(),
+                  conn.execute(grouped_sql(group), (sid, b_, hi)).fetchall())
+        if n_live + sum(r[2] for part in around for r in part) == n:
+            rows = [*around[0], *live_minutes.bucket_rows(conn, sid, t0, a, b_, bucket_ms), *around[1]]
+            out.live_ms, out.live_hists = (a, b_), hists
+    if rows is None:
+        rows = conn.execute(grouped_sql(group), (sid, lo, hi)).fetchall()
     from gpuguard.bucket_rows import fill_columns, fill_rows
 
     if len({r[0] for r in rows}) == len(rows):
-        fill_columns(out, rows, names, maxed)  # one mask per bucket (the usual case): column by column
+        fill_columns(out, rows, SUMMED, MAXED)  # one mask per bucket (the usual case): column by column
     else:
-        fill_rows(out, rows, names, maxed)
+        fill_rows(out, rows, SUMMED, MAXED)
     if cache is not None:
         if sum(1 for k in cache if k[0] == "buckets") >= _CACHE_SERIES:
             for k in [k for k in cache if k[0] == "buckets"]:
@@ -409,10 +462,6 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
         cache[key] = out
     return out
 
-
-#: Per-window values of :func:`windows_of` per GPU (the verdict's short windows): the mean
-#: of each GPU metric the verdict compares (:func:`gpuguard.metrics.series_attrs`), memory's peak.
-WINDOW_VALUES = {**dict.fromkeys(series_attrs(), "mean"), "mem_used_mib": "max"}
 
 def windows_of(b: Buckets, start: float, width_s: float, n_windows: int) -> dict[str, list[float | None]]:
     """One GPU's :class:`Buckets` regrouped into ``n_windows`` windows of ``width_s`` from
@@ -454,11 +503,16 @@ def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
     ``samples`` view. A new sampled metric's store change is one collector migration step
     calling this. Returns the columns added."""
     added = []
+    from gpuguard.live_minutes import minute_columns as live_columns
+
     want = {"gpu_samples": [stored_column(m) for m in GPU_SAMPLED],
             "gpu_slow": [stored_column(m) for m in GPU_SLOW],
-            "gpu_minutes": minute_columns()}
+            "gpu_minutes": minute_columns(),
+            "gpu_live_minutes": live_columns()}
     for table, cols in want.items():
         have = {r[1] for r in conn.execute(f"pragma table_info({table})")}
+        if not have:
+            continue  # created later by its own migration step, with every column
         for c in cols:
             if c not in have:
                 conn.execute(f"alter table {table} add column {c} integer")
