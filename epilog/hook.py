@@ -386,6 +386,8 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         summary = None
     if summary is not None:
         hand_over(store, job_id, cfg, env, node, summary, log, pend)
+    if store is not None:
+        _drop_working_rows(store, job_id, node, log)
 
     if store is not None:
         deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
@@ -394,6 +396,20 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
 
     # 7. the job directory
     _remove_job_dir(store, cfg, job_id, node, job_dir, keep_dir, log)
+
+
+def _drop_working_rows(store: Any, job_id: str, node: str, log: Any) -> None:
+    """Step 6b: drop the job's closed GPU minutes (:func:`gpuguard.live_minutes.drop_job`)
+    and step sub-windows (``step_windows``): they spared the summary and the part reading
+    every raw row, which stay in the store. Our errors are logged only."""
+    from gpuguard import live_minutes
+
+    try:
+        with store.tx():
+            live_minutes.drop_job(store.db.conn, job_id, node)
+            store.db.conn.execute("delete from step_windows where job_id = ? and node = ?", (job_id, node))
+    except Exception as e:
+        log.error("tool error: dropping the job's working rows: %s: %s", type(e).__name__, e)
 
 
 def _remove_job_dir(store: Any, cfg: Any, job_id: str, node: str, job_dir: str, keep_dir: bool, log: Any) -> None:

@@ -117,12 +117,12 @@ def _first_rowid(store: Any, table: str, job_id: str, node: str, started_at: flo
     return rows[0]["r"] if rows and rows[0]["r"] is not None else 0
 
 
-def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
+def _reasons_s(b: samples.Buckets, per_sample_s: list[float], cap_s: float) -> dict[str, float]:
     """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
     until the next sample (left-point rule; the last sample adds nothing), each sample's
-    share cut to ``cap_s`` (:meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
-    series read sample by sample, per bucket for a long one)."""
-    per = [min(x, cap_s) for x in b.per_sample_s()]
+    share (``per_sample_s``: :meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
+    series read sample by sample, per bucket for a long one) cut to ``cap_s``."""
+    per = [min(x, cap_s) for x in per_sample_s]
     out: dict[str, float] = {}
     for name, (bit, _label) in CLOCK_EVENT_REASONS.items():
         s = sum(c * w for c, w in zip(b.bits[bit], per, strict=True) if c)
@@ -208,12 +208,13 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
             if inc is not None:
                 inc_total[name] = (inc_total[name] or 0) + inc
         dts: dict[int, int] = {}
-        for w, k in zip(b.per_sample_s()[:-1], b.n[:-1], strict=True):
+        per_sample = b.per_sample_s()
+        for w, k in zip(per_sample[:-1], b.n[:-1], strict=True):
             ms = round(w * 1000)
             dts[ms] = dts.get(ms, 0) + k
             all_dt[ms] = all_dt.get(ms, 0) + k
         med = _median_hist(dts)
-        g_reasons = _reasons_s(b, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
+        g_reasons = _reasons_s(b, per_sample, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
         g.clock_event_s = {k: _r(v) for k, v in g_reasons.items()}
         for k, v in g_reasons.items():
             reasons[k] = reasons.get(k, 0.0) + v

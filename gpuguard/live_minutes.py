@@ -24,7 +24,9 @@ closed chunks inside its range whose sample counts still match the raw rows
 minutes' raw rows instead of 691,200 rows. The raw rows stay the record: retention folds
 and deletes both tiers together (:func:`forget_before`), and a chunk whose count does not
 match (rows replaced or deleted since) is not used, so the result is always the raw
-rows' (``tests/test_live_minutes.py`` compares the two reads).
+rows' (``tests/test_live_minutes.py`` compares the two reads). The Epilog drops a job's
+closed minutes once its summary and part are written (:func:`drop_job`): they are a
+working set of the running job (~1-2 B per GPU-sample while it runs), not a retention tier.
 """
 
 from __future__ import annotations
@@ -220,3 +222,16 @@ def forget_before(conn: sqlite3.Connection, sid: int, t0: float, t_ms: int) -> N
         conn.execute("delete from gpu_live_minutes where sid = ?", (sid,))
     else:
         conn.execute("delete from gpu_live_minutes where sid = ? and minute < ?", (sid, keep))
+
+
+def drop_job(conn: sqlite3.Connection, job_id: str, node: str) -> int:
+    """Drop the closed minutes and chunks of job ``job_id``'s GPU series on ``node`` (the
+    Epilog, once its summary and part are written: they only spared it reading the raw
+    rows, which stay; a later read of the job reads those). Call inside a transaction;
+    returns the minute rows dropped; raises ``sqlite3.Error``."""
+    sids = [r[0] for r in conn.execute("select id from gpu_series where job_id = ? and node = ?", (job_id, node))]
+    n = 0
+    for sid in sids:
+        n += conn.execute("delete from gpu_live_minutes where sid = ?", (sid,)).rowcount
+        conn.execute("delete from gpu_live_chunks where sid = ?", (sid,))
+    return n

@@ -85,6 +85,9 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
     out: dict[str, Any] = {"samples_folded": 0, "series_done": 0, "series_left": 0, "host_samples": 0,
                            "minutes": 0, "summaries": 0, "events": 0, "complete": True}
     conn = store.db.conn
+    memo = getattr(store, "memo", None)
+    if memo is not None:
+        memo.clear()  # bucketed reads of rows about to be folded away
     try:
         old = conn.execute("select g.id, g.t0 from gpu_series g where g.t0 < ? and exists "
                            "(select 1 from gpu_samples s where s.sid = g.id and s.t_ms < round((? - g.t0) * 1000)) "

@@ -411,25 +411,31 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
     aligns its buckets on the epoch at ``align_s * 2**k`` seconds. With ``cache`` (the
     store's :attr:`Store.memo <gpuguard.store.Store.memo>`, which lives as long as that
     store object and is cleared by its sample writes), a result is kept keyed by the rows
-    it covered (count, first and last time) and the bucketing, so the Epilog's part and
-    verdict reuse the pass its summary just made instead of reading the samples again.
+    it covered (its first and last time, or None for the series' own first and last) and
+    the bucketing asked for, so the Epilog's part and verdict reuse the pass its summary
+    just made instead of reading the samples again.
 
     An epoch-aligned read whose buckets are whole minutes takes the minutes the collector
     closed while the job ran (:func:`gpuguard.live_minutes.closed_range`, checked against
     the raw row count) instead of their raw rows, so a day-long series costs its last
     minutes' rows, not 86,400 (``live_ok=False``: raw rows only; the same result)."""
-    # count(*) alone scans the series' keys; min/max alone are two seeks of the primary key
-    # (together with the count they would decode every row: 2.5x the time)
+    # min/max alone are two seeks of the primary key; count(*) alone scans the series' keys
+    # (together they would decode every row: 2.5x the time)
     rng = "from gpu_samples where sid = ? and t_ms between ? and ?"
-    n = conn.execute(f"select count(*) {rng}", (sid, lo, hi)).fetchone()[0]
     a = conn.execute(f"select min(t_ms) {rng}", (sid, lo, hi)).fetchone()[0]
     b = conn.execute(f"select max(t_ms) {rng}", (sid, lo, hi)).fetchone()[0]
-    bucket_ms = bucket_width_ms(n, (b - a) if n else 0, max_points, align_s)
-    align_ms = 1 if bucket_ms and align_s else 0
-    key = ("buckets", sid, n, a, b, bucket_ms, align_ms)
-    hit = None if cache is None else cache.get(key)
+    # the same rows whatever bounds select them (the summary's from the job's start, the
+    # part's from the series' first sample): a second read costs the two seeks above
+    first = conn.execute("select min(t_ms) from gpu_samples where sid = ?", (sid,)).fetchone()[0]
+    last = conn.execute("select max(t_ms) from gpu_samples where sid = ?", (sid,)).fetchone()[0]
+    req = ("buckets", sid, "first" if a is not None and a == first else a,
+           "last" if b is not None and b == last else b, max_points, align_s)
+    hit = None if cache is None else cache.get(req)
     if hit is not None:
         return hit
+    n = conn.execute(f"select count(*) {rng}", (sid, lo, hi)).fetchone()[0]
+    bucket_ms = bucket_width_ms(n, (b - a) if n else 0, max_points, align_s)
+    align_ms = 1 if bucket_ms and align_s else 0
     out = Buckets(sid, t0, bucket_ms, align_ms)
     group = out.group_sql()
     from gpuguard import live_minutes
@@ -459,7 +465,7 @@ def read_buckets(conn: sqlite3.Connection, sid: int, t0: float, lo: int = -(2**6
         if sum(1 for k in cache if k[0] == "buckets") >= _CACHE_SERIES:
             for k in [k for k in cache if k[0] == "buckets"]:
                 del cache[k]  # a few series of one job at a time: memory stays bounded
-        cache[key] = out
+        cache[req] = out
     return out
 
 

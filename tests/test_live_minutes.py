@@ -157,3 +157,37 @@ def test_retention_drops_the_closed_minutes_with_the_raw_rows(store) -> None:
     prune(store, now=T0 + 4 * 86400, raw_days=2, minutes_days=90)
     assert conn.execute("select count(*) from gpu_live_chunks").fetchone()[0] == 0
     assert conn.execute("select count(*) from gpu_live_minutes").fetchone()[0] == 0
+
+
+def test_the_epilog_drops_the_jobs_working_rows_and_keeps_the_raw_ones(store) -> None:
+    import logging
+
+    from gpuguard.epilog import hook
+
+    _write_job(store, 3600, seed=6)
+    store.insert_many("steps", [{"job_id": "9", "node": "n1", "rank": 0, "step": k, "t": T0 + k, "step_time_s": 1.0}
+                                for k in range(100)])
+    conn = store.db.conn
+    raw = conn.execute("select count(*) from gpu_samples").fetchone()[0]
+    assert conn.execute("select count(*) from gpu_live_minutes").fetchone()[0] > 0
+    assert conn.execute("select count(*) from step_windows").fetchone()[0] == 15  # 99 s over 15 7.5 s sub-windows
+    assert len({int((T0 + k) / 7.5) for k in range(100)}) == 15
+    hook._drop_working_rows(store, "9", "n1", logging.getLogger("test"))
+    for table in ("gpu_live_minutes", "gpu_live_chunks", "step_windows"):
+        assert conn.execute(f"select count(*) from {table}").fetchone()[0] == 0, table
+    assert conn.execute("select count(*) from gpu_samples").fetchone()[0] == raw == 2 * 3600
+    assert conn.execute("select count(*) from steps").fetchone()[0] == 100
+
+
+def test_cached_reads_are_keyed_by_the_rows_they_cover(store) -> None:
+    """A read of the whole series is reused by a read whose bounds select the same rows,
+    never by one that selects fewer or none."""
+    _write_job(store, 3600, seed=7)
+    conn = store.db.conn
+    sid, _n, _i, _u, t0 = samples.series_of(conn, "9", ["n1"])[0]
+    whole = samples.read_buckets(conn, sid, t0, cache=store.memo, align_s=60.0)
+    assert samples.read_buckets(conn, sid, t0, lo=-5_000, hi=10**12, cache=store.memo, align_s=60.0) is whole
+    part = samples.read_buckets(conn, sid, t0, lo=600_000, cache=store.memo, align_s=60.0)
+    assert part is not whole and sum(part.n) < sum(whole.n)
+    none = samples.read_buckets(conn, sid, t0, lo=10**11, cache=store.memo, align_s=60.0)
+    assert none.n == [] and none is not whole

@@ -93,7 +93,8 @@ def test_long_series_windows_are_exact_means_of_aligned_buckets(tmp_path):
     assert g["ecc"] == [ecc.get(w) for w in sorted(by)] and g["ecc"][-1] == 4 and g["ecc"].count(None) == 0
     # the part reused the summary's pass: one cached bucket set per GPU, aligned on 60 s
     keys = [k for k in s.memo if k[0] == "buckets"]
-    assert sorted(k[5:] for k in keys) == [(60000, 1), (60000, 1)]
+    assert sorted(k[2:] for k in keys) == [("first", "last", samples.MAX_POINTS, 60.0)] * 2
+    assert all(s.memo[k].bucket_ms == 60000 and s.memo[k].align_ms == 1 for k in keys)
 
 
 def test_sql_step_windows_equal_the_python_ones(tmp_path):
