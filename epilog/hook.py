@@ -477,9 +477,10 @@ def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
     except Exception as e:  # pruning is housekeeping: never fails the epilog
         log.error("tool error: store prune: %s: %s", type(e).__name__, e)
         return
-    if res["samples_folded"] or res["minutes"] or not res["complete"]:
-        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
-                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
+    if res["samples_folded"] or res["minutes"] or res["step_records"] or not res["complete"]:
+        log.info("store prune: folded %d sample(s) of %d series, deleted %d training step record(s)%s",
+                 res["samples_folded"], res["series_done"], res["step_records"],
+                 "" if res["complete"] else " (the rest in the next run)")
 
 
 def _close(store: Any) -> None:

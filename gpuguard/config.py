@@ -89,7 +89,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
     "store": {
-        "raw_days": (14.0, (int, float), "keep raw GPU/host samples this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
+        "raw_days": (14.0, (int, float), "keep raw GPU/host samples (and a summarised job's training records) this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
         "minutes_days": (400.0, (int, float), "keep per-minute GPU aggregates this many days (our choice: a year and a month, for year-on-year comparisons; < 1 B per GPU-second)"),
         "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
     },
