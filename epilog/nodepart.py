@@ -209,16 +209,17 @@ def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[
 def _ranks(store: Any, job_id: str, node: str, ws: float) -> tuple[list[dict[str, Any]], tuple[float, float] | None]:
     """The part's ``ranks`` and the steps' time span ``(first t - its step time, last t)``."""
     conn = store.db.conn
-    n, hi = conn.execute("select count(*), max(t) from steps where job_id = ? and node = ? and t is not null",
-                         (job_id, node)).fetchone()
+    n, lo, hi = conn.execute("select count(*), min(t), max(t) from steps where job_id = ? and node = ? and "
+                             "t is not null", (job_id, node)).fetchone()
     if not n:
         return [], None
     if n <= jobdata.MAX_STEP_RECORDS:
         recs = jobdata._load_steps(store, job_id, [node])
         return part._rank_windows(recs, ws), (recs[0].t - (recs[0].step_time_s or 0.0), recs[-1].t)
-    first = conn.execute("select t, step_time_s from steps where job_id = ? and node = ? and t is not null "
-                         "order by t limit 1", (job_id, node)).fetchone()
-    return _rank_windows_sql(conn, job_id, node, ws, SUB_WINDOWS, n), (first[0] - (first[1] or 0.0), hi)
+    # the earliest record's step time: the scan stops at it (usually rank 0's first step)
+    first_st = conn.execute("select step_time_s from steps where job_id = ? and node = ? and t = ? limit 1",
+                            (job_id, node, lo)).fetchone()[0]
+    return _rank_windows_sql(conn, job_id, node, ws, SUB_WINDOWS, n), (lo - (first_st or 0.0), hi)
 
 
 def _kept_sub_windows(conn: Any, job_id: str, node: str, sub_s: float, n_timed: int | None) -> str | None:
