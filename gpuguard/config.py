@@ -57,7 +57,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "state_dir": ("/var/lib/gpuguard", str, "pid files, collector state; {node} allowed"),
         "run_dir": ("/run/gpuguard/{node}", str, "second copy of the kernel-log cursor and pending drains on a tmpfs, so a read-only or full state_dir never loses or repeats a drain; empty = off"),
         "job_dir_root": ("/var/spool/gpuguard/jobs", str, "parent of per-job directories for training records, under its own root apart from the store (users write there; best its own filesystem); {node} allowed"),
-        "job_dir_max_mib": (64.0, (int, float), "per-job size cap of a job directory, checked by the collector every liveness period; files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
+        "job_dir_max_mib": (64.0, (int, float), "per-job cap of a job directory's bytes on disk, checked by the collector every liveness period after it stored the new records and released their blocks (punch-hole); files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
         "spool_dir": ("", str, "shared directory (owned by SlurmUser) where node Epilogs leave each job's per-node part for the job judge on the controller; empty = single host: the node Epilog judges its own job"),
         "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
     },
