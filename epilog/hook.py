@@ -386,30 +386,16 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         summary = None
     if summary is not None:
         hand_over(store, job_id, cfg, env, node, summary, log, pend)
-    if store is not None:
-        _drop_working_rows(store, job_id, node, log)
+    if store is not None:  # 6b-c. upkeep: the job's working rows, then retention
+        from gpuguard.epilog.upkeep import auto_prune, drop_working_rows
 
-    if store is not None:
+        drop_working_rows(store, job_id, node, log)
         deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
-        _auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
-                    else deadline - time.monotonic(), log)
+        auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
+                   else deadline - time.monotonic(), log)
 
     # 7. the job directory
     _remove_job_dir(store, cfg, job_id, node, job_dir, keep_dir, log)
-
-
-def _drop_working_rows(store: Any, job_id: str, node: str, log: Any) -> None:
-    """Step 6b: drop the job's closed GPU minutes (:func:`gpuguard.live_minutes.drop_job`)
-    and step sub-windows (``step_windows``): they spared the summary and the part reading
-    every raw row, which stay in the store. Our errors are logged only."""
-    from gpuguard import live_minutes
-
-    try:
-        with store.tx():
-            live_minutes.drop_job(store.db.conn, job_id, node)
-            store.db.conn.execute("delete from step_windows where job_id = ? and node = ?", (job_id, node))
-    except Exception as e:
-        log.error("tool error: dropping the job's working rows: %s: %s", type(e).__name__, e)
 
 
 def _remove_job_dir(store: Any, cfg: Any, job_id: str, node: str, job_dir: str, keep_dir: bool, log: Any) -> None:
@@ -461,26 +447,6 @@ def _ingest(store: Any, job_dir: str, job_id: str, node: str, uid: int | None, l
             log.error("tool error: training records: %s: %s", type(e).__name__, e)
             keep_dir = True
     return ingest, keep_dir
-
-
-def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
-    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
-    and at most half of what the epilog's budget has left; our errors are logged only."""
-    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
-    if budget_s <= 0:
-        return
-    from gpuguard.retention import prune
-
-    try:
-        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
-                    budget_s=budget_s)
-    except Exception as e:  # pruning is housekeeping: never fails the epilog
-        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
-        return
-    if res["samples_folded"] or res["minutes"] or res["step_records"] or not res["complete"]:
-        log.info("store prune: folded %d sample(s) of %d series, deleted %d training step record(s)%s",
-                 res["samples_folded"], res["series_done"], res["step_records"],
-                 "" if res["complete"] else " (the rest in the next run)")
 
 
 def _close(store: Any) -> None:

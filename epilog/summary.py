@@ -192,17 +192,7 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
             setattr(g, m.field(_max_stat(m)), v)
             if v is not None:
                 pooled_max[m.name] = v if pooled_max[m.name] is None else max(pooled_max[m.name], v)
-        for m in _PCTS:
-            h = hists[m.name]
-            c = stored_column(m)
-            outside, params = "", (sid, lo, hi)
-            if b.live_ms is not None:  # the collector's closed minutes counted these values
-                outside, params = " and (t_ms < ? or t_ms >= ?)", (sid, lo, hi, *b.live_ms)
-                for v, k in b.live_hists.get(m.name, {}).items():
-                    h[v] = h.get(v, 0) + k
-            for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
-                                     f"and {c} is not null{outside} group by 1", params):
-                h[v] = h.get(v, 0) + k
+        _count_values(conn, b, sid, lo, hi, hists)
         for name, inc in _slow_increase(conn, sid, lo, hi).items():
             setattr(g, BY_NAME[name].field("increase"), inc)
             if inc is not None:
@@ -237,6 +227,23 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
     for name, inc in inc_total.items():
         setattr(summary, BY_NAME[name].field("increase"), inc)
     summary.clock_event_gpu_s = {k: _r(v) for k, v in reasons.items()}
+
+
+def _count_values(conn: Any, b: samples.Buckets, sid: int, lo: int, hi: int, hists: dict[str, dict[int, int]]) -> None:
+    """Add series ``sid``'s values of each percentile metric in ``t_ms`` ``[lo, hi]`` to
+    ``hists`` (``{metric: {stored value: count}}``): the collector's closed minutes'
+    counts over ``b.live_ms``, one ``GROUP BY`` over the raw rows around them."""
+    for m in _PCTS:
+        h = hists[m.name]
+        c = stored_column(m)
+        outside, params = "", (sid, lo, hi)
+        if b.live_ms is not None:
+            outside, params = " and (t_ms < ? or t_ms >= ?)", (sid, lo, hi, *b.live_ms)
+            for v, k in b.live_hists.get(m.name, {}).items():
+                h[v] = h.get(v, 0) + k
+        for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
+                                 f"and {c} is not null{outside} group by 1", params):
+            h[v] = h.get(v, 0) + k
 
 
 def _median_hist(h: dict[int, int]) -> float | None:

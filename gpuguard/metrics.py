@@ -21,7 +21,7 @@ from the row come
 * the :class:`~gpuguard.model.GpuState` field the collector's NVML read fills
   (:func:`gpu_state_fields`; ``gpuguard.gpu.telemetry`` reads every declared :class:`Nvml`);
 * the sample row, the store columns and a named collector migration step adding them to
-  existing stores (``gpuguard.collector.schema``, :func:`gpuguard.samples.add_missing_columns`);
+  existing stores (``gpuguard.collector.schema``, :func:`gpuguard.samples_schema.add_missing_columns`);
 * the summary fields of ``JobSummary``/``GpuSummary`` (:func:`document_fields`) and their
   published JSON paths (``gpuguard.epilog.summary_shape``);
 * ``gpuguard job show``'s summary rows and per-GPU columns (:func:`gpu_columns`).

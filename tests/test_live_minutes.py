@@ -162,7 +162,7 @@ def test_retention_drops_the_closed_minutes_with_the_raw_rows(store) -> None:
 def test_the_epilog_drops_the_jobs_working_rows_and_keeps_the_raw_ones(store) -> None:
     import logging
 
-    from gpuguard.epilog import hook
+    from gpuguard.epilog.upkeep import drop_working_rows
 
     _write_job(store, 3600, seed=6)
     store.insert_many("steps", [{"job_id": "9", "node": "n1", "rank": 0, "step": k, "t": T0 + k, "step_time_s": 1.0}
@@ -172,7 +172,7 @@ def test_the_epilog_drops_the_jobs_working_rows_and_keeps_the_raw_ones(store) ->
     assert conn.execute("select count(*) from gpu_live_minutes").fetchone()[0] > 0
     assert conn.execute("select count(*) from step_windows").fetchone()[0] == 15  # 99 s over 15 7.5 s sub-windows
     assert len({int((T0 + k) / 7.5) for k in range(100)}) == 15
-    hook._drop_working_rows(store, "9", "n1", logging.getLogger("test"))
+    drop_working_rows(store, "9", "n1", logging.getLogger("test"))
     for table in ("gpu_live_minutes", "gpu_live_chunks", "step_windows"):
         assert conn.execute(f"select count(*) from {table}").fetchone()[0] == 0, table
     assert conn.execute("select count(*) from gpu_samples").fetchone()[0] == raw == 2 * 3600

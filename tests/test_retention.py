@@ -93,11 +93,11 @@ def test_first_minute_layout_converts(tmp_path):
     second (minutes from the series' start, distances from the mean), same real values."""
     import sqlite3
 
-    from gpuguard import samples
+    from gpuguard import samples, samples_schema
 
     conn = sqlite3.connect(str(tmp_path / "m.db"), isolation_level=None)
     conn.execute("begin")
-    samples.migrate(conn)
+    samples_schema.migrate(conn)
     conn.execute("insert into gpu_series (id, job_id, node, gpu_index, t0) values (1, '1', 'n1', 0, ?)", (OLD,))
     cols = ", ".join(c for m in samples.GPU_SAMPLED for c in (
         [f"{samples.stored_column(m)}_or"] if m.name == "clock_event_mask" else
@@ -109,7 +109,7 @@ def test_first_minute_layout_converts(tmp_path):
         row += [4] if m.name == "clock_event_mask" else list(vals.get(c, (None, None, None)))
     conn.execute(f"insert into gpu_minutes (sid, minute, n, {cols}) values (1, ?, 60, {', '.join('?' * len(row))})",
                  (int(OLD // 60) + 2, *row))
-    samples.migrate_minutes(conn)
+    samples_schema.migrate_minutes(conn)
     conn.execute("commit")
     got = conn.execute("select minute, gpu_util_pct_mean, gpu_util_pct_dmin, gpu_util_pct_dmax, power_w_x10_dmax, "
                        "clock_event_mask_or from gpu_minutes").fetchall()
