@@ -22,7 +22,8 @@ side).
   rows built as tuples already in the stored shape (series id, ms, integer-scaled values)
   and written with one ``executemany`` per table per flush, in the same tables of a store
   opened the same way (:func:`gpuguard.store.open_store`), flushing every 10 ticks like the
-  product (``flush_s`` 10).
+  product (``flush_s`` 10); every 10 whole minutes per GPU the same closed-minute rows
+  (:mod:`gpuguard.live_minutes`) by one ``INSERT ... SELECT`` and a chunk row.
 
 Both sides pay NVML init, the handle look-up and the store open inside the timed region.
 The fake's call log is switched off on both sides (it would grow by 48 entries a tick).
@@ -163,7 +164,7 @@ def product(ticks: int, gpus: int, d: str) -> dict:
 def reference(ticks: int, gpus: int, d: str) -> dict:
     import pynvml
 
-    from gpuguard import samples
+    from gpuguard import live_minutes, samples
     from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW, stored_column
     from gpuguard.model import CLOCK_EVENT_REASONS
     from gpuguard.store import open_store
@@ -195,6 +196,21 @@ def reference(ticks: int, gpus: int, d: str) -> dict:
     t0 = time.time()
     sids = [cache.get(conn, "1", "n1", i, uuids[i], t0)[0] for i in range(gpus)]
     t0 = cache.get(conn, "1", "n1", 0, uuids[0], t0)[1]
+    # the closed minutes (gpuguard.live_minutes): per series, every 10 whole minutes, one
+    # INSERT ... SELECT of the minute rows and one chunk row with the percentile histograms
+    t0_ms = round(t0 * 1000)
+    base = t0_ms // 60000
+    col = {m.name: stored_column(m) for m in GPU_SAMPLED}
+    start = f"(({base} + m) * 60000 - {t0_ms})"
+    live_ins = (
+        f"insert into gpu_live_minutes (sid, minute, mask, n, t_first, t_last, t_sum, "
+        f"{', '.join(live_minutes.minute_columns())}) select sid, m, coalesce({col['clock_event_mask']}, -1), "
+        f"count(*), min(t_ms) - {start}, max(t_ms) - {start}, sum(t_ms) - count(*) * {start}, "
+        + ", ".join(f"sum({col[n]}), nullif(count({col[n]}), count(*))" for n in samples.SUMMED) + ", "
+        + ", ".join(f"max({col[n]})" for n in samples.MAXED)
+        + f" from (select *, (t_ms + {t0_ms}) / 60000 - {base} as m from gpu_samples where sid = ? and t_ms "
+        f"between ? and ?) group by m, {col['clock_event_mask']}")
+    closed = [0] * gpus
     fast, slow, hostrows = [], [], []
     prev = None
     for i in range(ticks):
@@ -228,6 +244,20 @@ def reference(ticks: int, gpus: int, d: str) -> dict:
             if slow:
                 conn.executemany(slow_ins, slow)
             conn.executemany(host_ins, hostrows)
+            cur = (t_ms + t0_ms) // 60000 - base
+            for k, sid in enumerate(sids):
+                while cur - closed[k] >= live_minutes.CHUNK_MIN:
+                    a, b = closed[k], closed[k] + live_minutes.CHUNK_MIN
+                    lo, hi = (base + a) * 60000 - t0_ms, (base + b) * 60000 - t0_ms - 1
+                    conn.execute(live_ins, (sid, lo, hi))
+                    hist = {n: conn.execute(f"select {col[n]}, count(*) from gpu_samples where sid = ? and t_ms "
+                                            f"between ? and ? and {col[n]} is not null group by 1",
+                                            (sid, lo, hi)).fetchall() for n in samples.PCT_SAMPLED}
+                    n = conn.execute("select count(*) from gpu_samples where sid = ? and t_ms between ? and ?",
+                                     (sid, lo, hi)).fetchone()[0]
+                    conn.execute("insert into gpu_live_chunks values (?, ?, ?, ?, ?)",
+                                 (sid, a, b, n, json.dumps(hist, separators=(",", ":"))))
+                    closed[k] = b
             conn.execute("COMMIT")
             fast, slow, hostrows = [], [], []
         clock.advance(INTERVAL_S)
@@ -249,7 +279,11 @@ def stored(db: str) -> dict:
     out = {"gpu_samples": conn.execute(f"select count(*), {fast} from gpu_samples").fetchone(),
            "gpu_slow": conn.execute(f"select count(*), {slow} from gpu_slow").fetchone(),
            "host_samples": conn.execute("select count(*), total(rss_mib), total(io_read_mib), "
-                                        "total(io_write_mib), count(cpu_pct) from host_samples").fetchone()}
+                                        "total(io_write_mib), count(cpu_pct) from host_samples").fetchone(),
+           # closed minutes: rows and samples they cover (which minutes close depends on
+           # where the epoch minutes fall on each side's simulated timeline: not compared)
+           "live": conn.execute("select (select count(*) from gpu_live_minutes), count(*), total(n) "
+                                "from gpu_live_chunks").fetchone()}
     conn.close()
     return {k: list(v) for k, v in out.items()}
 
@@ -268,6 +302,10 @@ def compare(ticks: int, gpus: int, runs: int = 3) -> dict[str, float]:
     for _ in range(runs):
         for side in out:
             out[side].append(run_side(side, ticks, gpus))
+    live = {side: rs[0]["stored"].pop("live") for side, rs in out.items()}
+    for rs in out.values():
+        for r in rs[1:]:
+            r["stored"].pop("live")
     if out["product"][0]["stored"] != out["reference"][0]["stored"]:
         sys.exit(f"the two sides stored different rows:\n  product   {out['product'][0]['stored']}\n"
                  f"  reference {out['reference'][0]['stored']}")
@@ -276,7 +314,8 @@ def compare(ticks: int, gpus: int, runs: int = 3) -> dict[str, float]:
     rows = out["product"][0]["stored"]
     print(f"{gpus} GPU(s), {ticks} ticks of 1 s, median of {runs} runs each; both stored "
           f"{rows['gpu_samples'][0]} GPU rows, {rows['gpu_slow'][0]} slow-counter rows, "
-          f"{rows['host_samples'][0]} host rows (same values)")
+          f"{rows['host_samples'][0]} host rows (same values); closed minutes (rows, chunks, samples): "
+          f"product {live['product']}, reference {live['reference']}")
     for s in out:
         print(f"  {s:9s}: {per[s] * 1e6:7.1f} us CPU per tick = {per[s] * 100:.4f} % of a core at 1 s; "
               f"peak RSS {rss[s]:.1f} MiB")

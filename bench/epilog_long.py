@@ -44,7 +44,7 @@ GPUS = 8
 
 
 def build(path: str, hours: float) -> None:
-    from gpuguard import samples
+    from gpuguard import live_minutes, samples
     from gpuguard.store import open_store
 
     s = open_store(path)
@@ -66,6 +66,7 @@ def build(path: str, hours: float) -> None:
             conn.executemany("insert into gpu_slow (sid, t_ms, ecc_volatile_uncorrected, pcie_replay_count) "
                              "values (?,?,?,?)",
                              ((sid, i * 1000, 0, 0) for i in range(0, n, 60)))
+            live_minutes.catch_up(conn, sid, t0)  # the minutes the collector closed as the job ran
         conn.executemany(
             "insert into steps (job_id, node, rank, step, t, step_time_s, samples, tokens, loss, loss_nonfinite, "
             "data_wait_s, fwd_bwd_s, comm_s, optim_s) values ('100','n1',0,?,?,?,64,131072,2.0,0,?,?,?,?)",

@@ -34,8 +34,8 @@ from gpuguard.collector.ingest import (
 #: Most lines one job's records may add up to over all incremental calls (our choice:
 #: 2,000,000 is 23 days of one rank or 69 hours of 8 ranks at a step a second, ~200 MB
 #: of ``steps`` rows; the Epilog's summary reads them in about a second). Reaching it
-#: sets ``truncated``. By default ``[paths] job_dir_max_mib`` (64 MiB) cuts the files long
-#: before: raise it for long jobs that log every step.
+#: sets ``truncated``. ``[paths] job_dir_max_mib`` counts only what is not stored yet (the
+#: stored prefix is released from the disk during the job).
 MAX_JOB_RECORDS = 2_000_000
 
 _OFFSET_COLS = ("dev", "ino", "offset", "skipping", "records", "malformed", "nonfinite", "truncated")
@@ -320,8 +320,10 @@ def record_ingest_tick(cfg: Any, job_id: str, node: str, uid: int | None, log: A
     :data:`TICK_MAX_BYTES` a call, as ``tick(store)``; None without a job user
     uid or ``[paths] job_dir_root``. Registers the Epilog's store tables (``steps``,
     ``train_offsets``) in the collector process, so call it before the store is opened.
-    A failing ingest is logged (first time and every 100th) and never stops sampling: the
-    Epilog ingests what is left."""
+    After each call the stored prefix of every record file is given back to the filesystem
+    (:func:`gpuguard.collector.jobdir_cap.release_ingested`), so the directory's cap
+    counts only what is not stored yet. A failing ingest is logged (first time and every
+    100th) and never stops sampling: the Epilog ingests what is left."""
     root = cfg.get("paths", "job_dir_root")
     if uid is None or not root:
         return None
@@ -334,6 +336,11 @@ def record_ingest_tick(cfg: Any, job_id: str, node: str, uid: int | None, log: A
         try:
             ingest_new_records(store, job_dir, job_id, node, uid, final=False, max_records=TICK_MAX_RECORDS,
                                max_total_bytes=TICK_MAX_BYTES, max_file_bytes=TICK_MAX_BYTES)
+            from gpuguard.collector.jobdir_cap import release_ingested
+
+            release_ingested(job_dir, store.db.conn.execute(
+                "select name, dev, ino, offset from train_offsets where job_id = ? and node = ?",
+                (job_id, node)).fetchall())
             failures[0] = 0
         except Exception as e:  # the store, a bug: the Epilog still reads the tail
             failures[0] += 1

@@ -368,10 +368,11 @@ class Collector:
                 if not alive:
                     self.exit_reason = f"job gone: {why}"
                     break
-                if self.job_dir_check is not None:
-                    self.job_dir_check()
+                # ingest first: what it stored is released from the disk before the cap counts
                 if self.record_ingest is not None and self._store is not None:
                     self.record_ingest(self._store)
+                if self.job_dir_check is not None:
+                    self.job_dir_check()
                 next_live = time.monotonic() + self.liveness_s
             if now - start >= self.max_runtime_s:
                 self.exit_reason = f"hard cap of {self.max_runtime_s:.0f} s reached"

@@ -48,24 +48,34 @@ def _compact_samples(db: sqlite_utils.Database) -> None:
     (:mod:`gpuguard.samples`: identity once per series, integer-scaled values, primary key
     the only index; 183 B -> ~30 B per GPU-sample); existing rows are moved and
     ``samples`` becomes a read-only view of the old shape."""
-    from gpuguard import samples
+    from gpuguard import samples_schema
 
-    samples.migrate(db.conn)
+    samples_schema.migrate(db.conn)
 
 
 @MIGRATIONS(name="compact_minutes")
 def _compact_minutes(db: sqlite_utils.Database) -> None:
-    """Narrower per-minute tier (:func:`gpuguard.samples.migrate_minutes`): minutes counted
+    """Narrower per-minute tier (:func:`gpuguard.samples_schema.migrate_minutes`): minutes counted
     from the series' start, min/max as distances from the mean; 64 -> ~50 B per GPU-minute,
     under 1 B per GPU-second. Existing minute rows are converted."""
-    from gpuguard import samples
+    from gpuguard import samples_schema
 
-    samples.migrate_minutes(db.conn)
+    samples_schema.migrate_minutes(db.conn)
 
+
+
+@MIGRATIONS(name="live_minutes")
+def _live_minutes(db: sqlite_utils.Database) -> None:
+    """The minutes the collector closes while a job runs (:mod:`gpuguard.live_minutes`),
+    so the Epilog reads minutes, not samples. Series written before get theirs as their
+    next samples arrive."""
+    from gpuguard import live_minutes
+
+    live_minutes.migrate(db.conn)
 
 #: Sample columns of the compact layout when it was released (``compact_samples``). Every
 #: metric-table row added since gets a step of its own, ``metric_<name>``, that adds the
-#: columns the table declares and the store lacks (:func:`gpuguard.samples.add_missing_columns`:
+#: columns the table declares and the store lacks (:func:`gpuguard.samples_schema.add_missing_columns`:
 #: idempotent, so a new store whose tables already have them records the step and changes
 #: nothing). A metric removed from the table keeps its name here and its step.
 RELEASED_SAMPLE_COLUMNS = frozenset({
@@ -76,9 +86,9 @@ RELEASED_SAMPLE_COLUMNS = frozenset({
 def _add_metric_columns(db: sqlite_utils.Database) -> None:
     """Columns of a metric added to the table after the compact layout (and the
     ``samples``/``minutes_view`` views rebuilt with them)."""
-    from gpuguard import samples
+    from gpuguard import samples_schema
 
-    samples.add_missing_columns(db.conn)
+    samples_schema.add_missing_columns(db.conn)
 
 
 def _register_metric_steps() -> None:

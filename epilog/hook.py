@@ -386,11 +386,13 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         summary = None
     if summary is not None:
         hand_over(store, job_id, cfg, env, node, summary, log, pend)
+    if store is not None:  # 6b-c. upkeep: the job's working rows, then retention
+        from gpuguard.epilog.upkeep import auto_prune, drop_working_rows
 
-    if store is not None:
+        drop_working_rows(store, job_id, node, log)
         deadline = getattr(getattr(pend, "actuator", None), "deadline", None)
-        _auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
-                    else deadline - time.monotonic(), log)
+        auto_prune(store, cfg, float(cfg.get("store", "prune_budget_s")) * 2 if deadline is None
+                   else deadline - time.monotonic(), log)
 
     # 7. the job directory
     _remove_job_dir(store, cfg, job_id, node, job_dir, keep_dir, log)
@@ -445,25 +447,6 @@ def _ingest(store: Any, job_dir: str, job_id: str, node: str, uid: int | None, l
             log.error("tool error: training records: %s: %s", type(e).__name__, e)
             keep_dir = True
     return ingest, keep_dir
-
-
-def _auto_prune(store: Any, cfg: Any, left_s: float, log: Any) -> None:
-    """Retention tiers (:func:`gpuguard.retention.prune`) within ``[store] prune_budget_s``
-    and at most half of what the epilog's budget has left; our errors are logged only."""
-    budget_s = min(float(cfg.get("store", "prune_budget_s")), left_s / 2)
-    if budget_s <= 0:
-        return
-    from gpuguard.retention import prune
-
-    try:
-        res = prune(store, raw_days=cfg.get("store", "raw_days"), minutes_days=cfg.get("store", "minutes_days"),
-                    budget_s=budget_s)
-    except Exception as e:  # pruning is housekeeping: never fails the epilog
-        log.error("tool error: store prune: %s: %s", type(e).__name__, e)
-        return
-    if res["samples_folded"] or res["minutes"] or not res["complete"]:
-        log.info("store prune: folded %d sample(s) of %d series%s", res["samples_folded"], res["series_done"],
-                 "" if res["complete"] else f", {res['series_left']} series left for the next run")
 
 
 def _close(store: Any) -> None:

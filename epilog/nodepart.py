@@ -29,6 +29,7 @@ gpuguard goes through ``load_job`` + ``build_part`` unchanged.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -208,22 +209,50 @@ def _bucket_windows(conn: Any, b: samples.Buckets, ws: float) -> dict[str, list[
 def _ranks(store: Any, job_id: str, node: str, ws: float) -> tuple[list[dict[str, Any]], tuple[float, float] | None]:
     """The part's ``ranks`` and the steps' time span ``(first t - its step time, last t)``."""
     conn = store.db.conn
-    n, hi = conn.execute("select count(*), max(t) from steps where job_id = ? and node = ? and t is not null",
-                         (job_id, node)).fetchone()
+    n, lo, hi = conn.execute("select count(*), min(t), max(t) from steps where job_id = ? and node = ? and "
+                             "t is not null", (job_id, node)).fetchone()
     if not n:
         return [], None
     if n <= jobdata.MAX_STEP_RECORDS:
         recs = jobdata._load_steps(store, job_id, [node])
         return part._rank_windows(recs, ws), (recs[0].t - (recs[0].step_time_s or 0.0), recs[-1].t)
-    first = conn.execute("select t, step_time_s from steps where job_id = ? and node = ? and t is not null "
-                         "order by t limit 1", (job_id, node)).fetchone()
-    return _rank_windows_sql(conn, job_id, node, ws, SUB_WINDOWS), (first[0] - (first[1] or 0.0), hi)
+    # the earliest record's step time: the scan stops at it (usually rank 0's first step)
+    first_st = conn.execute("select step_time_s from steps where job_id = ? and node = ? and t = ? limit 1",
+                            (job_id, node, lo)).fetchone()[0]
+    return _rank_windows_sql(conn, job_id, node, ws, SUB_WINDOWS, n), (lo - (first_st or 0.0), hi)
 
 
-def _rank_windows_sql(conn: Any, job_id: str, node: str, ws: float, sub_windows: int | None) -> list[dict[str, Any]]:
+def _kept_sub_windows(conn: Any, job_id: str, node: str, sub_s: float, n_timed: int | None) -> str | None:
+    """The sub-window source of :func:`_rank_windows_sql` from ``step_windows`` (kept by
+    triggers as the records were ingested: :func:`gpuguard.epilog.schema._step_windows`)
+    when ``sub_s`` is ``STEP_SUBWINDOW_S * 2**k`` and its record count is ``n_timed``
+    (the job's records with a time); else None (read ``steps``)."""
+    from gpuguard.epilog.schema import NO_RANK, STEP_SUBWINDOW_S
+
+    ratio = sub_s / STEP_SUBWINDOW_S
+    merge = round(ratio)
+    if n_timed is None or merge < 1 or merge != ratio or merge & (merge - 1):
+        return None
+    try:
+        kept = conn.execute("select sum(nrec) from step_windows where job_id = ? and node = ?",
+                            (job_id, node)).fetchone()[0]
+    except sqlite3.OperationalError:
+        return None  # a store not migrated yet (read-only)
+    if kept != n_timed:
+        return None
+    return (f"select nullif(rank, {NO_RANK}) as rank, min(t_min) as t, sum(nrec) as nrec, sum(t_sum) as tsum, "
+            "sum(st_sum) / sum(st_n) as st, sum(st_n) as cst, sum(st_sum) as sst, "
+            + ", ".join(f"sum({c}) as {c}" for _k, c in _TOTALS)
+            + f" from step_windows where job_id = ? and node = ? group by rank, sw / {merge}")
+
+
+def _rank_windows_sql(conn: Any, job_id: str, node: str, ws: float, sub_windows: int | None,
+                      n_timed: int | None = None) -> list[dict[str, Any]]:
     """Per rank and window, by SQLite (module docstring); quantiles over the means of
     ``sub_windows`` sub-windows per window, or with None over every record (the same
-    result as :func:`gpuguard.epilog.part.build_part`'s)."""
+    result as :func:`gpuguard.epilog.part.build_part`'s). ``n_timed``: the job's record
+    count with a time, when known: the sub-windows are then read from ``step_windows``
+    when it holds them all (:func:`_kept_sub_windows`)."""
     pos = "case when step_time_s > 0 then {} end"
     exact = ("select rank, t, 1 as nrec, t as tsum, " + pos.format("step_time_s") + " as st, "
              + ", ".join(f"{pos.format(c)} as {c}" for _k, c in _TOTALS)
@@ -231,10 +260,12 @@ def _rank_windows_sql(conn: Any, job_id: str, node: str, ws: float, sub_windows:
     params: list[Any] = [job_id, node]
     if sub_windows:
         sub = ws / sub_windows
-        src = ("select rank, min(t) as t, count(*) as nrec, sum(t) as tsum, avg(st) as st, count(st) as cst, "
-               "sum(st) as sst, " + ", ".join(f"sum({c}) as {c}" for _k, c in _TOTALS)
-               + f" from ({exact}) group by rank, cast(t / ? as integer)")
-        params.append(sub)
+        src = _kept_sub_windows(conn, job_id, node, sub, n_timed)
+        if src is None:
+            src = ("select rank, min(t) as t, count(*) as nrec, sum(t) as tsum, avg(st) as st, count(st) as cst, "
+                   "sum(st) as sst, " + ", ".join(f"sum({c}) as {c}" for _k, c in _TOTALS)
+                   + f" from ({exact}) group by rank, cast(t / ? as integer)")
+            params.append(sub)
         n_expr, s_expr = "sum(cst) over p", "sum(sst) over p"
     else:
         src = exact

@@ -110,3 +110,50 @@ def _train_offsets(db: sqlite_utils.Database) -> None:
          "records": int, "malformed": int, "nonfinite": int, "truncated": int},
         pk=("job_id", "node", "name"),
     )
+
+
+#: Width (s) of the step sub-windows ``step_windows`` keeps: the part's step quantiles are
+#: taken over the means of ``nodepart.SUB_WINDOWS`` (8) sub-windows of each window, and
+#: the default window is ``[verdict] short_window_s`` = 60 s, so 7.5 s; a part window of
+#: ``60 * 2**k`` s (a long job) merges ``2**k`` of them. Any other width reads ``steps``.
+STEP_SUBWINDOW_S = 7.5
+
+#: ``step_windows.rank`` for records without a rank (a primary key column is never NULL).
+NO_RANK = -(2**63)
+
+
+@MIGRATIONS(name="step_windows")
+def _step_windows(db: sqlite_utils.Database) -> None:
+    """Per (job, node, rank, 7.5 s sub-window) sums of the step records with a time, kept
+    by triggers on ``steps`` as the collector ingests them during the job, so the
+    Epilog's part reads one row per sub-window instead of every record
+    (:func:`gpuguard.epilog.nodepart._rank_windows_sql`): the record count, first and
+    summed time, and over the records with a positive step time their count, summed
+    step time and summed samples, tokens and phase times (NULL when none reported it).
+    Any delete or update of a job's steps drops the job's rows (the part then reads
+    ``steps``; the part also checks the record count). Steps stored before this step
+    have no rows."""
+    conn = db.conn
+    conn.execute(
+        "create table step_windows (job_id text not null, node text not null, rank integer not null, "
+        "sw integer not null, nrec integer not null, t_min real not null, t_sum real not null, "
+        "st_n integer not null, st_sum real, samples real, tokens real, data_wait_s real, fwd_bwd_s real, "
+        "comm_s real, optim_s real, primary key (job_id, node, rank, sw)) without rowid")
+    pos = "case when new.step_time_s > 0 then new.{} end"
+    summed = ("st_sum", "samples", "tokens", "data_wait_s", "fwd_bwd_s", "comm_s", "optim_s")
+    values = [pos.format(c) for c in ("step_time_s", "samples", "tokens", "data_wait_s", "fwd_bwd_s", "comm_s",
+                                      "optim_s")]
+    add = ", ".join(f"{c} = case when excluded.{c} is null then {c} when {c} is null then excluded.{c} "
+                    f"else {c} + excluded.{c} end" for c in summed)  # SQL sum(): NULL only when all are
+    conn.execute(
+        "create trigger step_windows_insert after insert on steps when new.t is not null begin "
+        f"insert into step_windows values (coalesce(new.job_id, ''), coalesce(new.node, ''), "
+        f"coalesce(new.rank, {NO_RANK}), cast(new.t / {STEP_SUBWINDOW_S!r} as integer), 1, new.t, new.t, "
+        f"case when new.step_time_s > 0 then 1 else 0 end, {', '.join(values)}) "
+        "on conflict do update set nrec = nrec + 1, t_min = min(t_min, excluded.t_min), "
+        f"t_sum = t_sum + excluded.t_sum, st_n = st_n + excluded.st_n, {add}; end")
+    for event, row in (("delete", "old"), ("update", "old")):
+        conn.execute(
+            f"create trigger step_windows_{event} after {event} on steps begin "
+            f"delete from step_windows where job_id = coalesce({row}.job_id, '') and node = coalesce({row}.node, ''); "
+            "end")

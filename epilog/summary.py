@@ -117,12 +117,12 @@ def _first_rowid(store: Any, table: str, job_id: str, node: str, started_at: flo
     return rows[0]["r"] if rows and rows[0]["r"] is not None else 0
 
 
-def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
+def _reasons_s(b: samples.Buckets, per_sample_s: list[float], cap_s: float) -> dict[str, float]:
     """Seconds each clock-event reason was active on one GPU: each sample's reasons hold
     until the next sample (left-point rule; the last sample adds nothing), each sample's
-    share cut to ``cap_s`` (:meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
-    series read sample by sample, per bucket for a long one)."""
-    per = [min(x, cap_s) for x in b.per_sample_s()]
+    share (``per_sample_s``: :meth:`~gpuguard.samples.Buckets.per_sample_s`; exact for a
+    series read sample by sample, per bucket for a long one) cut to ``cap_s``."""
+    per = [min(x, cap_s) for x in per_sample_s]
     out: dict[str, float] = {}
     for name, (bit, _label) in CLOCK_EVENT_REASONS.items():
         s = sum(c * w for c, w in zip(b.bits[bit], per, strict=True) if c)
@@ -133,7 +133,7 @@ def _reasons_s(b: samples.Buckets, cap_s: float) -> dict[str, float]:
 
 _MEANS = [m for m in GPU_SAMPLED if "mean" in m.stats]
 _MAXES = [m for m in GPU_SAMPLED if {"max", "peak"} & set(m.stats)]
-_PCTS = [m for m in GPU_SAMPLED if any(st.startswith("p") and st[1:].isdigit() for st in m.stats)]
+_PCTS = [BY_NAME[name] for name in samples.PCT_SAMPLED]
 
 
 def _max_stat(m: Any) -> str:
@@ -192,23 +192,19 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
             setattr(g, m.field(_max_stat(m)), v)
             if v is not None:
                 pooled_max[m.name] = v if pooled_max[m.name] is None else max(pooled_max[m.name], v)
-        for m in _PCTS:
-            h = hists[m.name]
-            c = stored_column(m)
-            for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
-                                     f"and {c} is not null group by 1", (sid, lo, hi)):
-                h[v] = h.get(v, 0) + k
+        _count_values(conn, b, sid, lo, hi, hists)
         for name, inc in _slow_increase(conn, sid, lo, hi).items():
             setattr(g, BY_NAME[name].field("increase"), inc)
             if inc is not None:
                 inc_total[name] = (inc_total[name] or 0) + inc
         dts: dict[int, int] = {}
-        for w, k in zip(b.per_sample_s()[:-1], b.n[:-1], strict=True):
+        per_sample = b.per_sample_s()
+        for w, k in zip(per_sample[:-1], b.n[:-1], strict=True):
             ms = round(w * 1000)
             dts[ms] = dts.get(ms, 0) + k
             all_dt[ms] = all_dt.get(ms, 0) + k
         med = _median_hist(dts)
-        g_reasons = _reasons_s(b, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
+        g_reasons = _reasons_s(b, per_sample, med * MAX_GAP_FACTOR / 1000.0) if med is not None else {}
         g.clock_event_s = {k: _r(v) for k, v in g_reasons.items()}
         for k, v in g_reasons.items():
             reasons[k] = reasons.get(k, 0.0) + v
@@ -231,6 +227,23 @@ def _gpu_part(summary: JobSummary, conn: Any, series: list[tuple], start: float 
     for name, inc in inc_total.items():
         setattr(summary, BY_NAME[name].field("increase"), inc)
     summary.clock_event_gpu_s = {k: _r(v) for k, v in reasons.items()}
+
+
+def _count_values(conn: Any, b: samples.Buckets, sid: int, lo: int, hi: int, hists: dict[str, dict[int, int]]) -> None:
+    """Add series ``sid``'s values of each percentile metric in ``t_ms`` ``[lo, hi]`` to
+    ``hists`` (``{metric: {stored value: count}}``): the collector's closed minutes'
+    counts over ``b.live_ms``, one ``GROUP BY`` over the raw rows around them."""
+    for m in _PCTS:
+        h = hists[m.name]
+        c = stored_column(m)
+        outside, params = "", (sid, lo, hi)
+        if b.live_ms is not None:
+            outside, params = " and (t_ms < ? or t_ms >= ?)", (sid, lo, hi, *b.live_ms)
+            for v, k in b.live_hists.get(m.name, {}).items():
+                h[v] = h.get(v, 0) + k
+        for v, k in conn.execute(f"select {c}, count(*) from gpu_samples where sid = ? and t_ms between ? and ? "
+                                 f"and {c} is not null{outside} group by 1", params):
+            h[v] = h.get(v, 0) + k
 
 
 def _median_hist(h: dict[int, int]) -> float | None:
@@ -266,32 +279,36 @@ def _step_part(summary: JobSummary, conn: Any, job_id: str, node: str) -> None:
     """
     key = "from steps where job_id = ? and node = ?"
     p = (job_id, node)
-    n, steps, ranks, nonfinite = conn.execute(
-        f"select count(*), count(distinct step), count(distinct rank), "
-        f"coalesce(sum(case when loss_nonfinite then 1 else 0 end), 0) {key}", p).fetchone()
-    summary.step_records, summary.steps, summary.ranks, summary.nonfinite_loss_count = n, steps, ranks, nonfinite
+    # one pass grouped by rank for the counts, throughput and shares (the shares' sums
+    # are over records with a step time), one over the covering index for the steps
+    pos, has = "case when step_time_s > 0 and {0} is not null then {1} end", "case when {0} is not null then {1} end"
+    per_rank = conn.execute(
+        "select rank, count(*), coalesce(sum(case when loss_nonfinite then 1 else 0 end), 0), "
+        f"sum({pos.format('samples', 'samples')}), sum({pos.format('samples', 'step_time_s')}), "
+        f"sum({pos.format('tokens', 'tokens')}), sum({pos.format('tokens', 'step_time_s')}), "
+        f"sum({has.format('step_time_s', 'data_wait_s')}), "
+        f"sum({has.format('step_time_s is not null and data_wait_s', 'step_time_s')}), "
+        f"sum({has.format('step_time_s', 'comm_s')}), sum({has.format('step_time_s is not null and comm_s', 'step_time_s')}) "
+        f"{key} group by rank", p).fetchall()
+    summary.step_records = sum(r[1] for r in per_rank)
+    summary.steps = conn.execute(f"select count(distinct step) {key}", p).fetchone()[0] if per_rank else 0
+    summary.ranks = sum(1 for r in per_rank if r[0] is not None)
+    summary.nonfinite_loss_count = sum(r[2] for r in per_rank)
     times = [r[0] for r in conn.execute(f"select step_time_s {key} and step_time_s is not null", p)]
     times.sort()
     m = BY_NAME["step_time_s"]
     for st in m.stats:
         setattr(summary, m.field(st), percentile(times, float(st[1:])))
-    sps: list[float] = []
-    tps: list[float] = []
-    for ns, s_t, nt, t_t in conn.execute(
-            "select sum(case when step_time_s > 0 and samples is not null then samples end), "
-            "sum(case when step_time_s > 0 and samples is not null then step_time_s end), "
-            "sum(case when step_time_s > 0 and tokens is not null then tokens end), "
-            f"sum(case when step_time_s > 0 and tokens is not null then step_time_s end) {key} group by rank", p):
-        if s_t:
-            sps.append(ns / s_t)
-        if t_t:
-            tps.append(nt / t_t)
+    sps = [ns / s_t for _r0, _n, _nf, ns, s_t, _nt, _tt, *_rest in per_rank if s_t]
+    tps = [nt / t_t for _r0, _n, _nf, _ns, _st, nt, t_t, *_rest in per_rank if t_t]
     summary.throughput_samples_per_s = _r(sum(sps)) if sps else None
     summary.throughput_tokens_per_s = _r(sum(tps)) if tps else None
-    dw, dw_t, cm, cm_t = conn.execute(
-        "select sum(data_wait_s), sum(case when data_wait_s is not null then step_time_s end), "
-        f"sum(comm_s), sum(case when comm_s is not null then step_time_s end) {key} "
-        "and step_time_s is not null", p).fetchone()
+
+    def total(i: int) -> float | None:
+        vals = [r[i] for r in per_rank if r[i] is not None]
+        return sum(vals) if vals else None
+
+    dw, dw_t, cm, cm_t = total(7), total(8), total(9), total(10)
     summary.data_wait_share_pct = _r(100.0 * dw / dw_t) if dw_t else None
     summary.comm_share_pct = _r(100.0 * cm / cm_t) if cm_t else None
     busiest = conn.execute("select sum(coalesce(duration_s, 0)), count(*) from checkpoints "

@@ -57,7 +57,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "state_dir": ("/var/lib/gpuguard", str, "pid files, collector state; {node} allowed"),
         "run_dir": ("/run/gpuguard/{node}", str, "second copy of the kernel-log cursor and pending drains on a tmpfs, so a read-only or full state_dir never loses or repeats a drain; empty = off"),
         "job_dir_root": ("/var/spool/gpuguard/jobs", str, "parent of per-job directories for training records, under its own root apart from the store (users write there; best its own filesystem); {node} allowed"),
-        "job_dir_max_mib": (64.0, (int, float), "per-job size cap of a job directory, checked by the collector every liveness period; files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
+        "job_dir_max_mib": (64.0, (int, float), "per-job cap of a job directory's bytes on disk, checked by the collector every liveness period after it stored the new records and released their blocks (punch-hole); files beyond it are cut (our choice: twice what the epilog ingests, 32 MiB)"),
         "spool_dir": ("", str, "shared directory (owned by SlurmUser) where node Epilogs leave each job's per-node part for the job judge on the controller; empty = single host: the node Epilog judges its own job"),
         "log_file": ("/var/log/gpuguard/gpuguard.log", str, "log file for hooks; empty = stderr only"),
     },
@@ -89,7 +89,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
     "store": {
-        "raw_days": (14.0, (int, float), "keep raw GPU/host samples this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
+        "raw_days": (14.0, (int, float), "keep raw GPU/host samples (and a summarised job's training records) this many days, then fold GPU samples into per-minute min/mean/max (our choice: two weeks covers re-judging recent jobs; about 21 MB per 8-GPU node-day at 1 s)"),
         "minutes_days": (400.0, (int, float), "keep per-minute GPU aggregates this many days (our choice: a year and a month, for year-on-year comparisons; < 1 B per GPU-second)"),
         "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
     },

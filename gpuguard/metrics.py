@@ -21,7 +21,7 @@ from the row come
 * the :class:`~gpuguard.model.GpuState` field the collector's NVML read fills
   (:func:`gpu_state_fields`; ``gpuguard.gpu.telemetry`` reads every declared :class:`Nvml`);
 * the sample row, the store columns and a named collector migration step adding them to
-  existing stores (``gpuguard.collector.schema``, :func:`gpuguard.samples.add_missing_columns`);
+  existing stores (``gpuguard.collector.schema``, :func:`gpuguard.samples_schema.add_missing_columns`);
 * the summary fields of ``JobSummary``/``GpuSummary`` (:func:`document_fields`) and their
   published JSON paths (``gpuguard.epilog.summary_shape``);
 * ``gpuguard job show``'s summary rows and per-GPU columns (:func:`gpu_columns`).
@@ -104,6 +104,18 @@ class Nvml:
 
 
 @dataclass(frozen=True)
+class Prom:
+    """How a GPU metric is exported to Prometheus (``gpuguard.ops.metrics``: the newest
+    sample of each running job's GPUs, ``gpuguard_job_gpu_<name>``): ``name`` in
+    Prometheus base units (naming practice: ``_ratio``, ``_bytes``, ``_watts``,
+    ``_celsius``, ``_hertz``, ``_joules``) and ``per_unit``, the base units per unit of
+    the metric (``mem_used_mib``: 2**20 bytes)."""
+
+    name: str
+    per_unit: float
+
+
+@dataclass(frozen=True)
 class Metric:
     """One metric.
 
@@ -123,7 +135,8 @@ class Metric:
     * ``label``: column label in ``job show``'s per-GPU table (default: the name's stem
       in capitals);
     * ``series``: attribute of ``gpuguard.epilog.jobdata.GpuSeries`` holding the
-      verdict's per-point values of a compared GPU metric (default: the name).
+      verdict's per-point values of a compared GPU metric (default: the name);
+    * ``prom``: the :class:`Prom` export of a ``gpu``/``gpu_slow`` metric, or None.
     """
 
     name: str
@@ -138,6 +151,7 @@ class Metric:
     nvml: Nvml | None = None
     label: str = ""
     series: str = ""
+    prom: Prom | None = None
 
     @property
     def sampled(self) -> bool:
@@ -162,19 +176,25 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("gpu_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().gpu", 1, ("mean", "p95"), ".1f",
            "GPU utilisation: share of time a kernel ran",
-           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="gpu"), label="UTIL", series="util"),
+           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="gpu"), label="UTIL", series="util",
+           prom=Prom("utilization_ratio", 0.01)),
     Metric("mem_util_pct", "%", "gpu", "nvmlDeviceGetUtilizationRates().memory", 1, ("mean",), ".1f",
            "memory-controller utilisation: share of time device memory was read or written",
-           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="memory"), label="MEMUTIL", series="mem_util"),
+           nvml=Nvml("nvmlDeviceGetUtilizationRates", attr="memory"), label="MEMUTIL", series="mem_util",
+           prom=Prom("memory_utilization_ratio", 0.01)),
     Metric("mem_used_mib", "MiB", "gpu", "nvmlDeviceGetMemoryInfo().used (bytes / 2**20)", 1, ("peak",), ".0f",
-           "GPU memory used", nvml=Nvml("nvmlDeviceGetMemoryInfo", attr="used", raw_per_unit=2**20), label="MEM"),
+           "GPU memory used", nvml=Nvml("nvmlDeviceGetMemoryInfo", attr="used", raw_per_unit=2**20), label="MEM",
+           prom=Prom("memory_used_bytes", 2**20)),
     Metric("power_w", "W", "gpu", "nvmlDeviceGetPowerUsage (mW / 1000)", 10, ("mean",), ".1f", "board power",
-           nvml=Nvml("nvmlDeviceGetPowerUsage", raw_per_unit=1000), series="power"),
+           nvml=Nvml("nvmlDeviceGetPowerUsage", raw_per_unit=1000), series="power",
+           prom=Prom("power_watts", 1.0)),
     Metric("temp_c", "°C", "gpu", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)", 1, ("max",), ".0f",
            "GPU core temperature", nvml=Nvml("nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",),
-                                             fallback="nvmlDeviceGetTemperatureV"), series="temp"),
+                                             fallback="nvmlDeviceGetTemperatureV"), series="temp",
+           prom=Prom("temperature_celsius", 1.0)),
     Metric("sm_clock_mhz", "MHz", "gpu", "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)", 1, ("mean",), ".0f", "SM clock",
-           nvml=Nvml("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_SM",)), label="SM", series="clock"),
+           nvml=Nvml("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_SM",)), label="SM", series="clock",
+           prom=Prom("sm_clock_hertz", 1e6)),
     Metric("clock_event_mask", "bits", "gpu", "nvmlDeviceGetCurrentClocksEventReasons", 1, (), "d",
            "active clock-event (throttle) reasons; summarised as seconds per reason"),
     Metric("ecc_volatile_uncorrected", "errors", "gpu_slow",
@@ -190,7 +210,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("energy_j", "J", "gpu_slow", "nvmlDeviceGetTotalEnergyConsumption (mJ since the driver loaded / 1000)", 1,
            ("increase",), ".0f", "GPU energy (board, read with the slow counters: the last slow interval of a job "
            "is not counted)", nvml=Nvml("nvmlDeviceGetTotalEnergyConsumption", raw_per_unit=1000,
-                                         field_id="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), label="ENERGY"),
+                                         field_id="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), label="ENERGY",
+           prom=Prom("energy_joules", 1.0)),
     Metric("cpu_pct", "%", "host", "cgroup cpu.stat usage_usec over wall time (100 = one core)", 0, ("mean",), ".1f",
            "job CPU use", prefix="host_"),
     Metric("rss_mib", "MiB", "host", "cgroup memory.stat anon", 0, ("peak",), ".0f", "job host memory (RSS)",

@@ -9,7 +9,11 @@ bounded by ``[store] prune_budget_s``):
    rows; the OR of the clock-event masks; layout in :mod:`gpuguard.samples`, real units
    through the ``minutes_view`` view) and deleted with their slow counters, one GPU
    series at a time, so a budget can stop between series and the next run goes on;
-2. ``host_samples`` older than ``raw_days`` are deleted;
+2. ``host_samples`` older than ``raw_days`` are deleted, and the training records
+   (``steps``, ``checkpoints``, ``step_windows``) of the jobs whose summary is older than
+   ``raw_days`` (the summary keeps their aggregates), job by job in summary order from a
+   cursor (``retention.records``), in bounded deletes, so a budget can stop anywhere (the
+   records of a job that was never summarised, e.g. its node died, stay);
 3. ``gpu_minutes`` older than ``[store] minutes_days`` are deleted, and GPU series left
    without rows;
 4. only when asked (``summaries_days``/``events_days`` not None): ``job_summaries``,
@@ -59,7 +63,44 @@ def _fold_series(conn: Any, sid: int, t0: float, cutoff: float) -> int:
         (t0, int(t0 // 60), sid, hi))
     conn.execute("delete from gpu_samples where sid = ? and t_ms < ?", (sid, hi))
     conn.execute("delete from gpu_slow where sid = ? and t_ms < ?", (sid, hi))
+    from gpuguard.live_minutes import forget_before
+
+    forget_before(conn, sid, t0, hi)
     return n
+
+
+#: Training-record rows deleted per statement (our choice: a 7-day job at 8 ranks has ~5 M;
+#: a bounded delete keeps each transaction short and lets a budget stop between them).
+RECORD_BATCH = 20_000
+
+#: The cursor (``cursors`` table) holding the ``created_at`` of the last summary whose
+#: job's training records were deleted.
+RECORDS_CURSOR = "retention.records"
+
+
+def _prune_records(store: Any, raw_cut: float, stop_at: float | None) -> tuple[int, bool]:
+    """Delete the training records of the jobs summarised before ``raw_cut`` (module
+    docstring, step 2). Returns ``(step rows deleted, finished)``."""
+    conn = store.db.conn
+    since = float(store.get_cursor(RECORDS_CURSOR) or 0.0)
+    jobs = conn.execute("select job_id, node, created_at from job_summaries where created_at >= ? and "
+                        "created_at < ? order by created_at", (since, raw_cut)).fetchall()
+    deleted = 0
+    for job_id, node, created in jobs:
+        while True:
+            if stop_at is not None and time.monotonic() >= stop_at:
+                return deleted, False
+            with store.tx():
+                n = conn.execute("delete from steps where rowid in (select rowid from steps where job_id = ? and "
+                                 "node = ? limit ?)", (job_id, node, RECORD_BATCH)).rowcount
+                if n < RECORD_BATCH:
+                    conn.execute("delete from checkpoints where job_id = ? and node = ?", (job_id, node))
+                    conn.execute("delete from step_windows where job_id = ? and node = ?", (job_id, node))
+            deleted += n
+            if n < RECORD_BATCH:
+                break
+        store.set_cursor(RECORDS_CURSOR, repr(created))
+    return deleted, True
 
 
 def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days: float,
@@ -68,7 +109,7 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
     """Apply the retention tiers (module docstring) to ``store`` (a :class:`~gpuguard.store.Store`).
 
     Returns counts ``{"samples_folded", "series_done", "series_left", "host_samples",
-    "minutes", "summaries", "events", "complete"}``; ``complete`` is False when
+    "step_records", "minutes", "summaries", "events", "complete"}``; ``complete`` is False when
     ``budget_s`` (wall seconds) ran out, and the next call continues. Raises
     ``ValueError`` for a negative age and :class:`~gpuguard.store.StoreError` when the store
     cannot be written."""
@@ -80,8 +121,11 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
     stop_at = None if budget_s is None else time.monotonic() + budget_s
     raw_cut = now - raw_days * DAY_S
     out: dict[str, Any] = {"samples_folded": 0, "series_done": 0, "series_left": 0, "host_samples": 0,
-                           "minutes": 0, "summaries": 0, "events": 0, "complete": True}
+                           "step_records": 0, "minutes": 0, "summaries": 0, "events": 0, "complete": True}
     conn = store.db.conn
+    memo = getattr(store, "memo", None)
+    if memo is not None:
+        memo.clear()  # bucketed reads of rows about to be folded away
     try:
         old = conn.execute("select g.id, g.t0 from gpu_series g where g.t0 < ? and exists "
                            "(select 1 from gpu_samples s where s.sid = g.id and s.t_ms < round((? - g.t0) * 1000)) "
@@ -94,6 +138,9 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
             with store.tx():
                 out["samples_folded"] += _fold_series(conn, sid, t0, raw_cut)
             out["series_done"] += 1
+        if out["complete"]:
+            out["step_records"], done = _prune_records(store, raw_cut, stop_at)
+            out["complete"] = done
         with store.tx():
             out["host_samples"] = conn.execute("delete from host_samples where at < ?", (raw_cut,)).rowcount
             minute_cut = int((now - minutes_days * DAY_S) // 60)

@@ -48,5 +48,6 @@ def store_prune(obj: Any, store_path: str | None, raw_days: float | None, minute
         st.close()
     emit(fmt, res, rows=[res], text=lambda: (
         f"folded {res['samples_folded']} raw sample(s) of {res['series_done']} GPU series into minutes; "
-        f"deleted {res['host_samples']} host sample(s), {res['minutes']} minute row(s), "
+        f"deleted {res['host_samples']} host sample(s), {res['step_records']} training step record(s), "
+        f"{res['minutes']} minute row(s), "
         f"{res['summaries']} summary(ies), {res['events']} event(s)"))

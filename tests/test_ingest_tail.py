@@ -162,3 +162,56 @@ def test_collector_tick(env, tmp_path):
     assert env.rows() == [(0, 0)]
     tick(SimpleNamespace(db=None, path="x"))  # a broken store: logged, never raised
     assert logged and "ingest during the job failed (1 time(s))" in logged[0][0] % logged[0][1:]
+
+
+def test_the_stored_prefix_is_released_from_the_disk_and_the_cap_counts_the_rest(env, tmp_path):
+    """After each tick the ingested prefix of a record file is hole-punched (whole blocks):
+    the file keeps its size and what follows the offset, the tail is still ingested by the
+    Epilog, and the directory's cap counts the bytes on disk."""
+    from gpuguard.collector.jobdir_cap import enforce_cap, release_ingested
+
+    cfg = SimpleNamespace(get=lambda section, key: str(tmp_path / "jobs"))
+    tick = record_ingest_tick(cfg, "7", "n1", UID, SimpleNamespace(warning=lambda *a: None))
+    f = env.dir / "train.rank0.jsonl"
+    f.write_text("".join(step(0, k) for k in range(4000)))  # ~400 KB
+    size = f.stat().st_size
+    tick(env.store)  # 4 MiB a tick: all of it stored
+    assert len(env.rows()) == 4000
+    st = f.stat()
+    if st.st_blocks * 512 >= size:
+        pytest.skip("this filesystem cannot punch holes")
+    assert st.st_size == size and st.st_blocks * 512 < 8192  # at most the last partial blocks stay on disk
+    with f.open("a") as out:
+        out.write("".join(step(0, k) for k in range(4000, 4100)))
+    # what the cap counts: the unstored tail (and the partial block), not the 400 KB
+    used, cut = enforce_cap(str(env.dir), 64 * 1024)
+    assert cut == [] and used < 64 * 1024
+    assert run(env, True).steps and len(env.rows()) == 4100  # the Epilog's tail read after the hole
+    # a file replaced since (another inode) or shorter than the offset is left alone
+    off = env.store.db.conn.execute("select name, dev, ino, offset from train_offsets").fetchall()
+    f2 = env.dir / "train.rank1.jsonl"
+    f2.write_text(step(1, 0) * 3000)
+    fst = f2.stat()
+    assert release_ingested(str(env.dir), [("train.rank1.jsonl", fst.st_dev, fst.st_ino + 1, 100_000),
+                                           ("train.rank1.jsonl", fst.st_dev, fst.st_ino, 10**9)]) == 0
+    assert f2.stat().st_blocks == fst.st_blocks and off[0][0] == "train.rank0.jsonl"
+    (env.dir / "link").symlink_to(f2)
+    assert release_ingested(str(env.dir), [("link", fst.st_dev, fst.st_ino, 100_000)]) == 0
+    assert release_ingested(str(tmp_path / "missing"), off) == 0
+
+
+def test_the_cap_cuts_after_a_released_prefix(tmp_path):
+    """A file whose start was released is cut to its released prefix plus its share."""
+    from gpuguard.collector.jobdir_cap import enforce_cap, release_ingested
+
+    d = tmp_path / "9"
+    d.mkdir()
+    f = d / "train.rank0.jsonl"
+    f.write_bytes(b"x" * 409_600)
+    st = f.stat()
+    if release_ingested(str(d), [(f.name, st.st_dev, st.st_ino, 204_800)]) == 0:
+        pytest.skip("this filesystem cannot punch holes")
+    used, cut = enforce_cap(str(d), 102_400)
+    assert (used, cut) == (204_800, ["train.rank0.jsonl"])
+    assert f.stat().st_size == 204_800 + 102_400 and f.read_bytes()[204_800:] == b"x" * 102_400
+    assert f.read_bytes()[:4096] == b"\0" * 4096

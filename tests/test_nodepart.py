@@ -93,7 +93,8 @@ def test_long_series_windows_are_exact_means_of_aligned_buckets(tmp_path):
     assert g["ecc"] == [ecc.get(w) for w in sorted(by)] and g["ecc"][-1] == 4 and g["ecc"].count(None) == 0
     # the part reused the summary's pass: one cached bucket set per GPU, aligned on 60 s
     keys = [k for k in s.memo if k[0] == "buckets"]
-    assert sorted(k[5:] for k in keys) == [(60000, 1), (60000, 1)]
+    assert sorted(k[2:] for k in keys) == [("first", "last", samples.MAX_POINTS, 60.0)] * 2
+    assert all(s.memo[k].bucket_ms == 60000 and s.memo[k].align_ms == 1 for k in keys)
 
 
 def test_sql_step_windows_equal_the_python_ones(tmp_path):
@@ -127,3 +128,26 @@ def test_window_is_never_narrower_than_the_aligned_buckets(tmp_path):
     assert (b.bucket_ms, len(b.n), b.n[:2]) == (120000, (n + 1) // 2, [2, 2])
     p = nodepart.build_node_part(s, "5", "n1", window_s=60.0, job={}, summary=None, align_s=60.0, now=1.0)
     assert p["window_s"] == 120.0 and len(p["gpus"][0]["t"]) == (n + 1) // 2 and p["gpus"][0]["util"][0] == 50.5
+
+
+def test_kept_step_sub_windows_give_what_the_steps_give(tmp_path):
+    """The step_windows rows the insert trigger keeps give the part's step windows the raw
+    steps give: 7.5 s sub-windows at 60 s windows, merged pairwise at 120 s, a rank-less
+    rank, records without a time skipped; any delete drops them and the steps are read."""
+    s = _store(tmp_path, 10, 3000, ranks=(0, 1, None), seed=5)
+    s.insert_many("steps", [{"job_id": "5", "node": "n1", "rank": 0, "step": 9999, "t": None, "step_time_s": 1.0}])
+    conn = s.db.conn
+    n = conn.execute("select count(*) from steps where job_id = '5' and node = 'n1' and t is not null").fetchone()[0]
+    assert n == 9000
+    assert conn.execute("select sum(nrec), count(distinct rank) from step_windows").fetchone() == (9000, 3)
+    for ws in (60.0, 120.0, 45.0):
+        kept = nodepart._kept_sub_windows(conn, "5", "n1", ws / nodepart.SUB_WINDOWS, n)
+        assert (kept is None) == (ws == 45.0)
+        got = nodepart._rank_windows_sql(conn, "5", "n1", ws, nodepart.SUB_WINDOWS, n)
+        assert got == nodepart._rank_windows_sql(conn, "5", "n1", ws, nodepart.SUB_WINDOWS)
+        assert [r["rank"] for r in got] == [0, 1, None]
+    assert nodepart._kept_sub_windows(conn, "5", "n1", 7.5, n + 1) is None  # a count that does not match
+    with s.tx():
+        conn.execute("delete from steps where job_id = '5' and node = 'n1' and step = 7 and rank = 1")
+    assert conn.execute("select count(*) from step_windows").fetchone()[0] == 0
+    assert nodepart._kept_sub_windows(conn, "5", "n1", 7.5, n - 1) is None

@@ -57,8 +57,9 @@ def _samples(st, t):
     st.insert_many("samples", [
         {"job_id": "42", "node": "n1", "at": t - 20, "gpu_index": 1, "gpu_uuid": "GPU-1", "gpu_util_pct": 10.0,
          "mem_used_mib": 100.0, "power_w": 100.0, "temp_c": 40.0, "sm_clock_mhz": 1000.0},
+        {"job_id": "42", "node": "n1", "at": t - 15, "gpu_index": 1, "gpu_uuid": "GPU-1", "energy_j": 7000.0},
         {"job_id": "42", "node": "n1", "at": t - 10, "gpu_index": 1, "gpu_uuid": "GPU-1", "gpu_util_pct": 87.0,
-         "mem_used_mib": 2048.0, "power_w": 312.5, "temp_c": 61.0, "sm_clock_mhz": 1980.0},
+         "mem_util_pct": 41.0, "mem_used_mib": 2048.0, "power_w": 312.5, "temp_c": 61.0, "sm_clock_mhz": 1980.0},
         {"job_id": "42", "node": "n1", "at": t - 10, "gpu_index": 3, "gpu_uuid": "GPU-3", "gpu_util_pct": 0.0,
          "mem_used_mib": 0.0, "power_w": 70.0, "temp_c": 31.0, "sm_clock_mhz": 345.0},
     ])
@@ -90,6 +91,13 @@ def test_job_metrics_carry_job_labels_and_parse(cfg):
     assert _samples_by(text, "gpuguard_job_gpu_memory_used_bytes")[("42", "1")][1] == 2048 * 1024 * 1024
     assert _samples_by(text, "gpuguard_job_gpu_sm_clock_hertz")[("42", "3")][1] == 345e6
     assert _samples_by(text, "gpuguard_job_gpu_power_watts")[("42", "1")][1] == 312.5
+    # every metric-table row with a Prometheus export, from the newest sample / slow reading
+    assert _samples_by(text, "gpuguard_job_gpu_memory_utilization_ratio")[("42", "1")][1] == pytest.approx(0.41)
+    assert _samples_by(text, "gpuguard_job_gpu_temperature_celsius")[("42", "3")][1] == 31.0
+    assert _samples_by(text, "gpuguard_job_gpu_energy_joules")[("42", "1")][1] == 7000.0
+    assert ("42", "3") not in _samples_by(text, "gpuguard_job_gpu_energy_joules")
+    assert _samples_by(text, "gpuguard_job_gpu_sample_timestamp_seconds")[("42", "1")][1] == pytest.approx(now - 10,
+                                                                                                         abs=0.01)
     fams = {f.name for f in parse_openmetrics(generate_openmetrics(reg).decode())}
     assert {"gpuguard_job_gpu_info", "gpuguard_node_drained", "gpuguard_xid_events"} <= fams
 

@@ -37,8 +37,8 @@ def store(tmp_path):
 
 def test_old_raw_samples_fold_into_minutes(store):
     res = prune(store, now=NOW, raw_days=14, minutes_days=400)
-    assert res == {"samples_folded": 120, "series_done": 1, "series_left": 0, "host_samples": 1, "minutes": 0,
-                   "summaries": 0, "events": 0, "complete": True}
+    assert res == {"samples_folded": 120, "series_done": 1, "series_left": 0, "host_samples": 1,
+                   "step_records": 0, "minutes": 0, "summaries": 0, "events": 0, "complete": True}
     raw = store.query("select * from gpu_minutes order by minute")
     assert [m["minute"] for m in raw] == [0, 1]  # minutes from the series' first minute
     # util 0..59 -> mean 29.5 rounds to 30 (half away from zero), 30 below it, 29 above
@@ -93,11 +93,11 @@ def test_first_minute_layout_converts(tmp_path):
     second (minutes from the series' start, distances from the mean), same real values."""
     import sqlite3
 
-    from gpuguard import samples
+    from gpuguard import samples, samples_schema
 
     conn = sqlite3.connect(str(tmp_path / "m.db"), isolation_level=None)
     conn.execute("begin")
-    samples.migrate(conn)
+    samples_schema.migrate(conn)
     conn.execute("insert into gpu_series (id, job_id, node, gpu_index, t0) values (1, '1', 'n1', 0, ?)", (OLD,))
     cols = ", ".join(c for m in samples.GPU_SAMPLED for c in (
         [f"{samples.stored_column(m)}_or"] if m.name == "clock_event_mask" else
@@ -109,10 +109,46 @@ def test_first_minute_layout_converts(tmp_path):
         row += [4] if m.name == "clock_event_mask" else list(vals.get(c, (None, None, None)))
     conn.execute(f"insert into gpu_minutes (sid, minute, n, {cols}) values (1, ?, 60, {', '.join('?' * len(row))})",
                  (int(OLD // 60) + 2, *row))
-    samples.migrate_minutes(conn)
+    samples_schema.migrate_minutes(conn)
     conn.execute("commit")
     got = conn.execute("select minute, gpu_util_pct_mean, gpu_util_pct_dmin, gpu_util_pct_dmax, power_w_x10_dmax, "
                        "clock_event_mask_or from gpu_minutes").fetchall()
     assert got == [(2, 30, 30, 29, 2, 4)]
     assert conn.execute("select minute_at, power_w_min, power_w_max from minutes_view").fetchall() == [
         ((int(OLD // 60) + 2) * 60, 300.0, 300.5)]
+
+
+def test_training_records_go_with_their_summary_age_job_by_job(store, monkeypatch):
+    """Steps, checkpoints and step sub-windows of a job summarised before raw_days go, in
+    bounded deletes that a budget can stop and the next run continues from the cursor; a
+    recent job's stay, and so do the records of a job with no summary."""
+    import gpuguard.retention as retention
+
+    def steps(job, t0, n):
+        return [{"job_id": job, "node": "n1", "rank": r, "step": k, "t": t0 + k, "step_time_s": 1.0}
+                for r in (0, 1) for k in range(n)]
+
+    store.insert_many("steps", steps("1", OLD, 50) + steps("2", NOW - 90, 40) + steps("3", OLD, 5))
+    store.insert_many("checkpoints", [{"job_id": j, "node": "n1", "rank": 0, "step": 1, "t": t, "duration_s": 1.0}
+                                      for j, t in (("1", OLD), ("2", NOW - 50))])
+    store.insert("job_summaries", {"job_id": "2", "node": "n1", "created_at": NOW - 10, "summary": "{}"})
+    assert store.query("select count(*) n from step_windows where job_id = '1'")[0]["n"] > 0
+    monkeypatch.setattr(retention, "RECORD_BATCH", 30)
+    ticks = iter([0.0, 1.0, 100.0])  # the budget runs out after two deletes (30 rows each)
+
+    class Clock:
+        time = staticmethod(retention.time.time)
+        monotonic = staticmethod(lambda: next(ticks))
+
+    monkeypatch.setattr(retention, "time", Clock)
+    assert retention._prune_records(store, NOW - 14 * DAY_S, stop_at=50.0) == (60, False)
+    assert store.get_cursor(retention.RECORDS_CURSOR) is None  # job 1 not finished: it is taken again
+    monkeypatch.undo()
+    res = prune(store, now=NOW, raw_days=14, minutes_days=400)
+    assert (res["step_records"], res["complete"]) == (40, True)
+    left = store.query("select job_id, count(*) n from steps group by job_id order by job_id")
+    assert [(r["job_id"], r["n"]) for r in left] == [("2", 80), ("3", 10)]
+    assert [r["job_id"] for r in store.query("select job_id from checkpoints")] == ["2"]
+    assert store.query("select count(*) n from step_windows where job_id = '1'")[0]["n"] == 0
+    assert store.get_cursor(retention.RECORDS_CURSOR) == repr(OLD + 200)
+    assert prune(store, now=NOW, raw_days=14, minutes_days=400)["step_records"] == 0

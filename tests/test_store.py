@@ -84,12 +84,12 @@ def _open_and_report(path):
 
 
 def test_old_samples_table_migrates_to_the_compact_store(tmp_path):
-    """The collector set's ``compact_samples`` step (gpuguard.samples.migrate) on a store
+    """The collector set's ``compact_samples`` step (gpuguard.samples_schema.migrate) on a store
     holding the wide ``samples`` table: rows move into the compact tables, values scaled as
     the metric table says, and the old query shape still answers."""
     import sqlite3
 
-    from gpuguard import samples
+    from gpuguard import samples_schema
     from gpuguard.collector import schema as collector_schema
 
     p = str(tmp_path / "old.db")
@@ -104,7 +104,7 @@ def test_old_samples_table_migrates_to_the_compact_store(tmp_path):
         [("9", "n1", 1000.25, 0, "GPU-a", 97.0, 41.0, 60000.4, 612.34, 71.0, 1980.0, 2619.0, 4, 0, 3),
          ("9", "n1", 1001.25, 0, "GPU-a", 98.0, 42.0, 60001.0, 600.0, 72.0, 1975.0, 2619.0, 0, None, None)])
     conn.execute("begin")
-    samples.migrate(conn)
+    samples_schema.migrate(conn)
     conn.execute("commit")
     rows = lambda sql: [dict(zip([c[0] for c in cur.description], r, strict=True))  # noqa: E731
                         for cur in [conn.execute(sql)] for r in cur.fetchall()]
@@ -122,15 +122,15 @@ def test_old_samples_table_migrates_to_the_compact_store(tmp_path):
 
 def test_add_missing_columns_follows_the_metric_table(tmp_path, monkeypatch):
     """A metric-table row added later becomes a column (old rows NULL) and a view column."""
-    from gpuguard import metrics, samples
+    from gpuguard import metrics, samples_schema
 
     s = open_store(str(tmp_path / "n.db"))
     s.insert_many("samples", [{"job_id": "1", "node": "n1", "at": 1000.0, "gpu_index": 0, "gpu_util_pct": 50.0}])
     new = metrics.Metric("enc_util_pct", "%", "gpu", "nvmlDeviceGetEncoderUtilization", 1, ("mean",), ".1f",
                          "video encoder utilisation")
-    monkeypatch.setattr(samples, "GPU_SAMPLED", (*samples.GPU_SAMPLED, new))
+    monkeypatch.setattr(samples_schema, "GPU_SAMPLED", (*samples_schema.GPU_SAMPLED, new))
     with s.tx():
-        assert samples.add_missing_columns(s.db.conn) == [
+        assert samples_schema.add_missing_columns(s.db.conn) == [
             "gpu_samples.enc_util_pct", "gpu_minutes.enc_util_pct_mean", "gpu_minutes.enc_util_pct_dmin",
             "gpu_minutes.enc_util_pct_dmax"]
     assert s.query("select gpu_util_pct, enc_util_pct from samples") == [{"gpu_util_pct": 50, "enc_util_pct": None}]

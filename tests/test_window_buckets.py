@@ -124,8 +124,7 @@ def test_read_buckets_column_fill_equals_the_row_merge() -> None:
     """bucket_rows.fill_columns (one mask per bucket) gives what bucket_rows.fill_rows gives."""
     from gpuguard import bucket_rows, samples
 
-    names = [m.name for m in samples._VALUE_METRICS]
-    maxed = [n for n in names if n in samples._MAX_NEEDED]
+    names, maxed = list(samples.SUMMED), list(samples.MAXED)
     rnd = random.Random(8)
     width = 6 + 2 * len(names) + len(maxed)
     rows = [(k, rnd.choice((None, 0, 4, 4 | 32, 1, 256)), rnd.randint(1, 60), 1000 * k, 1000 * k + 59, 60000 * k,

@@ -11,12 +11,13 @@ Node health (labels ``node``, and ``gpu``/``code``/``severity``/``action``/``xid
 ``gpuguard_health_tool_errors``, ``gpuguard_xid_events_total``, ``gpuguard_alerts_pending``.
 
 Per job and GPU (labels ``node``, ``job_id``, ``user``, ``account``, ``gpu``, ``uuid``):
-``gpuguard_job_gpu_info`` (1), ``gpuguard_job_gpu_utilization_ratio``,
-``gpuguard_job_gpu_memory_used_bytes``, ``gpuguard_job_gpu_power_watts``,
-``gpuguard_job_gpu_temperature_celsius``, ``gpuguard_job_gpu_sm_clock_hertz``,
-``gpuguard_job_gpu_sample_timestamp_seconds`` — from the newest collector sample of each
-running job (:mod:`gpuguard.ops.jobmap`), for jobs sampled or started within
-:data:`JOB_FRESH_S` (a job whose Epilog never ran drops out by itself).
+``gpuguard_job_gpu_info`` (1), ``gpuguard_job_gpu_sample_timestamp_seconds`` and one
+``gpuguard_job_gpu_<name>`` per metric-table row with a ``prom`` export
+(:class:`gpuguard.metrics.Prom`): ``utilization_ratio``, ``memory_utilization_ratio``,
+``memory_used_bytes``, ``power_watts``, ``temperature_celsius``, ``sm_clock_hertz``,
+``energy_joules`` (the driver's cumulative counter: use ``rate()``) — from the newest
+collector sample of each running job (:mod:`gpuguard.ops.jobmap`), for jobs sampled or
+started within :data:`JOB_FRESH_S` (a job whose Epilog never ran drops out by itself).
 """
 
 from __future__ import annotations
@@ -32,14 +33,42 @@ from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" s
 JOB_FRESH_S = 600.0
 
 _JOB_LABELS = ["node", "job_id", "user", "account", "gpu", "uuid"]
-#: samples column -> (metric suffix, help, scale to base unit)
-_SAMPLE_METRICS = {
-    "gpu_util_pct": ("utilization_ratio", "GPU utilisation (0-1) in the newest sample", 0.01),
-    "mem_used_mib": ("memory_used_bytes", "GPU memory used", 1024 * 1024),
-    "power_w": ("power_watts", "GPU power draw", 1.0),
-    "temp_c": ("temperature_celsius", "GPU temperature", 1.0),
-    "sm_clock_mhz": ("sm_clock_hertz", "SM clock", 1e6),
-}
+
+
+def _exported() -> list[tuple[Any, str]]:
+    """``(metric, table)`` of every GPU metric the metric table exports (its ``prom``):
+    sampled ones from ``gpu_samples``, slow counters from ``gpu_slow``."""
+    from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
+
+    return ([(m, "gpu_samples") for m in GPU_SAMPLED if m.prom]
+            + [(m, "gpu_slow") for m in GPU_SLOW if m.prom])
+
+
+def _newest(store: Any, job_id: str, node: str) -> dict[int, dict[str, Any]]:
+    """Per GPU index of the job on ``node``: its UUID, the newest sample's epoch time and
+    each exported metric's newest value in real units (slow counters: their newest
+    reading). Two primary-key seeks per GPU, whatever the job's length."""
+    from gpuguard.metrics import stored_column
+
+    conn = store.db.conn
+    out: dict[int, dict[str, Any]] = {}
+    exported = _exported()
+    for sid, idx, uuid, t0 in conn.execute("select id, gpu_index, gpu_uuid, t0 from gpu_series "
+                                           "where job_id = ? and node = ?", (job_id, node)).fetchall():
+        row: dict[str, Any] = {"gpu_uuid": uuid}
+        for table in ("gpu_samples", "gpu_slow"):
+            ms = [m for m, t in exported if t == table]
+            got = conn.execute(f"select t_ms, {', '.join(stored_column(m) for m in ms)} from {table} "
+                               "where sid = ? order by t_ms desc limit 1", (sid,)).fetchone()
+            if got is None:
+                continue
+            if table == "gpu_samples":
+                row["at"] = t0 + got[0] / 1000.0
+            for m, v in zip(ms, got[1:], strict=True):
+                row[m.name] = None if v is None else v / m.scale
+        if "at" in row:
+            out[idx] = row
+    return out
 
 
 def textfile_path(cfg: Any) -> str:
@@ -116,15 +145,12 @@ def _job_metrics(cfg: Any, store: Any, node: str, reg: Any, now: float) -> None:
 
     info = Gauge("gpuguard_job_gpu_info", "a GPU held by a running job (value 1; the labels are the point)",
                  _JOB_LABELS, registry=reg)
-    gauges = {col: Gauge(f"gpuguard_job_gpu_{name}", doc, _JOB_LABELS, registry=reg)
-              for col, (name, doc, _s) in _SAMPLE_METRICS.items()}
+    gauges = {m.name: Gauge(f"gpuguard_job_gpu_{m.prom.name}", f"{m.description} (newest sample)", _JOB_LABELS,
+                            registry=reg) for m, _t in _exported()}
     ts = Gauge("gpuguard_job_gpu_sample_timestamp_seconds", "time of the newest sample", _JOB_LABELS, registry=reg)
-    cols = ", ".join(_SAMPLE_METRICS)
     for job in running_jobs(cfg):
         jid = str(job.get("job_id", ""))
-        latest = {r["gpu_index"]: r for r in store.query(
-            f"select gpu_index, gpu_uuid, max(at) as at, {cols} from samples where job_id = ? and node = ? "
-            "group by gpu_index", [jid, node])}
+        latest = _newest(store, jid, node)
         newest = max((r["at"] for r in latest.values()), default=None)
         if now - (newest or float(job.get("started_at") or 0)) > JOB_FRESH_S:
             continue
@@ -134,9 +160,9 @@ def _job_metrics(cfg: Any, store: Any, node: str, reg: Any, now: float) -> None:
             info.labels(*labels).set(1)
             if r:
                 ts.labels(*labels).set(r["at"])
-                for col, (_n, _d, scale) in _SAMPLE_METRICS.items():
-                    if r.get(col) is not None:
-                        gauges[col].labels(*labels).set(r[col] * scale)
+                for m, _t in _exported():
+                    if r.get(m.name) is not None:
+                        gauges[m.name].labels(*labels).set(r[m.name] * m.prom.per_unit)
 
 
 def write_textfile(cfg: Any, store: Any, *, health: Any = None) -> list[str]:
