@@ -79,6 +79,10 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
               for sid, _n, idx, uuid, t0 in samples.series_of(conn, job_id, [node])]
     # a window is never narrower than the widest bucket (a 7-day series: 240 s)
     window_s = max([float(window_s)] + [b.bucket_ms / 1000.0 for _i, _u, b in series])
+    from gpuguard.beside import Beside
+
+    # the steps' windows on a second connection while this one builds the GPU windows
+    ranks_read = Beside(store, lambda reader: _ranks(reader, job_id, node, window_s)) if "steps" in tables else None
     gpus, firsts, lasts = [], [], []
     for idx, uuid, b in series:
         if b.n:
@@ -90,7 +94,7 @@ def build_node_part(store: Any, job_id: str, node: str, *, window_s: float, job:
             wins = _bucket_windows(conn, b, window_s)
         gpus.append({"index": idx, "uuid": uuid, "name": names.get(uuid or ""), "mem_total_mib": caps.get(uuid),
                      **wins})
-    ranks, span = _ranks(store, job_id, node, window_s) if "steps" in tables else ([], None)
+    ranks, span = ranks_read.result() if ranks_read is not None else ([], None)
     if span:
         firsts.append(span[0])
         lasts.append(span[1])

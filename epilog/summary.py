@@ -403,11 +403,17 @@ def summarize_job(store: Any, job_id: str, node: str, *, exit_status_raw: int | 
     # and a clock stepped back during the job leaves later samples stamped before the
     # window (the store's per-GPU timeline stays monotonic: gpuguard.samples.write).
     conn = store.db.conn
+    from gpuguard.beside import Beside
+
     try:
-        _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None, getattr(store, "memo", None),
-                  window_align_s)
-        _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
-        _step_part(s, conn, job_id, node)
+        # the training steps are read on a second connection while this one reads the GPUs
+        steps = Beside(store, lambda reader: _step_part(s, reader.db.conn, job_id, node))
+        try:
+            _gpu_part(s, conn, samples.series_of(conn, job_id, [node]), started_at, None,
+                      getattr(store, "memo", None), window_align_s)
+            _host_part(s, conn, job_id, node, _first_rowid(store, "host_samples", job_id, node, started_at))
+        finally:
+            steps.result()
         if window_s is not None:
             s.windows = _windows_part(s, conn, job_id, node, window_s, max_windows, getattr(store, "memo", None))
     except sqlite3.Error as e:
