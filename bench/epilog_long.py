@@ -16,7 +16,11 @@ case). Then, each in a fresh process so peak memory (ru_maxrss) is its own:
   maxima, p95 of utilisation, step-time percentiles). It does no part and no verdict.
 
 Prints median wall and CPU seconds over N runs and peak RSS for both, and their ratios
-(on a shared machine the CPU ratio is the steadier one). Goal (issue 12): 24 h <= 1 s and
+(on a shared machine the CPU ratio is the steadier one). The product's CPU is the
+process's, both of its threads (it reads the training steps on a second connection
+beside the GPU series: :mod:`gpuguard.beside`); its wall time is what the Epilog waits.
+The store is built as the collector leaves it: raw rows, the minutes it closed
+(:mod:`gpuguard.live_minutes`) and the step sub-windows its ingest's triggers kept. Goal (issue 12): 24 h <= 1 s and
 <= 1.5 x numpy; 7 days within the 20 s epilog budget; <= 300 MB. The training-record
 ingest is measured by ``bench/ingest_long.py``.
 A figure, not a test.
