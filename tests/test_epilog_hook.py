@@ -109,6 +109,8 @@ def test_healthy_no_scontrol_summary_records_and_dir_removed(node, monkeypatch):
         {"rank": 0, "step": 2, "step_time_s": 1.5, "samples": 8, "loss_nonfinite": 0, "data_wait_s": 0.375,
          "comm_s": 0.1875}]
     assert st.query("select rank, step, duration_s from checkpoints") == [{"rank": 0, "step": 2, "duration_s": 4.0}]
+    # the step sub-windows the ingest's trigger kept served the part and are dropped (upkeep)
+    assert st.query("select count(*) n from step_windows")[0]["n"] == 0
     s = summary(node["db"])
     assert (s["exit_text"], s["collector_status"], s["step_records"], s["step_time_p50_s"],
             s["data_wait_share_pct"], s["checkpoint_total_s"]) == ("exit 0", "ok", 2, 0.5, 25.0, 4.0)
