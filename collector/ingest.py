@@ -218,6 +218,24 @@ class _Limits:
         self.full = False
 
 
+def _open_job_dir(res: Any, job_dir: str) -> int | None:
+    """The job directory opened (``O_DIRECTORY|O_NOFOLLOW``: never through a symlink), or
+    None: a missing directory silently (no records), anything else with ``res`` told why."""
+    try:
+        return os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # O_DIRECTORY|O_NOFOLLOW on a symlink: ENOTDIR
+            try:
+                reason = "symlink" if stat.S_ISLNK(os.lstat(job_dir).st_mode) else "not a directory"
+            except OSError:
+                reason = "not a directory"
+        _reject(res, job_dir, reason)
+        return None
+
+
 def _ranked_files(res: Any, dfd: int, job_dir: str, uid: int, max_files: int) -> list[tuple[int, str]] | None:
     """The ``(rank, name)`` record files of the open job directory ``dfd``, by rank, at
     most ``max_files`` (``res.truncated`` set when more). None (and ``res`` told why) when
@@ -255,18 +273,8 @@ def read_job_records(job_dir: str, expected_uid: int, *, max_file_bytes: int = M
     """
     res = IngestResult()
     lim = _Limits(time.time() if now is None else now, max_line_bytes, max_records)
-    try:
-        dfd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return res
-    except OSError as e:
-        reason = e.strerror or str(e)
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # O_DIRECTORY|O_NOFOLLOW on a symlink: ENOTDIR
-            try:
-                reason = "symlink" if stat.S_ISLNK(os.lstat(job_dir).st_mode) else "not a directory"
-            except OSError:
-                reason = "not a directory"
-        _reject(res, job_dir, reason)
+    dfd = _open_job_dir(res, job_dir)
+    if dfd is None:
         return res
     try:
         ranked = _ranked_files(res, dfd, job_dir, expected_uid, max_files)
@@ -283,37 +291,53 @@ def read_job_records(job_dir: str, expected_uid: int, *, max_file_bytes: int = M
     return res
 
 
-def _read_file(res: IngestResult, dfd: int, job_dir: str, name: str, uid: int, max_bytes: int,
-               lim: _Limits) -> int:
-    """Read one file into ``res``; returns the bytes read."""
+def _open_record(res: IngestResult, dfd: int, job_dir: str, name: str, uid: int) -> tuple[int, Any] | None:
+    """Open record file ``name`` of the open job directory ``dfd`` for reading: a regular
+    file (checked before opening, so a FIFO is never opened, and again on the open file)
+    owned by ``uid``, never through a symlink. Returns ``(fd, fstat result)``; None (and
+    ``res`` told why) when it is not such a file or cannot be opened. The caller closes
+    ``fd``."""
     path = os.path.join(job_dir, name)
     try:
         lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError as e:
         _reject(res, path, e.strerror or str(e))
-        return 0
-    if stat.S_ISLNK(lst.st_mode):
-        _reject(res, path, "symlink")
-        return 0
+        return None
     if not stat.S_ISREG(lst.st_mode):
-        _reject(res, path, "not a regular file")
-        return 0
+        _reject(res, path, "symlink" if stat.S_ISLNK(lst.st_mode) else "not a regular file")
+        return None
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError as e:
         _reject(res, path, "symlink" if e.errno == errno.ELOOP else (e.strerror or str(e)))
-        return 0
+        return None
+    why = None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            _reject(res, path, "not a regular file")
-            return 0
-        if st.st_uid != uid:
-            _reject(res, path, f"owned by uid {st.st_uid}, expected {uid}")
-            return 0
+            why = "not a regular file"
+        elif st.st_uid != uid:
+            why = f"owned by uid {st.st_uid}, expected {uid}"
+    except OSError as e:
+        why = e.strerror or str(e)
+    if why is not None:
+        os.close(fd)
+        _reject(res, path, why)
+        return None
+    return fd, st
+
+
+def _read_file(res: IngestResult, dfd: int, job_dir: str, name: str, uid: int, max_bytes: int,
+               lim: _Limits) -> int:
+    """Read one file into ``res``; returns the bytes read."""
+    opened = _open_record(res, dfd, job_dir, name, uid)
+    if opened is None:
+        return 0
+    fd, _st = opened
+    try:
         return _parse_stream(res, fd, max_bytes, lim)
     except OSError as e:
-        _reject(res, path, e.strerror or str(e))
+        _reject(res, os.path.join(job_dir, name), e.strerror or str(e))
         return 0
     finally:
         os.close(fd)

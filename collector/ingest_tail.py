@@ -11,9 +11,7 @@ committed in one transaction (``bench/ingest_long.py`` measures a 7-day job).
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +24,8 @@ from gpuguard.collector.ingest import (
     MAX_TOTAL_BYTES,
     IngestResult,
     _Limits,
+    _open_job_dir,
+    _open_record,
     _parse_line,
     _reject,
 )
@@ -189,18 +189,8 @@ def forget_offsets(store: Any, job_id: str, node: str) -> None:
 def _read_tails(res: IngestResult, job_dir: str, uid: int, before: dict[str, tuple], lim: _Limits, *,
                 max_file_bytes: int, max_files: int, max_total_bytes: int, final: bool) -> list[_FileTail]:
     """Open ``job_dir`` as :func:`read_job_records` does and read each file's new lines."""
-    try:
-        dfd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        reason = e.strerror or str(e)
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            try:
-                reason = "symlink" if stat.S_ISLNK(os.lstat(job_dir).st_mode) else "not a directory"
-            except OSError:
-                reason = "not a directory"
-        _reject(res, job_dir, reason)
+    dfd = _open_job_dir(res, job_dir)
+    if dfd is None:
         return []
     tails: list[_FileTail] = []
     try:
@@ -225,28 +215,11 @@ def _read_tails(res: IngestResult, job_dir: str, uid: int, before: dict[str, tup
 def _read_tail(res: IngestResult, dfd: int, job_dir: str, name: str, uid: int, old: tuple | None, max_bytes: int,
                lim: _Limits, final: bool) -> _FileTail | None:
     """One file's lines after its stored offset (``old``: its ``train_offsets`` values)."""
-    path = os.path.join(job_dir, name)
-    try:
-        lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except OSError as e:
-        _reject(res, path, e.strerror or str(e))
+    opened = _open_record(res, dfd, job_dir, name, uid)
+    if opened is None:
         return None
-    if not stat.S_ISREG(lst.st_mode):
-        _reject(res, path, "symlink" if stat.S_ISLNK(lst.st_mode) else "not a regular file")
-        return None
+    fd, st = opened
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError as e:
-        _reject(res, path, "symlink" if e.errno == errno.ELOOP else (e.strerror or str(e)))
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            _reject(res, path, "not a regular file")
-            return None
-        if st.st_uid != uid:
-            _reject(res, path, f"owned by uid {st.st_uid}, expected {uid}")
-            return None
         same = old is not None and tuple(old[:2]) == (st.st_dev, st.st_ino)
         start, skipping = (int(old[2]), bool(old[3])) if same else (0, False)
         if st.st_size < start:  # cut by the job-directory cap: nothing new before its end
@@ -255,7 +228,7 @@ def _read_tail(res: IngestResult, dfd: int, job_dir: str, name: str, uid: int, o
         _parse_tail(res, tail, fd, max_bytes, lim, final)
         return tail
     except OSError as e:
-        _reject(res, path, e.strerror or str(e))
+        _reject(res, os.path.join(job_dir, name), e.strerror or str(e))
         return None
     finally:
         os.close(fd)

@@ -21,6 +21,7 @@ filesystem cannot punch holes (``EOPNOTSUPP``), the cap cuts as before.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -75,14 +76,20 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02  # linux/falloc.h
 
 
-def _punch_hole(fd: int, length: int) -> bool:
-    """``fallocate(fd, PUNCH_HOLE | KEEP_SIZE, 0, length)``: True when the filesystem did it."""
+@functools.cache
+def _fallocate() -> Any:
+    """libc's ``fallocate(2)``, loaded once per process."""
     import ctypes
     import ctypes.util
 
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-    return libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, 0, length) == 0
+    return libc.fallocate
+
+
+def _punch_hole(fd: int, length: int) -> bool:
+    """``fallocate(fd, PUNCH_HOLE | KEEP_SIZE, 0, length)``: True when the filesystem did it."""
+    return _fallocate()(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, 0, length) == 0
 
 
 def release_ingested(job_dir: str, offsets: list[tuple[str, int, int, int]]) -> int:

@@ -121,6 +121,7 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
     ids = cache.ids
     last_of = cache.last
     offset = cache.offset
+    touched: dict[int, float] = {}  # series written -> its t0
     for r in rows:
         if type(r) is dict:
             r = sample_row(r)
@@ -142,18 +143,18 @@ def write(conn: sqlite3.Connection, cache: SeriesCache, rows: Iterable[tuple[Any
             offset[sid] = offset.get(sid, 0) + last + 1 - t_ms
             t_ms = last + 1
         last_of[sid] = t_ms
+        touched[sid] = t0
         fast.append((sid, t_ms, *vals))
         if sv is not None and any(v is not None for v in sv):
             slow.append((sid, t_ms, *sv))
     conn.executemany(_FAST_INS, fast)
     if slow:
         conn.executemany(_SLOW_INS, slow)
-    if fast:
+    if touched:
         from gpuguard.live_minutes import close_due
 
-        t0_of = {sid: t0 for sid, t0 in ids.values()}
-        for sid in {r[0] for r in fast}:
-            close_due(conn, cache.live_next, sid, t0_of[sid], last_of[sid])
+        for sid, t0 in touched.items():
+            close_due(conn, cache.live_next, sid, t0, last_of[sid])
     return len(fast)
 
 

@@ -187,17 +187,9 @@ class PipeRowParser:
         jid_text = jid_text or raw_text
         if not jid_text:
             raise RowError("no JobID")
-        if jid_text.isdigit() and jid_text.isascii():  # the common case: a plain job, not a step
-            ids, is_step = _NO_IDS, False
-        else:
-            ids, is_step = parse_job_id(jid_text)
-        raw_text = raw_text or jid_text
-        if is_step or "." in raw_text:
+        raw, ids = self._ids(jid_text, raw_text or jid_text)
+        if raw is None:
             return None, True
-        if raw_text.isdigit() and raw_text.isascii() and len(raw_text) <= 18:  # the common case, inline
-            raw = int(raw_text)
-        else:
-            raw = self._raw_id(raw_text, jid_text, ids)
         alloc = parse_tres(alloc_text) if self.has_alloctres else None
         if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
             gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
@@ -223,7 +215,6 @@ class PipeRowParser:
         # so :func:`_finish`'s checks would pass: the row is built whole, in one step.
         elapsed_s, usage_end, charge, wait, submit_wait = derive_usage(start_at, end_at, elapsed_s, submit_at,
                                                                         eligible_at)
-        comment = comment or None
         # a literal of at most 30 keys is built in one step; a longer one key by key (CPython)
         job = {
             "cluster": clus or self.cluster or "",
@@ -258,16 +249,27 @@ class PipeRowParser:
             "nnodes": nnodes_n,
         }
         job["node_list"] = nodes or None
-        job["comment"] = comment
+        job["comment"] = comment = comment or None
         job["admin_comment"] = admin or None
         job["template"] = template_of(comment)
-        job["synced_at"] = None
-        job["source"] = None
+        job["synced_at"] = job["source"] = None
         # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
         job["attempt_at"] = submit_at if submit_at is not None else 0.0
         job["gpu_source"] = gpu_source
         job["time_limit_s"] = limit_s
         return job, False
+
+    def _ids(self, jid_text: str, raw_text: str) -> tuple[int | None, dict]:
+        """``(JobIDRaw as an int, parsed JobID parts)``; ``(None, ...)`` for a step's line."""
+        if jid_text.isdigit() and jid_text.isascii():  # the common case: a plain job, not a step
+            ids, is_step = _NO_IDS, False
+        else:
+            ids, is_step = parse_job_id(jid_text)
+        if is_step or "." in raw_text:
+            return None, ids
+        if raw_text.isdigit() and raw_text.isascii() and len(raw_text) <= 18:  # the common case, inline
+            return int(raw_text), ids
+        return self._raw_id(raw_text, jid_text, ids), ids
 
     def _gpus(self, alloc: tuple[int, str | None, int | None] | None, r: list) -> tuple:
         """``(gpus, gpu_type, gpu_source)`` of a row (``r``: its fields and a trailing None)."""

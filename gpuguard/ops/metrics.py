@@ -44,15 +44,15 @@ def _exported() -> list[tuple[Any, str]]:
             + [(m, "gpu_slow") for m in GPU_SLOW if m.prom])
 
 
-def _newest(store: Any, job_id: str, node: str) -> dict[int, dict[str, Any]]:
+def _newest(store: Any, job_id: str, node: str, exported: list[tuple[Any, str]]) -> dict[int, dict[str, Any]]:
     """Per GPU index of the job on ``node``: its UUID, the newest sample's epoch time and
     each exported metric's newest value in real units (slow counters: their newest
-    reading). Two primary-key seeks per GPU, whatever the job's length."""
+    reading) of ``exported`` (:func:`_exported`). Two primary-key seeks per GPU, whatever
+    the job's length."""
     from gpuguard.metrics import stored_column
 
     conn = store.db.conn
     out: dict[int, dict[str, Any]] = {}
-    exported = _exported()
     for sid, idx, uuid, t0 in conn.execute("select id, gpu_index, gpu_uuid, t0 from gpu_series "
                                            "where job_id = ? and node = ?", (job_id, node)).fetchall():
         row: dict[str, Any] = {"gpu_uuid": uuid}
@@ -145,12 +145,13 @@ def _job_metrics(cfg: Any, store: Any, node: str, reg: Any, now: float) -> None:
 
     info = Gauge("gpuguard_job_gpu_info", "a GPU held by a running job (value 1; the labels are the point)",
                  _JOB_LABELS, registry=reg)
+    exported = _exported()
     gauges = {m.name: Gauge(f"gpuguard_job_gpu_{m.prom.name}", f"{m.description} (newest sample)", _JOB_LABELS,
-                            registry=reg) for m, _t in _exported()}
+                            registry=reg) for m, _t in exported}
     ts = Gauge("gpuguard_job_gpu_sample_timestamp_seconds", "time of the newest sample", _JOB_LABELS, registry=reg)
     for job in running_jobs(cfg):
         jid = str(job.get("job_id", ""))
-        latest = _newest(store, jid, node)
+        latest = _newest(store, jid, node, exported)
         newest = max((r["at"] for r in latest.values()), default=None)
         if now - (newest or float(job.get("started_at") or 0)) > JOB_FRESH_S:
             continue
@@ -160,7 +161,7 @@ def _job_metrics(cfg: Any, store: Any, node: str, reg: Any, now: float) -> None:
             info.labels(*labels).set(1)
             if r:
                 ts.labels(*labels).set(r["at"])
-                for m, _t in _exported():
+                for m, _t in exported:
                     if r.get(m.name) is not None:
                         gauges[m.name].labels(*labels).set(r[m.name] * m.prom.per_unit)
 
