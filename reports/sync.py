@@ -366,7 +366,7 @@ class Tally:
         self.steps_skipped += other.steps_skipped
         self.js1.extend(other.js1)
         first = self.first_submit
-        for jid in first.keys() & other.first_submit.keys():  # job ids both chunks hold: few
+        for jid in other.first_submit.keys() & first.keys():  # job ids both hold (a set of the smaller)
             if first[jid] != other.first_submit[jid]:
                 self.attempts.setdefault(jid, {first[jid]}).add(other.first_submit[jid])
             del other.first_submit[jid]
@@ -447,9 +447,9 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
         expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
         from gpuguard.reports import sync_bulk
 
-        if _bulk(store, expect) and sync_bulk.worth_it(expect) and os.path.isfile(path):
-            sync_bulk.import_parallel(store, path, size, tz=conv.tz, cluster=cluster, now=now, result=result,
-                                      on_progress=on_progress, cache_kib=bulk_cache_kib(expect))
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
+            sync_bulk.import_parallel(store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now,
+                                      result=result, on_progress=on_progress, cache_kib=bulk_cache_kib(expect))
             return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
@@ -480,9 +480,17 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
                  expect_rows=_json_jobs(doc))
         return result
     conv = TimeConverter(tz or resolve_timezone())
+    expect = text.count("\n")
+    from gpuguard.reports import sync_bulk
+
+    if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
+        tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
+                                     delimiter=delimiter, gpus_tracked=gpus_tracked)
+        sync_bulk.import_parallel(store, tasks, now=now, result=result, cache_kib=bulk_cache_kib(expect))
+        return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
-    _consume(store, rows, result, now, gpus_tracked, expect_rows=text.count("\n"), free_text=free_text)
+    _consume(store, rows, result, now, gpus_tracked, expect_rows=expect, free_text=free_text)
     return result
 
 

@@ -149,20 +149,42 @@ def _same(value):
     return value
 
 
-def parse_chunk(path: str, lo: int, hi: int, header: str | None, tz: tzinfo, cluster: str) -> Chunk:
-    """Worker: parse bytes ``lo..hi`` of ``path`` (``header``: the file's header line, put
-    in front of a chunk that does not start the file; None for the first chunk) into a
-    :class:`Chunk`. Raises what the parser raises for the header."""
+@dataclass
+class ChunkTask:
+    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself;
+    ``header``: the input's header line, put in front of a chunk that does not start the
+    input (None: the chunk starts it, or the input has none and ``fields`` names its
+    columns); the rest as :func:`~gpuguard.reports.sync.import_text` takes them."""
+
+    source: str
+    tz: tzinfo
+    cluster: str = ""
+    path: str | None = None
+    lo: int = 0
+    hi: int = 0
+    text: str | None = None
+    header: str | None = None
+    fields: list[str] | None = None
+    delimiter: str = "|"
+    gpus_tracked: bool | None = None
+
+
+def parse_chunk(task: ChunkTask) -> Chunk:
+    """Worker: parse one :class:`ChunkTask` into a :class:`Chunk`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
     from gpuguard.reports.sync import Tally
 
-    with open(path, "rb") as fh:
-        fh.seek(lo)
-        text = fh.read(hi - lo).decode("utf-8", errors="replace")
+    text = task.text
+    if text is None:
+        with open(task.path, "rb") as fh:
+            fh.seek(task.lo)
+            text = fh.read(task.hi - task.lo).decode("utf-8", errors="replace")
+    nbytes = len(text) if task.text is not None else task.hi - task.lo
     lines = list(io.StringIO(text, newline=""))  # split as the batched path's file object splits
     del text
-    rows = iter_pipe(lines if header is None else itertools.chain([header], lines),
-                     conv=TimeConverter(tz), cluster=cluster, source=path)
+    header = task.header
+    rows = iter_pipe(lines if header is None else itertools.chain([header], lines), conv=TimeConverter(task.tz),
+                     cluster=task.cluster, fields=task.fields, delimiter=task.delimiter, source=task.source)
     tally = Tally()
     db = sqlite3.connect(":memory:", isolation_level=None)
     db.execute(f"CREATE TABLE staged ({', '.join(STAGE_COLUMNS)})")
@@ -173,7 +195,7 @@ def parse_chunk(path: str, lo: int, hi: int, header: str | None, tz: tzinfo, clu
     batch: list[tuple] = []
     jobs = 0
     db.execute("BEGIN")
-    for j in tally.jobs(rows):
+    for j in tally.jobs(rows, task.gpus_tracked):
         batch.append(pick(j))
         if j["admin_comment"]:
             admin.append((j["job_id_raw"], j["admin_comment"]))
@@ -194,17 +216,17 @@ def parse_chunk(path: str, lo: int, hi: int, header: str | None, tz: tzinfo, clu
         own.merge(tally, -1)
         tally = own
     return Chunk(data=data, lines=len(lines), jobs=jobs, tally=tally, admin=admin, no_submit=no_submit,
-                 nbytes=hi - lo)
+                 nbytes=nbytes)
+
+
+def _parse(task: ChunkTask) -> Chunk:
+    return parse_chunk(task)  # looked up when called, so a test can replace it
 
 
 def _getter(columns: tuple[str, ...]) -> Callable[[dict], tuple]:
     import operator
 
     return operator.itemgetter(*columns)
-
-
-def _parse_task(args: tuple) -> Chunk:
-    return parse_chunk(*args)
 
 
 def header_line(path: str) -> tuple[str, int]:
@@ -215,23 +237,51 @@ def header_line(path: str) -> tuple[str, int]:
     return first, len(first.encode("utf-8", errors="replace"))
 
 
+def text_ranges(text: str, chunk_chars: int) -> list[tuple[int, int]]:
+    """:func:`chunk_ranges` of a string: ``[lo, hi)`` character ranges, each ending just
+    after a ``\n`` (or at the end)."""
+    ranges, lo, n = [], 0, len(text)
+    while lo < n:
+        nl = text.find("\n", lo + chunk_chars - 1) if lo + chunk_chars < n else -1
+        hi = n if nl < 0 else nl + 1
+        ranges.append((lo, hi))
+        lo = hi
+    return ranges
+
+
+def file_tasks(path: str, size: int, tz: tzinfo, cluster: str) -> list[ChunkTask]:
+    """The chunks of the ``-P`` file ``path`` (``size`` bytes; header line required)."""
+    header, body_at = header_line(path)
+    return [ChunkTask(source=path, tz=tz, cluster=cluster, path=path, lo=lo, hi=hi,
+                      header=None if lo == 0 else header)
+            for lo, hi in chunk_ranges(path, 0, size, max(CHUNK_BYTES, body_at + 1))]
+
+
+def text_tasks(text: str, *, source: str, tz: tzinfo, cluster: str = "", fields: list[str] | None = None,
+               delimiter: str = "|", gpus_tracked: bool | None = None) -> list[ChunkTask]:
+    """The chunks of ``-P`` text in memory (its first line the header unless ``fields``
+    names the columns)."""
+    header = None if fields is not None else io.StringIO(text, newline="").readline()
+    return [ChunkTask(source=source, tz=tz, cluster=cluster, text=text[lo:hi], fields=fields, delimiter=delimiter,
+                      header=None if lo == 0 else header, gpus_tracked=gpus_tracked)
+            for lo, hi in text_ranges(text, max(CHUNK_BYTES, len(header or "") + 1))]
+
+
 class ChunkPool:
     """The worker processes of one parallel import (a context manager): :meth:`chunks`
-    yields the :class:`Chunk` of every range of ``path`` (:func:`chunk_ranges`) in file
-    order, parsed by ``n_workers`` processes (forked where the platform can, so they start
-    with the parser loaded; started before the import's transaction begins). A worker's
-    exception is raised by :meth:`chunks`."""
+    yields the :class:`Chunk` of every task in input order, parsed by ``n_workers``
+    processes (forked where the platform can, so they start with the parser loaded;
+    started before the import's transaction begins). A worker's exception is raised by
+    :meth:`chunks`."""
 
-    def __init__(self, path: str, size: int, tz: tzinfo, cluster: str, n_workers: int):
-        header, body_at = header_line(path)
-        ranges = chunk_ranges(path, 0, size, max(CHUNK_BYTES, body_at + 1))
-        self.tasks = [(path, lo, hi, None if lo == 0 else header, tz, cluster) for lo, hi in ranges]
+    def __init__(self, tasks: list[ChunkTask], n_workers: int):
+        self.tasks = tasks
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        self.pool = ctx.Pool(max(1, min(n_workers, len(self.tasks))), initializer=_bind_null_fast)
+        self.pool = ctx.Pool(max(1, min(n_workers, len(tasks))), initializer=_bind_null_fast)
 
     def chunks(self) -> Iterator[Chunk]:
-        return self.pool.imap(_parse_task, self.tasks)
+        return self.pool.imap(_parse, self.tasks)
 
     def __enter__(self) -> ChunkPool:
         return self
@@ -291,30 +341,36 @@ def load_chunks(store, chunks: Iterator[Chunk], now: float, source: str, tally,
     return jobs
 
 
-def worth_it(expect_rows: int) -> bool:
-    """Whether an import of about ``expect_rows`` jobs is parsed in workers: two or more
-    of them, and at least two chunks' worth of jobs (the pool's start-up, about 50 ms, is
-    then a small share)."""
-    return workers() >= 2 and expect_rows * 300 >= 2 * CHUNK_BYTES
+def worth_it(size: int) -> bool:
+    """Whether an input of ``size`` bytes (or characters) is parsed in workers: two or more
+    of them, and at least two chunks of it (the pool's start-up, about 50 ms, is then a
+    small share)."""
+    return workers() >= 2 and size >= 2 * CHUNK_BYTES
 
 
-def import_parallel(store, path: str, size: int, *, tz: tzinfo, cluster: str, now: float, result,
+def import_parallel(store, tasks: list[ChunkTask], *, now: float, result,
                     on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> None:
-    """Import the ``-P`` file ``path`` (``size`` bytes) into an empty or smaller store:
-    :func:`staged_chunks` into :func:`load_chunks`; fills ``result`` (a
-    :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. Raises
-    :class:`~gpuguard.store.StoreError` and what the parser raises for the header."""
+    """Import the chunks ``tasks`` (:func:`file_tasks`, :func:`text_tasks`) of one input
+    into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
+    :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. ``cache_kib``:
+    the page cache while it stores (restored after). Raises
+    :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before any
+    worker starts) and :class:`~gpuguard.store.StoreError`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
     from gpuguard.reports.sync import Tally
 
-    header, _ = header_line(path)
-    list(iter_pipe([header], conv=TimeConverter(tz), cluster=cluster, source=path))  # its errors, here
+    first = tasks[0]
+    head = first.text[:65536] if first.text is not None else header_line(first.path)[0]
+    line = io.StringIO(head, newline="").readline()
+    # the header's errors, here (a header-less input has none to find)
+    list(iter_pipe([line] if first.fields is None else [], conv=TimeConverter(first.tz), cluster=first.cluster,
+                   fields=first.fields, delimiter=first.delimiter, source=first.source))
     tally = Tally()
     conn = store.db.conn
     old_cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
     try:
-        with ChunkPool(path, size, tz, cluster, workers()) as pool:
+        with ChunkPool(tasks, workers()) as pool:
             result.jobs = store._guard("sacct cache bulk load", lambda: load_chunks(
                 store, pool.chunks(), now, result.source, tally, on_progress))
     finally:
@@ -322,5 +378,6 @@ def import_parallel(store, path: str, size: int, *, tz: tzinfo, cluster: str, no
     tally.finish(store, result)
 
 
-__all__ = ["CHUNK_BYTES", "STAGE_COLUMNS", "Chunk", "ChunkPool", "chunk_ranges", "import_parallel", "load_chunks",
-           "parse_chunk", "rebuild_indexes", "set_indexes_aside", "workers", "worth_it"]
+__all__ = ["CHUNK_BYTES", "STAGE_COLUMNS", "Chunk", "ChunkPool", "ChunkTask", "chunk_ranges", "file_tasks",
+           "import_parallel", "load_chunks", "parse_chunk", "rebuild_indexes", "set_indexes_aside", "text_ranges",
+           "text_tasks", "workers", "worth_it"]

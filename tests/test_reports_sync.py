@@ -440,7 +440,7 @@ def test_bulk_and_batched_paths_store_the_same_rows_and_say_the_same(tmp_path, m
     assert len(files) >= 10, files
     noted, parallel = [], []
     real = bulk_mod.import_parallel
-    monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, **k: parallel.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, **k: parallel.append(a[1][0].source) or real(*a, **k))
     for f in files:
         seen = []
         for name, bulk_min, workers in (("batched", 10**9, 0), ("bulk", 1, 0), ("parallel", 1, 2)):
@@ -448,7 +448,7 @@ def test_bulk_and_batched_paths_store_the_same_rows_and_say_the_same(tmp_path, m
             # parallel: two worker processes, a chunk every few lines (so chunk edges fall
             # inside every kind of row, and line numbers cross many chunks)
             monkeypatch.setattr(bulk_mod, "WORKERS", workers)
-            monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 300)
+            monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 40)
             monkeypatch.setattr(sync_mod, "BATCH", 7)  # several batches even for a corpus file
             s = next(cache_store(tmp_path / f"{f.name}-{name}"))
             said = []

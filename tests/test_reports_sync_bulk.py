@@ -41,7 +41,7 @@ def test_chunk_ranges_end_just_after_a_newline_and_cover_the_file(tmp_path):
     assert bulk_mod.chunk_ranges(str(f), 0, len(data), 5) == [(0, 16), (16, 29), (29, 39), (39, 47)]
     assert bulk_mod.chunk_ranges(str(f), 16, len(data), 100) == [(16, 47)]
     assert bulk_mod.chunk_ranges(str(f), 0, len(data), 10**6) == [(0, 47)]
-    for lo, hi in bulk_mod.chunk_ranges(str(f), 0, len(data), 1):
+    for _lo, hi in bulk_mod.chunk_ranges(str(f), 0, len(data), 1):
         assert data[hi - 1:hi] == b"\n" or hi == len(data)
 
 
@@ -56,10 +56,10 @@ def test_a_worker_failing_part_way_leaves_the_store_as_it_was(cstore, parallel, 
     before, indexes = cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw"), _indexes(cstore)
     real = bulk_mod.parse_chunk
 
-    def failing(path, lo, hi, *a):
-        if lo > 600:
+    def failing(task):
+        if task.lo > 600:
             raise OSError("disk gone")
-        return real(path, lo, hi, *a)
+        return real(task)
     monkeypatch.setattr(bulk_mod, "parse_chunk", failing)  # the forked workers run this one
     with pytest.raises(OSError, match="disk gone"):
         import_file(cstore, str(HANDMADE), tz=UTC, synced_at=2.0)
@@ -114,4 +114,51 @@ def test_workers_default_to_the_usable_cpus_and_one_cpu_means_none(monkeypatch):
     assert bulk_mod.workers() == bulk_mod.MAX_WORKERS == 4
     monkeypatch.setattr(bulk_mod.os, "sched_getaffinity", lambda pid: {0, 1})
     assert bulk_mod.workers() == 2
-    assert bulk_mod.worth_it(200_000) and not bulk_mod.worth_it(50_000)
+    assert bulk_mod.worth_it(2 * bulk_mod.CHUNK_BYTES) and not bulk_mod.worth_it(2 * bulk_mod.CHUNK_BYTES - 1)
+
+
+def test_text_ranges_end_just_after_a_newline_and_cover_the_text():
+    text = "a|b\r\n1|x\n22|yy\n333|zzz"
+    assert bulk_mod.text_ranges(text, 4) == [(0, 5), (5, 9), (9, 15), (15, 22)]
+    assert bulk_mod.text_ranges(text, 6) == [(0, 9), (9, 15), (15, 22)]
+    assert bulk_mod.text_ranges(text, 100) == [(0, 22)] and bulk_mod.text_ranges("", 4) == []
+
+
+def test_live_sync_text_in_chunks_stores_and_says_what_the_batched_path_does(tmp_path, monkeypatch):
+    """Header-less sacct text with the live sync's delimiter and a cluster without GPU
+    accounting (as :func:`gpuguard.reports.sync.sync_from_slurm` imports it), and text with a
+    header line: the parallel path stores the same rows and says the same."""
+    from gpuguard.reports.sync import import_text
+
+    fields = ["JobIDRaw", "JobID", "JobName", "State", "Submit", "Start", "End", "ElapsedRaw", "AllocTRES", "Comment"]
+    row = "\x1f".join(["{i}", "{i}", "j{i}", "{st}", "2025-03-01T01:00:00", "2025-03-01T01:0{m}:00",
+                       "2025-03-01T02:00:00", "{el}", "{tres}", "gpuguard:template=t{m}"])
+    body = "".join(row.format(i=100 + i, st=("COMPLETED", "FAILED", "CANCELLED by 0")[i % 3], m=i % 10,
+                              el="" if i % 7 == 0 else 3000 + i, tres="cpu=2" if i % 4 == 0 else "gres/gpu=2") + "\n"
+                   for i in range(60))
+    body += "bad\x1fline\n" + row.format(i=100, st="COMPLETED", m=9, el=1, tres="gres/gpu=1") + "\n"
+    headed = "|".join(fields) + "\n" + body.replace("\x1f", "|")
+    seen = []
+    real = bulk_mod.import_parallel
+    for name, bulk_min, workers in (("batched", 10**9, 0), ("parallel", 1, 2)):
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", bulk_min)
+        monkeypatch.setattr(bulk_mod, "WORKERS", workers)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 200)
+        calls: list[int] = []
+        monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, c=calls, **k: c.append(1) or real(*a, **k))
+        s = next(cache_store(tmp_path / name))
+        live = import_text(s, body, tz=UTC, fields=fields, delimiter="\x1f", source="sacct", synced_at=5.0,
+                           gpus_tracked=False)
+        saved = import_text(s, headed, tz=UTC, source="saved", synced_at=6.0)
+        said = [(r.jobs, r.malformed, r.unreportable, r.gpus_unknown, r.summary()) for r in (live, saved)]
+        seen.append((said, s.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw, attempt_at")))
+        assert len(calls) == (0 if name == "batched" else 2)
+    assert seen[0] == seen[1]
+    (live_said, saved_said), stored = seen[1]
+    # no gres/gpu accounting: a job whose TRES hold no GPU has its GPU usage unknown
+    assert live_said[:4] == (61, [(61, "2 fields, header has 10")], [],
+                             [(4 * k + 1, str(100 + 4 * k)) for k in range(15)])
+    assert saved_said[1] == [(62, "2 fields, header has 10")]
+    assert len(stored) == 60 and {r["source"] for r in stored} == {"saved"}
+    # the live import's unknown GPU count (no gres/gpu accounting) is kept by the saved file's 0
+    assert [r["gpus"] for r in stored[:5]] == [1, 2, 2, 2, 0] and stored[0]["job_id_raw"] == 100  # its last row
