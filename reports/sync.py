@@ -59,12 +59,12 @@ _KEEP_IF_NULL = ("job_name", "user", "account", "partition", "qos", "submit_at",
 _FINAL_SQL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATES))
 
 
-def _upsert_sql(value=None, rows: str | None = None) -> str:
+def _upsert_sql(value=None, rows: str | None = None, order: str = "rowid") -> str:
     """The upsert of one job's values. ``value(column)``: the SQL of the incoming value of
     ``column`` (default: the numbered parameter ``?N`` of the column's place in
     :data:`COLUMNS`, for :meth:`executemany` of :func:`_row` tuples). ``rows``: a ``FROM``
-    clause to take the values from (an ``INSERT ... SELECT`` of a staged table, in its
-    rowid order), instead of ``VALUES``."""
+    clause to take the values from (an ``INSERT ... SELECT`` of a staged table, in the
+    ``order`` of its rows), instead of ``VALUES``."""
     cols = ", ".join(COLUMNS)
     at = {c: i + 1 for i, c in enumerate(COLUMNS)}
     value = value or (lambda c: f"?{at[c]}")
@@ -75,7 +75,7 @@ def _upsert_sql(value=None, rows: str | None = None) -> str:
                       f"COALESCE({value('submit_at')}, (SELECT MAX(j.attempt_at) FROM main.sacct_jobs AS j "
                       f"WHERE j.cluster = {value('cluster')} AND j.job_id_raw = {value('job_id_raw')}), 0)"
                       for c in COLUMNS)
-    values = f"VALUES ({marks})" if rows is None else f"SELECT {marks} FROM {rows} WHERE true ORDER BY rowid"
+    values = f"VALUES ({marks})" if rows is None else f"SELECT {marks} FROM {rows} WHERE true ORDER BY {order}"
     sets = []
     for c in COLUMNS:
         if c in ("cluster", "job_id_raw"):

@@ -46,9 +46,15 @@ MAX_WORKERS = 4
 WORKERS: int | None = None
 #: The attached in-memory schema the chunks are deserialized into.
 STAGE = "gg_sync_stage"
-#: The columns a worker stages: those of a parsed job, but ``synced_at`` and ``source``
-#: (one value for the whole import) and ``attempt_at`` (derived in the upsert).
-STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "attempt_at"))
+#: Columns most jobs have empty (array and het job ids, AdminComment): a worker stages them
+#: in a side table (``staged_rare``, keyed by the staged row's rowid) for the jobs that have
+#: one, as binding a None costs several times a number.
+RARE_COLUMNS = ("array_job_id", "array_task_id", "het_job_id", "het_job_offset", "admin_comment")
+#: The columns a worker stages in table ``staged``: those of a parsed job, but ``synced_at``
+#: and ``source`` (one value for the whole import), ``attempt_at`` (derived in the upsert)
+#: and :data:`RARE_COLUMNS`.
+STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "attempt_at", *RARE_COLUMNS))
+_NO_RARE = (None,) * len(RARE_COLUMNS)
 #: Rows a worker binds per ``executemany``.
 _STAGE_BATCH = 4000
 #: Page cache while an index is built, KiB (our choice, ``bench/sync_1m.py``: SQLite's sorter
@@ -124,7 +130,8 @@ def chunk_ranges(path: str, start: int, size: int, chunk_bytes: int) -> list[tup
 @dataclass
 class Chunk:
     """What a worker hands back for one byte range: its staged rows (a serialized SQLite
-    database with table ``staged`` of :data:`STAGE_COLUMNS`), its line count, its tally
+    database with table ``staged`` of :data:`STAGE_COLUMNS` and ``staged_rare`` of
+    :data:`RARE_COLUMNS`), its line count, its tally
     (lines numbered from the chunk's first line), the ``(job_id_raw, AdminComment)`` pairs
     with an AdminComment, whether a job had no submit time (so attempt 0), and its size."""
 
@@ -188,17 +195,22 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     tally = Tally()
     db = sqlite3.connect(":memory:", isolation_level=None)
     db.execute(f"CREATE TABLE staged ({', '.join(STAGE_COLUMNS)})")
+    db.execute(f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(RARE_COLUMNS)})")
     insert = f"INSERT INTO staged VALUES ({', '.join('?' * len(STAGE_COLUMNS))})"
-    pick = _getter(STAGE_COLUMNS)
+    pick, pick_rare = _getter(STAGE_COLUMNS), _getter(RARE_COLUMNS)
     admin: list[tuple[int, str]] = []
+    rare: list[tuple] = []
     no_submit = False
     batch: list[tuple] = []
     jobs = 0
     db.execute("BEGIN")
     for j in tally.jobs(rows, task.gpus_tracked):
         batch.append(pick(j))
-        if j["admin_comment"]:
-            admin.append((j["job_id_raw"], j["admin_comment"]))
+        extra = pick_rare(j)
+        if extra != _NO_RARE:
+            rare.append((jobs + len(batch), *extra))  # the staged row's rowid: rows are numbered from 1
+            if j["admin_comment"]:
+                admin.append((j["job_id_raw"], j["admin_comment"]))
         if j["submit_at"] is None:
             no_submit = True
         if len(batch) >= _STAGE_BATCH:
@@ -208,6 +220,7 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     if batch:
         db.executemany(insert, batch)
         jobs += len(batch)
+    db.executemany(f"INSERT INTO staged_rare VALUES ({', '.join('?' * (1 + len(RARE_COLUMNS)))})", rare)
     db.execute("COMMIT")
     data = db.serialize()
     db.close()
@@ -298,7 +311,11 @@ def staged_upsert_sql() -> str:
     from gpuguard.reports.sync import _upsert_sql
 
     consts = {"synced_at": ":synced_at", "source": ":source"}
-    return _upsert_sql(lambda c: consts.get(c) or f"s.{c}", rows=f"{STAGE}.staged AS s")
+
+    def value(c: str) -> str:
+        return consts.get(c) or (f"r.{c}" if c in RARE_COLUMNS else f"s.{c}")
+    return _upsert_sql(value, rows=f"{STAGE}.staged AS s LEFT JOIN {STAGE}.staged_rare AS r ON r.row = s.rowid",
+                       order="s.rowid")
 
 
 #: A staged job with a submit time replaces the job's attempt stored without one, as
