@@ -486,7 +486,7 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
         tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
                                      delimiter=delimiter, gpus_tracked=gpus_tracked)
-        sync_bulk.import_parallel(store, tasks, now=now, result=result, cache_kib=bulk_cache_kib(expect))
+        sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text, cache_kib=bulk_cache_kib(expect))
         return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)

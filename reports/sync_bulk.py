@@ -23,12 +23,13 @@ Measured by ``bench/sync_1m.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import multiprocessing
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import tzinfo
 
@@ -158,7 +159,8 @@ def _same(value):
 
 @dataclass
 class ChunkTask:
-    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself;
+    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself
+    (characters ``lo..hi`` of an input in memory, cut by :class:`ChunkPool`);
     ``header``: the input's header line, put in front of a chunk that does not start the
     input (None: the chunk starts it, or the input has none and ``fields`` names its
     columns); the rest as :func:`~gpuguard.reports.sync.import_text` takes them."""
@@ -273,28 +275,33 @@ def file_tasks(path: str, size: int, tz: tzinfo, cluster: str) -> list[ChunkTask
 def text_tasks(text: str, *, source: str, tz: tzinfo, cluster: str = "", fields: list[str] | None = None,
                delimiter: str = "|", gpus_tracked: bool | None = None) -> list[ChunkTask]:
     """The chunks of ``-P`` text in memory (its first line the header unless ``fields``
-    names the columns)."""
+    names the columns), as character ranges ``lo..hi`` of ``text``: :class:`ChunkPool`
+    cuts each one out as it hands the chunk to a worker (so the text is not held twice)."""
     header = None if fields is not None else io.StringIO(text, newline="").readline()
-    return [ChunkTask(source=source, tz=tz, cluster=cluster, text=text[lo:hi], fields=fields, delimiter=delimiter,
+    return [ChunkTask(source=source, tz=tz, cluster=cluster, lo=lo, hi=hi, fields=fields, delimiter=delimiter,
                       header=None if lo == 0 else header, gpus_tracked=gpus_tracked)
             for lo, hi in text_ranges(text, max(CHUNK_BYTES, len(header or "") + 1))]
 
 
 class ChunkPool:
     """The worker processes of one parallel import (a context manager): :meth:`chunks`
-    yields the :class:`Chunk` of every task in input order, parsed by ``n_workers``
+    yields the :class:`Chunk` of every task in input order (``text``: the input the tasks
+    of :func:`text_tasks` cut), parsed by ``n_workers``
     processes (forked where the platform can, so they start with the parser loaded;
     started before the import's transaction begins). A worker's exception is raised by
     :meth:`chunks`."""
 
-    def __init__(self, tasks: list[ChunkTask], n_workers: int):
-        self.tasks = tasks
+    def __init__(self, tasks: list[ChunkTask], n_workers: int, text: str | None = None):
+        self.tasks, self.text = tasks, text
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self.pool = ctx.Pool(max(1, min(n_workers, len(tasks))), initializer=_bind_null_fast)
 
     def chunks(self) -> Iterator[Chunk]:
-        return self.pool.imap(_parse, self.tasks)
+        tasks: Iterable[ChunkTask] = self.tasks
+        if self.text is not None:  # text tasks: each one's slice, made when the pool's feeder takes it
+            tasks = (dataclasses.replace(t, text=self.text[t.lo:t.hi]) for t in self.tasks)
+        return self.pool.imap(_parse, tasks)
 
     def __enter__(self) -> ChunkPool:
         return self
@@ -365,10 +372,10 @@ def worth_it(size: int) -> bool:
     return workers() >= 2 and size >= 2 * CHUNK_BYTES
 
 
-def import_parallel(store, tasks: list[ChunkTask], *, now: float, result,
+def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: str | None = None,
                     on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> None:
-    """Import the chunks ``tasks`` (:func:`file_tasks`, :func:`text_tasks`) of one input
-    into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
+    """Import the chunks ``tasks`` (:func:`file_tasks`, or :func:`text_tasks` of ``text``)
+    of one input into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
     :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. ``cache_kib``:
     the page cache while it stores (restored after). Raises
     :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before any
@@ -377,7 +384,7 @@ def import_parallel(store, tasks: list[ChunkTask], *, now: float, result,
     from gpuguard.reports.sync import Tally
 
     first = tasks[0]
-    head = first.text[:65536] if first.text is not None else header_line(first.path)[0]
+    head = text[:65536] if text is not None else header_line(first.path)[0]
     line = io.StringIO(head, newline="").readline()
     # the header's errors, here (a header-less input has none to find)
     list(iter_pipe([line] if first.fields is None else [], conv=TimeConverter(first.tz), cluster=first.cluster,
@@ -387,7 +394,7 @@ def import_parallel(store, tasks: list[ChunkTask], *, now: float, result,
     old_cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
     try:
-        with ChunkPool(tasks, workers()) as pool:
+        with ChunkPool(tasks, workers(), text) as pool:
             result.jobs = store._guard("sacct cache bulk load", lambda: load_chunks(
                 store, pool.chunks(), now, result.source, tally, on_progress))
     finally:
