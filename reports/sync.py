@@ -447,9 +447,9 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
         expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
         from gpuguard.reports import sync_bulk
 
-        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
-            sync_bulk.import_parallel(store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now,
-                                      result=result, on_progress=on_progress, cache_kib=bulk_cache_kib(expect))
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
+                store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now, result=result,
+                on_progress=on_progress, cache_kib=bulk_cache_kib(expect)):
             return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
@@ -486,8 +486,9 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
         tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
                                      delimiter=delimiter, gpus_tracked=gpus_tracked)
-        sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text, cache_kib=bulk_cache_kib(expect))
-        return result
+        if sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text,
+                                     cache_kib=bulk_cache_kib(expect)):
+            return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
     _consume(store, rows, result, now, gpus_tracked, expect_rows=expect, free_text=free_text)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import logging
 import multiprocessing
 import os
 import sqlite3
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 from datetime import tzinfo
 
 from gpuguard.reports.sacct_fields import COLUMNS
+
+log = logging.getLogger("gpuguard.reports.sync")
 
 #: Bytes of ``-P`` text a worker parses at a time (our choice: about 55,000 jobs, 14 MB
 #: staged; small enough that the importing process starts storing early and the workers
@@ -373,13 +376,14 @@ def worth_it(size: int) -> bool:
 
 
 def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: str | None = None,
-                    on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> None:
+                    on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> bool:
     """Import the chunks ``tasks`` (:func:`file_tasks`, or :func:`text_tasks` of ``text``)
     of one input into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
     :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. ``cache_kib``:
-    the page cache while it stores (restored after). Raises
-    :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before any
-    worker starts) and :class:`~gpuguard.store.StoreError`."""
+    the page cache while it stores (restored after). Returns False, having written nothing,
+    when no worker process can be started (the caller then imports in its own process).
+    Raises :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before
+    any worker starts) and :class:`~gpuguard.store.StoreError`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
     from gpuguard.reports.sync import Tally
 
@@ -389,17 +393,25 @@ def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: 
     # the header's errors, here (a header-less input has none to find)
     list(iter_pipe([line] if first.fields is None else [], conv=TimeConverter(first.tz), cluster=first.cluster,
                    fields=first.fields, delimiter=first.delimiter, source=first.source))
+    try:
+        pool = ChunkPool(tasks, workers(), text)
+    except (OSError, AssertionError, ValueError) as e:
+        # no processes to be had (a process limit; a daemonic caller, which multiprocessing
+        # refuses children): the caller imports in this process instead, nothing written yet
+        log.warning("sacct import: no worker processes (%s); parsing in this process", e)
+        return False
     tally = Tally()
     conn = store.db.conn
     old_cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
     try:
-        with ChunkPool(tasks, workers(), text) as pool:
+        with pool:
             result.jobs = store._guard("sacct cache bulk load", lambda: load_chunks(
                 store, pool.chunks(), now, result.source, tally, on_progress))
     finally:
         conn.execute(f"PRAGMA cache_size = {int(old_cache)}")
     tally.finish(store, result)
+    return True
 
 
 __all__ = ["CHUNK_BYTES", "STAGE_COLUMNS", "Chunk", "ChunkPool", "ChunkTask", "chunk_ranges", "file_tasks",
