@@ -184,7 +184,7 @@ class ChunkTask:
 def parse_chunk(task: ChunkTask) -> Chunk:
     """Worker: parse one :class:`ChunkTask` into a :class:`Chunk`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
-    from gpuguard.reports.sync import Tally
+    from gpuguard.reports.sync_result import Tally
 
     text = task.text
     if text is None:
@@ -385,7 +385,7 @@ def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: 
     Raises :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before
     any worker starts) and :class:`~gpuguard.store.StoreError`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
-    from gpuguard.reports.sync import Tally
+    from gpuguard.reports.sync_result import Tally
 
     first = tasks[0]
     head = text[:65536] if text is not None else header_line(first.path)[0]
