@@ -1,24 +1,25 @@
-"""A bulk import of a large ``sacct -P`` file, parsed in worker processes.
+"""A bulk import of a large ``sacct -P`` input, parsed in worker processes.
 
-Parsing a ``-P`` row is Python work (about 15 µs a job) and binding its 39 values to
-SQLite is more (about 7 µs); the store's own work for a bulk load is C (an
-``INSERT ... SELECT``, the index builds, the commit). So the file is cut into chunks at
-line ends (:data:`CHUNK_BYTES`); worker processes (one per usable CPU) each parse a chunk
-with the same parser as the batched path (:func:`~gpuguard.reports.sacct.iter_pipe`, the
-header line put in front) into an in-memory SQLite table, and hand it back serialized.
-The importing process takes the chunks in file order, each into an attached in-memory
-schema (``sqlite3_deserialize``), and upserts them with the same upsert as the batched
-path (:func:`gpuguard.reports.sync._upsert_sql`, from a ``SELECT`` in the staged rows'
-order): while it stores one chunk the workers parse the next ones.
+Parsing a ``-P`` row is Python work (about 15 µs a job on the 2-CPU test VM) and binding
+its values to SQLite is more (about 5 µs); the store's own work for a bulk load is C (an
+``INSERT ... SELECT``, the index builds, the commit). So the input (a saved file, or a live
+sync's text) is cut into chunks at line ends (:data:`CHUNK_BYTES`); worker processes (one
+per usable CPU) each parse a chunk with the same parser as the one-process path
+(:func:`~gpuguard.reports.sacct.iter_pipe`, the header line put in front) into an
+in-memory SQLite table, and hand it back serialized. The importing process takes the
+chunks in input order, each into an attached in-memory schema (``sqlite3_deserialize``),
+and upserts them with the same upsert as the one-process path
+(:func:`gpuguard.reports.sync._upsert_sql`, from a ``SELECT`` in the staged rows' order):
+while it stores one chunk the workers parse the next ones.
 
 The load is one transaction, as :func:`gpuguard.reports.sync._bulk_load`: the secondary
 indexes are set aside and rebuilt at the end (:func:`rebuild_indexes`), and a failure
 anywhere, a worker's included, rolls all of it back. Line numbers, notes and attempts are
-counted per chunk (:class:`~gpuguard.reports.sync.Tally`) and merged in file order, so the
-result says what the batched path says (``tests/test_reports_sync.py`` checks every
-corpus file both ways).
+counted per chunk (:class:`~gpuguard.reports.sync_result.Tally`) and merged in input
+order, so the result says what the one-process path says (``tests/test_reports_sync.py``
+imports every corpus file both ways, cut every 40 bytes).
 
-Measured by ``bench/sync_1m.py``.
+Measured by ``bench/sync_1m.py`` (the README gives the figures).
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import tzinfo
+from typing import TYPE_CHECKING
 
 from gpuguard.reports.sacct_fields import COLUMNS
+
+if TYPE_CHECKING:
+    from gpuguard.reports.sync_result import Tally
 
 log = logging.getLogger("gpuguard.reports.sync")
 
@@ -61,9 +66,10 @@ STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "at
 _NO_RARE = (None,) * len(RARE_COLUMNS)
 #: Rows a worker binds per ``executemany``.
 _STAGE_BATCH = 4000
-#: Page cache while an index is built, KiB (our choice, ``bench/sync_1m.py``: SQLite's sorter
-#: then merges several sorted runs, on two threads (``PRAGMA threads``), instead of sorting
-#: all keys in one list; 1 M jobs' six indexes build about a third faster).
+#: Page cache while an index is built, KiB (our choice: SQLite's sorter then sorts runs that
+#: fit the CPU's caches and merges them, on the usable CPUs (``PRAGMA threads``), instead of
+#: sorting all keys in one list; on 1 M jobs a single-column index builds in 0.9 s instead
+#: of 1.6 s and the 13-column one in 2.2 s instead of 3.4 s, on 2 CPUs).
 INDEX_CACHE_KIB = 8192
 
 
@@ -133,7 +139,7 @@ def chunk_ranges(path: str, start: int, size: int, chunk_bytes: int) -> list[tup
 
 @dataclass
 class Chunk:
-    """What a worker hands back for one byte range: its staged rows (a serialized SQLite
+    """What a worker hands back for one :class:`ChunkTask`: its staged rows (a serialized SQLite
     database with table ``staged`` of :data:`STAGE_COLUMNS` and ``staged_rare`` of
     :data:`RARE_COLUMNS`), its line count, its tally
     (lines numbered from the chunk's first line), the ``(job_id_raw, AdminComment)`` pairs
@@ -142,7 +148,7 @@ class Chunk:
     data: bytes
     lines: int
     jobs: int
-    tally: object
+    tally: Tally
     admin: list[tuple[int, str]] = field(default_factory=list)
     no_submit: bool = False
     nbytes: int = 0
