@@ -95,7 +95,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     reported in ``tool_errors`` with their reasons.
     """
     from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
-    from gpuguard.xid.parse import parse_lines
+    from gpuguard.xid.parse import parse_log
 
     src = source or cfg.get("xid", "kernel_log")
     structured = is_structured(src)
@@ -113,7 +113,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
         return [], None, [*errors, f"kernel log: {e}"]
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
-    res = parse_lines(lines, structured=structured)
+    res = parse_log(lines, structured=structured)
     if res.unparsed:
         errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
     if not trusted:

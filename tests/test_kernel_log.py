@@ -59,6 +59,15 @@ def test_file_zero_filled_block_after_a_crash_does_not_hide_the_next_kernel_line
     assert cur == f"file:{log.stat().st_dev}:{log.stat().st_ino}:{log.stat().st_size}"
 
 
+def test_file_lines_end_at_newline_only(tmp_path):
+    # a user's syslog message may hold U+2028 / U+0085 / form feed: its tail is not a line
+    log = tmp_path / "syslog"
+    log.write_bytes("a: x\u2028k: y\u0085z\x0cw\r\nnext\n".encode())
+    lines, cur = read_since(str(log), None, 5)
+    assert lines == ["a: x\u2028k: y\u0085z\x0cw", "next"]
+    assert cur.endswith(f":{log.stat().st_size}")
+
+
 def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("a much longer first line\nsecond\n")

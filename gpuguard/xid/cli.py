@@ -10,7 +10,7 @@ import click
 
 from gpuguard.xid.catalog import classify
 from gpuguard.output import display_tz, emit, iso_time, output_options, table
-from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines
+from gpuguard.xid.parse import ParseResult, XidEvent, parse_log
 
 #: CSV columns of ``xid scan --format csv`` (the JSON rows carry every field).
 _CSV_HEADERS = ["time_iso", "monotonic_s", "pci_bus_id", "kind", "xid", "name", "pid", "process", "action",
@@ -97,7 +97,9 @@ def _read_lines(path: str) -> tuple[list[str], str | None]:
         raise FileError(f"{'stdin' if path == '-' else path} {why}")
     # a syslog file written through a crash holds runs of NUL bytes where unflushed blocks
     # were; they end a line, they do not hide the lines after them
-    return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines(), problem
+    from gpuguard.xid.records import log_lines
+
+    return log_lines(data), problem
 
 
 def _time_text(event: XidEvent) -> str:
@@ -150,7 +152,8 @@ def xid() -> None:
 def scan(file: str, fmt: str) -> None:
     """Parse a kernel log (FILE, or stdin for -) and print its classified XID events.
 
-    Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k and syslog text.
+    Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k (text, or a
+    saved `-o json` export: only its `_TRANSPORT=kernel` entries count) and syslog text.
     The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
     process, default action and the message. Every line holding an Xid/SXid marker that
     was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
@@ -161,7 +164,7 @@ def scan(file: str, fmt: str) -> None:
     cut are printed, and the problem on stderr).
     """
     lines, problem = _read_lines(file)
-    result = parse_lines(lines)
+    result = parse_log(lines)
     if fmt != "text":
         emit(fmt, event_rows(result), headers=_CSV_HEADERS)
     elif result.events:

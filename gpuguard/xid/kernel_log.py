@@ -66,7 +66,7 @@ import tempfile
 import threading
 import time
 
-from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines
+from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines, log_lines
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _complete_lines(data: bytes, overflow: bool) -> list[str]:
     """Decode and split; when the output was cut, drop the partial last line."""
     if overflow and b"\n" in data:
         data = data[: data.rindex(b"\n") + 1]
-    return data.decode("utf-8", "replace").splitlines()
+    return log_lines(data)
 
 
 # --------------------------------------------------------------------- kmsg
@@ -375,7 +375,7 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES)
     # a file written through a hard reset holds zero-filled blocks: a run of NUL bytes ends
     # a line, so the kernel line after the block is not glued to junk and rejected (the
     # cursor counts the bytes read)
-    lines = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace").splitlines()
+    lines = log_lines(data)
     return lines, f"file:{st.st_dev}:{st.st_ino}:{offset + len(data)}"
 
 

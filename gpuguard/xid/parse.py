@@ -145,6 +145,14 @@ class ParseResult:
     #: (line number, reason, text) of the first :data:`MAX_UNPARSED_SAMPLES` rejected lines
     rejected_samples: list[tuple[int, str, str]] = field(default_factory=list)
 
+    def reject(self, line_no: int, why: str, text: str) -> None:
+        """Count one marker line that is not accepted, with its reason."""
+        self.unparsed += 1
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+        if len(self.unparsed_samples) < MAX_UNPARSED_SAMPLES:
+            self.unparsed_samples.append(text[:300])
+            self.rejected_samples.append((line_no, why, text[:300]))
+
     def rejected_summary(self) -> str:
         """``"3 (not a kernel-log prefix: 'alice:' x2; no PCI address x1)"`` or ``"0"``."""
         if not self.unparsed:
@@ -397,11 +405,7 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
         if parsed is None:
             continue
         if isinstance(parsed, str):
-            result.unparsed += 1
-            result.rejected[parsed] = result.rejected.get(parsed, 0) + 1
-            if len(result.unparsed_samples) < MAX_UNPARSED_SAMPLES:
-                result.unparsed_samples.append(text[:300])
-                result.rejected_samples.append((line_no, parsed, text[:300]))
+            result.reject(line_no, parsed, text)
             continue
         target = _merge_target(parsed, result.events)
         if target is not None:
@@ -411,6 +415,37 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     return result
 
 
+def has_marker(text: str) -> bool:
+    """True when ``text`` holds an Xid/SXid marker or an NVRM fallen-off-the-bus message."""
+    return bool(_XID_TRIGGER.search(text) or _SXID_TRIGGER.search(text)
+                or (_FALLEN_RE.search(text) and "NVRM" in text))
+
+
+def parse_log(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
+    """:func:`parse_lines` for a log given as text (a file, stdin, ``[xid] kernel_log``),
+    except that a saved ``journalctl -o json`` export is read as the structured source it
+    is (:func:`gpuguard.xid.records.journal_export`): its kernel entries' messages must
+    start with the marker, and a marker in an entry userspace wrote (``logger -t
+    kernel``: ``_TRANSPORT=syslog``) or in a line that is not an entry is rejected and
+    counted. Event ``line_no`` is the export's line."""
+    from gpuguard.xid.records import journal_export
+
+    lines = list(lines)
+    export = None if structured else journal_export(lines)
+    if export is None:
+        return parse_lines(lines, structured=structured)
+    canonical, origin, others = export
+    result = parse_lines(canonical, structured=True)
+    for event in result.events:
+        event.line_no = origin[event.line_no - 1]
+    for i, (line_no, why, text) in enumerate(result.rejected_samples):
+        result.rejected_samples[i] = (origin[line_no - 1], why, text)
+    for line_no, why, text in others:
+        if has_marker(text):
+            result.reject(line_no, why, text)
+    return result
+
+
 def parse_text(text: str) -> ParseResult:
     """:func:`parse_lines` on a whole text (split on newlines)."""
-    return parse_lines(text.splitlines())
+    return parse_lines(text.split("\n"))

@@ -10,7 +10,21 @@ it), continuation lines of a multi-line record indented. With those lines
 
 from __future__ import annotations
 
+import json
 import re
+
+def log_lines(data: bytes) -> list[str]:
+    """Log bytes as lines: split at ``\\n`` only (a trailing ``\\r`` dropped), runs of NUL
+    bytes ending a line (blocks a crash left zero-filled must not glue the next kernel
+    line to junk). ``str.splitlines`` would also split at U+2028, U+0085, form feed and
+    the ASCII separators, which a user can put inside one syslog message (``logger
+    $'hello\\u2028... kernel: NVRM: Xid ...'``) to make its tail read as a line of its own."""
+    text = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
 
 def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> list[str]:
     """One kernel record as the lines :func:`gpuguard.xid.parse.parse_lines` reads with
@@ -75,3 +89,52 @@ def journal_lines(entry: dict) -> list[str]:
     return canonical_lines(message, usec, iso)
 
 
+
+
+def _journal_entry(line: str) -> dict | None:
+    """One ``journalctl -o json`` (or ``json-seq``: a leading RS byte) line as a dict
+    holding ``MESSAGE`` or ``__CURSOR``, else None."""
+    text = line.strip().lstrip("\x1e")
+    if not text.startswith("{"):
+        return None
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(entry, dict) and ("MESSAGE" in entry or "__CURSOR" in entry):
+        return entry
+    return None
+
+
+def journal_export(lines: list[str]) -> tuple[list[str], list[int], list[tuple[int, str, str]]] | None:
+    """Read ``lines`` as a saved ``journalctl -o json`` / ``-o json-seq`` export (one entry
+    per line), or return None when the first non-blank line is not such an entry.
+
+    Returns ``(canonical, origin, others)``: the canonical lines (:func:`canonical_lines`)
+    of the entries with ``_TRANSPORT=kernel``, the 1-based input line of each, and
+    ``(line number, reason, text)`` for every other non-blank line (an entry userspace
+    wrote, with its MESSAGE as text, or a line that is not an entry). The kernel's
+    entries are the structured source journald keeps, so ``logger -t kernel`` text in
+    the same export (``_TRANSPORT=syslog``) is told apart exactly as the live
+    ``journalctl`` source does (:func:`gpuguard.xid.kernel_log.read_journalctl`)."""
+    first = next((line for line in lines if line.strip()), None)
+    if first is None or _journal_entry(first) is None:
+        return None
+    canonical: list[str] = []
+    origin: list[int] = []
+    others: list[tuple[int, str, str]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        entry = _journal_entry(line)
+        if entry is None:
+            others.append((n, "not a journal JSON entry in a journalctl -o json export", line))
+            continue
+        if entry.get("_TRANSPORT") != "kernel":
+            message = _journal_message(entry.get("MESSAGE")) or ""
+            others.append((n, f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})", message))
+            continue
+        out = journal_lines(entry)
+        canonical.extend(out)
+        origin.extend([n] * len(out))
+    return canonical, origin, others
