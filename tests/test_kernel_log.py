@@ -83,6 +83,57 @@ def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
     assert lines == ["short", "fresh"]
 
 
+XID79 = ("Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
+         "name=<unknown>, GPU has fallen off the bus.")
+
+
+@pytest.mark.parametrize("rotated_name", ["kern.log.1", "kern.log-20261201"])
+def test_file_rotated_by_rename_keeps_the_lines_written_before_the_rename(tmp_path, rotated_name):
+    # logrotate renames kern.log (delaycompress / dateext) and rsyslog opens a new one: the
+    # XID written between the last read and the rename is in the renamed file
+    log = tmp_path / "kern.log"
+    log.write_text("Nov 30 12:00:00 n1 kernel: usb 1-1: new device\n")
+    _, cur = read_since(str(log), None, 5)
+    with log.open("a") as f:
+        f.write(XID79 + "\nNov 30 12:01:01 n1 kernel: last line, no newline")
+    os.rename(log, tmp_path / rotated_name)
+    (tmp_path / "kern.log.2.gz").write_bytes(b"\x1f\x8b")  # an older rotation: not the inode
+    log.write_text("Nov 30 12:02:00 n1 kernel: fresh\n")
+    lines, cur2 = read_since(str(log), cur, 5)
+    assert lines == [XID79, "Nov 30 12:01:01 n1 kernel: last line, no newline", "Nov 30 12:02:00 n1 kernel: fresh"]
+    assert [(e.xid, e.pci_bus_id) for e in parse_lines(lines).events] == [(79, "0000:06:00")]
+    st = log.stat()
+    assert cur2 == f"file:{st.st_dev}:{st.st_ino}:{st.st_size}"
+    assert read_since(str(log), cur2, 5) == ([], cur2)
+
+
+def test_file_rotated_rest_over_the_cap_continues_in_the_rotated_file(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("aaaa\n")
+    _, cur = read_since(str(log), None, 5)
+    with log.open("a") as f:
+        f.write("bbbb\ncccc\n")
+    old_ino = log.stat().st_ino
+    os.rename(log, tmp_path / "kern.log.1")
+    log.write_text("dddd\n")
+    lines, cur2 = read_since(str(log), cur, 5, max_bytes=5)
+    assert (lines, cur2) == (["bbbb"], f"file:{log.stat().st_dev}:{old_ino}:10")
+    lines, cur3 = read_since(str(log), cur2, 5, max_bytes=5)
+    assert (lines, cur3) == (["cccc"], f"file:{log.stat().st_dev}:{log.stat().st_ino}:0")
+    lines, _ = read_since(str(log), cur3, 5, max_bytes=5)
+    assert lines == ["dddd"]
+
+
+def test_file_rotated_file_gone_or_a_symlink_starts_the_new_file_at_zero(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("aaaa\n")
+    _, cur = read_since(str(log), None, 5)
+    os.rename(log, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "kern.log.1")  # same inode behind a link
+    log.write_text("bbbb\n")
+    assert read_since(str(log), cur, 5)[0] == ["bbbb"]
+
+
 def test_file_cap_limits_bytes_per_call(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("aaaa\nbbbb\ncccc\n")
