@@ -39,6 +39,8 @@ PREFIXES = [
     ("172.20.0.5: kern:    warn: [2024-07-09T19:12:01.426396139Z]: ", ["kern_level", "bracket"]),  # talosctl dmesg
     ("node01 kern.warning kernel: ", ["facility", "kernel"]),  # rsyslog %syslogfacility-text%.%syslogseverity-text%
     ("May 19 07:08:57 node01 kernel[0]: ", ["syslog_date", "host_kernel"]),
+    ("1715929737.123456 node01 kernel: ", ["epoch", "host_kernel"]),  # journalctl -o short-unix
+    ("[ 1234.567890 <    0.000123>] node01 kernel: ", ["bracket", "host_kernel"]),  # -o short-delta
     ("Xid errors on instance: ip-10-0-0-11, Error: May 19 07:08:57 ip-10-0-0-11 kernel: [680111.646286] ",
      ["wrapper", "syslog_date", "host_kernel", "bracket"]),
 ]
@@ -76,6 +78,27 @@ def test_timestamps_read_from_prefixes():
     assert (ev.timestamp, ev.monotonic_s) == (1737434504.5, 12.25)
     ev = parse_lines(["Mai 19 07:08:57 node01 kernel: " + MSG]).events[0]
     assert (ev.timestamp, ev.monotonic_s) == (None, None)  # no year in a syslog date
+
+
+@pytest.mark.parametrize("prefix,times", [
+    ("1715929737.123456 node01 kernel: ", (1715929737.123456, None)),  # journalctl -o short-unix
+    ("<4>1715929737.5 ", (1715929737.5, None)),
+    ("[ 1234.567890 <    0.000123>] node01 kernel: ", (None, 1234.56789)),  # journalctl -o short-delta
+    ("Fri May 17 07:08:57 2024 node01 kernel: ", (1715929737.0, None)),  # unbracketed ctime (TZ=UTC)
+    ("[Fri May 17 07:08:57 2024] ", (1715929737.0, None)),  # dmesg -T
+])
+def test_more_timestamps_read_from_prefixes(prefix, times, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        res = parse_lines([prefix + MSG])
+        assert res.unparsed == 0, res.rejected
+        assert [(e.timestamp, e.monotonic_s) for e in res.events] == [times]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_corpus_kernel_prefix_only_file():

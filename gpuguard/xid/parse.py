@@ -15,7 +15,9 @@ the marker, text files accept a grammar of real prefix tokens), else the line is
 
 * none -> ``timestamp = monotonic_s = None``;
 * ``[  123.456789]`` (dmesg, kmsg) -> ``monotonic_s`` (seconds since boot);
-* ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``) -> ``timestamp``, read as
+* ``1715929737.123456`` (``journalctl -o short-unix``) -> ``timestamp`` (UTC epoch);
+* ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``; also unbracketed, as syslog
+  daemons print a ctime date) -> ``timestamp``, read as
   the *local* time of the process parsing it (dmesg printed the host's local time;
   the prolog parses on that same host);
 * ISO 8601 (``dmesg --time-format iso`` with its ``,usec`` separator, ``journalctl -o
@@ -183,14 +185,15 @@ _STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-
 
 _MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 _CTIME_RE = re.compile(
-    rf"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
-    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\]"
+    rf"(?:^|\[|\s)(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
+    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})(?:\]|\s|$)"
 )
+_EPOCH_RE = re.compile(r"^\s*(?:<\d{1,3}>)?(?P<epoch>\d{9,11}\.\d{1,9})(?=\s|$)")
 _ISO_RE = re.compile(
     r"(?<!\d)(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?!\d)"
 )
 _SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
-_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]")
+_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[\s\d.]*>)?\]")
 
 def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
@@ -209,6 +212,10 @@ def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
                 dt = None
             if dt is not None:
                 timestamp = dt.timestamp() if dt.tzinfo else time.mktime(dt.timetuple()) + dt.microsecond / 1e6
+    if timestamp is None:
+        m = _EPOCH_RE.search(prefix)
+        if m:
+            timestamp = float(m["epoch"])
     mono = _MONO_RE.search(prefix)
     return timestamp, (float(mono["mono"]) if mono else None)
 
