@@ -55,6 +55,8 @@ Odd cases, and what is done with them:
 * A fallen-off-bus record whose previous *event* is an XID 79 (or another
   fallen-off-bus event) for the same GPU, within 10 s when both carry times, is the
   same incident: it is appended to that event's ``raw`` and creates no event.
+* The three-line fallen-off-the-bus record split by a syslog reader into three lines
+  with the same prefix is joined back (:func:`_rejoined`).
 * SXid detail lines (message starting ``Severity `` or ``Data {``) belong to the
   report whose header line (``Fatal, Link ...``) the switch printed just before: they
   are appended to the ``raw`` of the most recent SXid event with the same switch and
@@ -272,6 +274,35 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
         yield start, current
 
 
+_GPU_HEAD_RE = re.compile(rf"NVRM:\s*The NVIDIA GPU {_HEX}{{4,8}}:{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?\s*$")
+_SPLIT_TAIL_RE = re.compile(r"NVRM:\s*(?:\(PCI ID:|fallen\s+off\s+the\s+bus)")
+
+
+def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, list[str], list[str]]]:
+    """(line number, record, original lines): the driver's three-line "The NVIDIA GPU
+    <BDF> / (PCI ID: ...) installed in this system has / fallen off the bus" record, when
+    a syslog reader printed each line with the kernel's prefix repeated (the kernel's
+    syslog interface prefixes every line of a multi-line record), joined back into one
+    record: a line joins only with exactly the head line's prefix (same stamp)."""
+    head: tuple[int, list[str], list[str], str] | None = None
+    for line_no, rec in records:
+        if head is not None:
+            tail = _SPLIT_TAIL_RE.search(rec[0])
+            if len(rec) == 1 and tail and rec[0][: tail.start()] == head[3] and len(head[1]) < 3:
+                head[1].append(" " * tail.start() + rec[0][tail.start():])
+                head[2].append(rec[0])
+                continue
+            yield head[:3]
+            head = None
+        m = _GPU_HEAD_RE.search(rec[0])
+        if len(rec) == 1 and m:
+            head = (line_no, list(rec), list(rec), rec[0][: m.start()])
+            continue
+        yield line_no, rec, rec
+    if head is not None:
+        yield head[:3]
+
+
 def _joined(lines: list[str]) -> str:
     parts = [lines[0].rstrip()]
     for cont in lines[1:]:
@@ -396,8 +427,8 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     start with ``NVRM:`` / ``nvidia-nvswitchN:``; otherwise the text-prefix grammar of
     :mod:`gpuguard.xid.prefix` applies."""
     result = ParseResult()
-    for line_no, record in _records(lines):
-        raw = "\n".join(record)
+    for line_no, record, original in _rejoined(_records(lines)):
+        raw = "\n".join(original)
         text = _joined(record)
         uuid = _GPU_UUID_RE.search(text)
         if uuid:
