@@ -279,11 +279,10 @@ _SPLIT_TAIL_RE = re.compile(r"NVRM:\s*(?:\(PCI ID:|fallen\s+off\s+the\s+bus)")
 
 
 def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, list[str], list[str]]]:
-    """(line number, record, original lines): the driver's three-line "The NVIDIA GPU
-    <BDF> / (PCI ID: ...) installed in this system has / fallen off the bus" record, when
-    a syslog reader printed each line with the kernel's prefix repeated (the kernel's
-    syslog interface prefixes every line of a multi-line record), joined back into one
-    record: a line joins only with exactly the head line's prefix (same stamp)."""
+    """(line number, record, original lines); the driver's three-line "The NVIDIA GPU
+    <BDF> / (PCI ID: ...) ... / fallen off the bus" record, printed by a syslog reader
+    with the kernel's prefix repeated on each line (as the kernel's syslog interface
+    does), joined back: only lines with exactly the head line's prefix (same stamp)."""
     head: tuple[int, list[str], list[str], str] | None = None
     for line_no, rec in records:
         if head is not None:
@@ -460,27 +459,39 @@ def has_marker(text: str) -> bool:
 
 
 def parse_log(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
-    """:func:`parse_lines` for a log given as text (a file, stdin, ``[xid] kernel_log``),
-    except that a saved ``journalctl -o json`` export is read as the structured source it
-    is (:func:`gpuguard.xid.records.journal_export`): its kernel entries' messages must
-    start with the marker, and a marker in an entry userspace wrote (``logger -t
-    kernel``: ``_TRANSPORT=syslog``) or in a line that is not an entry is rejected and
-    counted. Event ``line_no`` is the export's line."""
-    from gpuguard.xid.records import journal_export
+    """:func:`parse_lines` for a log given as text (``lines`` may be a stream, read
+    once), except that a saved ``journalctl -o json`` export (first non-blank line a
+    journal entry) is read as the structured source it is
+    (:func:`gpuguard.xid.records.journal_export`); event ``line_no`` is the export's."""
+    from array import array
+    from itertools import chain
 
-    lines = list(lines)
-    export = None if structured else journal_export(lines)
-    if export is None:
-        return parse_lines(lines, structured=structured)
-    canonical, origin, others = export
-    result = parse_lines(canonical, structured=True)
+    from gpuguard.xid.records import is_journal_entry, journal_export
+
+    it = iter(lines)
+    head: list[str] = []
+    if not structured:
+        for line in it:
+            head.append(line)
+            if line.strip():
+                break
+    if structured or not head or not is_journal_entry(head[-1]):
+        return parse_lines(chain(head, it), structured=structured)
+    others: list[tuple[int, str, str]] = []
+    origin = array("q")
+
+    def canonical() -> Iterable[str]:
+        for n, line in journal_export(enumerate(chain(head, it), 1), others, has_marker):
+            origin.append(n)
+            yield line
+
+    result = parse_lines(canonical(), structured=True)
     for event in result.events:
         event.line_no = origin[event.line_no - 1]
     for i, (line_no, why, text) in enumerate(result.rejected_samples):
         result.rejected_samples[i] = (origin[line_no - 1], why, text)
     for line_no, why, text in others:
-        if has_marker(text):
-            result.reject(line_no, why, text)
+        result.reject(line_no, why, text)
     return result
 
 

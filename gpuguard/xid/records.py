@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Iterator
 
 def log_lines(data: bytes) -> list[str]:
     """Log bytes as lines: split at ``\\n`` only (a trailing ``\\r`` dropped), runs of NUL
@@ -106,35 +107,36 @@ def _journal_entry(line: str) -> dict | None:
     return None
 
 
-def journal_export(lines: list[str]) -> tuple[list[str], list[int], list[tuple[int, str, str]]] | None:
-    """Read ``lines`` as a saved ``journalctl -o json`` / ``-o json-seq`` export (one entry
-    per line), or return None when the first non-blank line is not such an entry.
+def is_journal_entry(line: str) -> bool:
+    """Whether ``line`` is one entry of a ``journalctl -o json`` / ``json-seq`` export."""
+    return _journal_entry(line) is not None
 
-    Returns ``(canonical, origin, others)``: the canonical lines (:func:`canonical_lines`)
-    of the entries with ``_TRANSPORT=kernel``, the 1-based input line of each, and
-    ``(line number, reason, text)`` for every other non-blank line (an entry userspace
-    wrote, with its MESSAGE as text, or a line that is not an entry). The kernel's
-    entries are the structured source journald keeps, so ``logger -t kernel`` text in
-    the same export (``_TRANSPORT=syslog``) is told apart exactly as the live
-    ``journalctl`` source does (:func:`gpuguard.xid.kernel_log.read_journalctl`)."""
-    first = next((line for line in lines if line.strip()), None)
-    if first is None or _journal_entry(first) is None:
-        return None
-    canonical: list[str] = []
-    origin: list[int] = []
-    others: list[tuple[int, str, str]] = []
-    for n, line in enumerate(lines, 1):
+
+def journal_export(lines: Iterable[tuple[int, str]], others: list[tuple[int, str, str]],
+                   keep: Callable[[str], bool]) -> Iterator[tuple[int, str]]:
+    """Read ``(line number, line)`` pairs of a saved ``journalctl -o json`` / ``-o
+    json-seq`` export (one entry per line; :func:`is_journal_entry` tells one).
+
+    Yields ``(line number, canonical line)`` (:func:`canonical_lines`) for the entries
+    with ``_TRANSPORT=kernel``, and appends ``(line number, reason, text)`` to ``others``
+    for every other non-blank line whose text ``keep`` accepts (an entry userspace wrote,
+    with its MESSAGE as text, or a line that is not an entry). The kernel's entries are
+    the structured source journald keeps, so ``logger -t kernel`` text in the same export
+    (``_TRANSPORT=syslog``) is told apart exactly as the live ``journalctl`` source does
+    (:func:`gpuguard.xid.kernel_log.read_journalctl`)."""
+    for n, line in lines:
         if not line.strip():
             continue
         entry = _journal_entry(line)
         if entry is None:
-            others.append((n, "not a journal JSON entry in a journalctl -o json export", line))
+            if keep(line):
+                others.append((n, "not a journal JSON entry in a journalctl -o json export", line))
             continue
         if entry.get("_TRANSPORT") != "kernel":
             message = _journal_message(entry.get("MESSAGE")) or ""
-            others.append((n, f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})", message))
+            if keep(message):
+                others.append((n, f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})",
+                               message))
             continue
-        out = journal_lines(entry)
-        canonical.extend(out)
-        origin.extend([n] * len(out))
-    return canonical, origin, others
+        for out in journal_lines(entry):
+            yield n, out
