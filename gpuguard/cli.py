@@ -122,7 +122,8 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
 
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings, 3 could not
     check (a file that is missing, unreadable or not the format named, a bad option or
-    config, no GPU source readable; one line on stderr): the monitoring-plugin convention
+    config, no GPU source readable; one line on stderr; also when nothing worse was found
+    but the kernel log to scan could not be read, its tool error on stderr): the monitoring-plugin convention
     (Nagios plugin guidelines: 3 UNKNOWN). Reads the node store for history but writes
     nothing unless --record is given.
     """
@@ -191,6 +192,9 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
     for e in res.tool_errors if fmt != "json" else []:
         click.echo(f"tool error: {e}", err=True)
     worst = res.worst_severity
+    if worst not in ("critical", "warning") and not res.kernel_log_read:
+        # the XID scan did not happen: "healthy" would be a pass on an unread input
+        sys.exit(CHECK_UNKNOWN)
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
 

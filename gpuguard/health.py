@@ -40,6 +40,9 @@ class HealthResult:
     run_id: int | None = None
     #: ``table -> rows`` the checks want stored with the run (``CheckContext.records``)
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: False when the kernel log was to be scanned but could not be read (unreadable
+    #: source, failed tool, cursor lock held): no XID finding means nothing then
+    kernel_log_read: bool = True
 
     @property
     def worst_severity(self) -> str | None:
@@ -272,6 +275,7 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
                   scan_xid=scan_xid, store=store, lock_cursor=record)
     try:
         result = judge(cfg, col, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus, record=record)
+        result.kernel_log_read = not scan_xid or col.new_cursor is not None
         if store is not None and record:
             try:
                 result.run_id = record_run(store, cfg, hook, job_id, col.started, result, col.new_cursor)
