@@ -384,3 +384,21 @@ def test_file_source_refuses_fifo_without_hanging(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(KernelLogError, match=f"cannot read {fifo}: not a regular file"):
         read_since(str(fifo), None, 1.0)
+
+
+def test_dmesg_raw_caller_id_is_dmesgs_field_not_the_message():
+    """On a kernel with CONFIG_PRINTK_CALLER, `dmesg -r` prints the caller id after the
+    stamp: the kernel's XID still starts its message; a user's /dev/kmsg write (facility
+    user) still never counts."""
+    raw = ["<4>[ 1843.308145] [ T1234] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+           "GPU has fallen off the bus.",
+           "<4>[ 1843.400000] [    C3] NVRM: Xid (PCI:0000:19:00): 48, pid=12, name=python, DBE",
+           "<12>[ 1843.500000] [ T4242] NVRM: Xid (PCI:0000:1a:00): 79, pid=1, name=x, GPU has fallen off the bus."]
+    lines = records.dmesg_canonical(raw)
+    assert lines[:2] == ["[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+                         "GPU has fallen off the bus.",
+                         "[ 1843.400000] NVRM: Xid (PCI:0000:19:00): 48, pid=12, name=python, DBE"]
+    res = parse_lines(lines, structured=True)
+    assert [(e.xid, e.pci_bus_id, e.monotonic_s) for e in res.events] == [(79, "0000:18:00", 1843.308145),
+                                                                           (48, "0000:19:00", 1843.4)]
+    assert res.unparsed == 0

@@ -39,7 +39,11 @@ def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> l
     return [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
 
 
-_DMESG_RAW_RE = re.compile(r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<msg>.*)$")
+#: ``dmesg -r``: ``<pri>[stamp] `` and, on kernels built with ``CONFIG_PRINTK_CALLER``, the
+#: caller id util-linux prints after the stamp (``[ T1234] `` task, ``[ C3] `` CPU); it is
+#: dmesg's field, not the kernel's message text
+_DMESG_RAW_RE = re.compile(
+    r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?:\[\s*[TC]\d+\]\s?)?(?P<msg>.*)$")
 
 
 def dmesg_canonical(raw_lines: list[str]) -> list[str]:
