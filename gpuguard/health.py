@@ -98,7 +98,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     reported in ``tool_errors`` with their reasons.
     """
     from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
-    from gpuguard.xid.parse import parse_log
+    from gpuguard.xid.logtext import parse_log
 
     src = source or cfg.get("xid", "kernel_log")
     structured = is_structured(src)

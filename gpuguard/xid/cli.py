@@ -12,7 +12,8 @@ import click
 
 from gpuguard.xid.catalog import classify
 from gpuguard.output import display_tz, emit, iso_time, output_options, table
-from gpuguard.xid.parse import ParseResult, XidEvent, parse_log
+from gpuguard.xid.logtext import parse_log
+from gpuguard.xid.parse import ParseResult, XidEvent
 from gpuguard.xid.stream import HEAD_BYTES, LogStream, StreamError, open_log, split_lines
 
 #: CSV columns of ``xid scan --format csv`` (the JSON rows carry every field).

@@ -285,6 +285,13 @@ def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, l
     does), joined back: only lines with exactly the head line's prefix (same stamp)."""
     head: tuple[int, list[str], list[str], str] | None = None
     for line_no, rec in records:
+        if "NVRM" not in rec[0] and "SXid" not in rec[0]:
+            # no marker can be in it (a record only continues an NVRM/SXid line): skipped
+            # here, so an ordinary line costs one substring test
+            if head is not None:
+                yield head[:3]
+                head = None
+            continue
         if head is not None:
             tail = _SPLIT_TAIL_RE.search(rec[0])
             if len(rec) == 1 and tail and rec[0][: tail.start()] == head[3] and len(head[1]) < 3:
@@ -456,43 +463,6 @@ def has_marker(text: str) -> bool:
     """True when ``text`` holds an Xid/SXid marker or an NVRM fallen-off-the-bus message."""
     return bool(_XID_TRIGGER.search(text) or _SXID_TRIGGER.search(text)
                 or (_FALLEN_RE.search(text) and "NVRM" in text))
-
-
-def parse_log(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
-    """:func:`parse_lines` for a log given as text (``lines`` may be a stream, read
-    once), except that a saved ``journalctl -o json`` export (first non-blank line a
-    journal entry) is read as the structured source it is
-    (:func:`gpuguard.xid.records.journal_export`); event ``line_no`` is the export's."""
-    from array import array
-    from itertools import chain
-
-    from gpuguard.xid.records import is_journal_entry, journal_export
-
-    it = iter(lines)
-    head: list[str] = []
-    if not structured:
-        for line in it:
-            head.append(line)
-            if line.strip():
-                break
-    if structured or not head or not is_journal_entry(head[-1]):
-        return parse_lines(chain(head, it), structured=structured)
-    others: list[tuple[int, str, str]] = []
-    origin = array("q")
-
-    def canonical() -> Iterable[str]:
-        for n, line in journal_export(enumerate(chain(head, it), 1), others, has_marker):
-            origin.append(n)
-            yield line
-
-    result = parse_lines(canonical(), structured=True)
-    for event in result.events:
-        event.line_no = origin[event.line_no - 1]
-    for i, (line_no, why, text) in enumerate(result.rejected_samples):
-        result.rejected_samples[i] = (origin[line_no - 1], why, text)
-    for line_no, why, text in others:
-        result.reject(line_no, why, text)
-    return result
 
 
 def parse_text(text: str) -> ParseResult:
