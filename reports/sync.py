@@ -59,16 +59,23 @@ _KEEP_IF_NULL = ("job_name", "user", "account", "partition", "qos", "submit_at",
 _FINAL_SQL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATES))
 
 
-def _upsert_sql() -> str:
+def _upsert_sql(value=None, rows: str | None = None) -> str:
+    """The upsert of one job's values. ``value(column)``: the SQL of the incoming value of
+    ``column`` (default: the numbered parameter ``?N`` of the column's place in
+    :data:`COLUMNS`, for :meth:`executemany` of :func:`_row` tuples). ``rows``: a ``FROM``
+    clause to take the values from (an ``INSERT ... SELECT`` of a staged table, in its
+    rowid order), instead of ``VALUES``."""
     cols = ", ".join(COLUMNS)
+    at = {c: i + 1 for i, c in enumerate(COLUMNS)}
+    value = value or (lambda c: f"?{at[c]}")
     # attempt_at: the record's submit time; a record without one (a file saved without
     # Submit) is the job's latest stored attempt, or attempt 0 when none is stored
     # (numbered parameters: one row binds each column's value once, in COLUMNS order)
-    at = {c: i + 1 for i, c in enumerate(COLUMNS)}
-    marks = ", ".join(f"?{at[c]}" if c != "attempt_at" else
-                      f"COALESCE(?{at['submit_at']}, (SELECT MAX(attempt_at) FROM sacct_jobs "
-                      f"WHERE cluster = ?{at['cluster']} AND job_id_raw = ?{at['job_id_raw']}), 0)"
+    marks = ", ".join(value(c) if c != "attempt_at" else
+                      f"COALESCE({value('submit_at')}, (SELECT MAX(j.attempt_at) FROM main.sacct_jobs AS j "
+                      f"WHERE j.cluster = {value('cluster')} AND j.job_id_raw = {value('job_id_raw')}), 0)"
                       for c in COLUMNS)
+    values = f"VALUES ({marks})" if rows is None else f"SELECT {marks} FROM {rows} WHERE true ORDER BY rowid"
     sets = []
     for c in COLUMNS:
         if c in ("cluster", "job_id_raw"):
@@ -88,7 +95,7 @@ def _upsert_sql() -> str:
                         f"THEN sacct_jobs.{c} ELSE excluded.{c} END")
         else:
             sets.append(f"{c} = excluded.{c}")
-    return (f"INSERT INTO sacct_jobs ({cols}) VALUES ({marks}) "
+    return (f"INSERT INTO main.sacct_jobs ({cols}) {values} "
             f"ON CONFLICT(cluster, job_id_raw, attempt_at) DO UPDATE SET {', '.join(sets)} "
             f"WHERE NOT (sacct_jobs.state IN ({_FINAL_SQL}) AND excluded.state NOT IN ({_FINAL_SQL}))")
 
@@ -203,9 +210,8 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
     counted = [0]
     batches = _batches(jobs, now, source, counted)
     try:
-        if expect_rows is not None and expect_rows >= BULK_MIN_ROWS and expect_rows >= _stored_rows(store):
-            kib = min(BULK_CACHE_MAX_KIB, max(SYNC_CACHE_KIB, expect_rows // 4))
-            conn.execute(f"pragma cache_size = {-kib}")
+        if _bulk(store, expect_rows):
+            conn.execute(f"pragma cache_size = {-bulk_cache_kib(expect_rows)}")
             store._guard("sacct cache bulk load", lambda: _bulk_load(store, batches, now))
         else:
             for batch in batches:
@@ -219,6 +225,18 @@ def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None =
 #: than rebuilding them (our choice: rebuilding costs about a third of upkeep per job, so
 #: a load the size of the table already pays; small loads keep the plain path).
 BULK_MIN_ROWS = 20_000
+
+
+def bulk_cache_kib(expect_rows: int) -> int:
+    """The page cache of a bulk load of about ``expect_rows`` jobs, KiB: 256 B a job,
+    at least :data:`SYNC_CACHE_KIB`, at most :data:`BULK_CACHE_MAX_KIB`."""
+    return min(BULK_CACHE_MAX_KIB, max(SYNC_CACHE_KIB, expect_rows // 4))
+
+
+def _bulk(store: Store, expect_rows: int | None) -> bool:
+    """Whether an import of about ``expect_rows`` jobs is a bulk load: at least
+    :data:`BULK_MIN_ROWS`, and at least as many as the table holds."""
+    return expect_rows is not None and expect_rows >= BULK_MIN_ROWS and expect_rows >= _stored_rows(store)
 
 
 def _stored_rows(store: Store) -> int:
@@ -275,12 +293,11 @@ def _bulk_load(store: Store, batches: Iterator[list[tuple]], now: float) -> None
     upsert looks its job up. A failure or crash part-way rolls the whole load back, indexes
     included (the journal's guarantee, so no relaxed ``synchronous`` setting is needed);
     readers keep seeing the indexed table until the commit (WAL)."""
+    from gpuguard.reports.sync_bulk import rebuild_indexes, set_indexes_aside
+
     conn = store.db.conn
     with store.tx():
-        indexes = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' "
-                               "AND tbl_name = 'sacct_jobs' AND sql IS NOT NULL").fetchall()
-        for name, _sql in indexes:
-            conn.execute(f'DROP INDEX "{name}"')
+        indexes = set_indexes_aside(conn)
         # Attempt-0 rows (a job stored without a submit time) are rare: look once (a scan
         # no longer than the load itself) and again only after a batch that stored one,
         # instead of a delete per job.
@@ -288,23 +305,35 @@ def _bulk_load(store: Store, batches: Iterator[list[tuple]], now: float) -> None
         for batch in batches:
             _write_batch(store, batch, now, drop_unknown=bool(zero))
             zero = zero or any(r[_SUBMIT_AT] is None for r in batch)
-        for _name, sql in indexes:
-            conn.execute(sql)
+        rebuild_indexes(conn, indexes)
 
 
-def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
-             on_progress: Callable[[int], None] | None, gpus_tracked: bool | None = None,
-             expect_rows: int | None = None, free_text: dict | None = None) -> None:
-    first_submit: dict[str, float | None] = {}  # job id -> the first submit time seen
-    attempts: dict[str, set] = {}  # only jobs seen with two or more submit times
-    js1: list[tuple[int, str]] = []
+class Tally:
+    """What an import says besides the rows it stores, counted job by job: the
+    :class:`SyncResult` lists (with their input lines), the submit times of each job id
+    (requeued attempts) and the jobstats ``JS1:`` AdminComments. One tally per input, or
+    one per chunk of a parallel import, merged in input order (:meth:`merge`)."""
 
-    def jobs() -> Iterator[dict]:
+    def __init__(self) -> None:
+        self.malformed: list[tuple[int, str]] = []
+        self.notes: list[tuple[int, str]] = []
+        self.unreportable: list[tuple[int, str]] = []
+        self.gpus_unknown: list[tuple[int, str]] = []
+        self.steps_skipped = 0
+        self.first_submit: dict[str, float | None] = {}  # job id -> the first submit time seen
+        self.attempts: dict[str, set] = {}  # only job ids seen with two or more submit times
+        self.js1: list[tuple[int, str]] = []
+
+    def jobs(self, rows: Iterable[ParsedRow], gpus_tracked: bool | None = None,
+             free_text: dict | None = None) -> Iterator[dict]:
+        """The jobs of ``rows``, each counted; malformed rows and steps are counted, not
+        yielded. ``gpus_tracked``, ``free_text``: as :func:`import_text`."""
+        malformed, notes, first_submit = self.malformed, self.notes, self.first_submit
         for r in rows:
             if r.error is not None:
-                result.malformed.append((r.line, r.error))
+                malformed.append((r.line, r.error))
             elif r.step:
-                result.steps_skipped += 1
+                self.steps_skipped += 1
             elif r.job is not None:
                 j = r.job
                 if free_text is not None:
@@ -312,24 +341,55 @@ def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced
 
                     set_free_text(j, free_text)
                 if r.note is not None:
-                    result.notes.append((r.line, r.note))
+                    notes.append((r.line, r.note))
                 if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
                     j["gpus"], j["gpu_source"] = None, "unknown: AccountingStorageTRES has no gres/gpu"
                 if j["start_at"] is None and in_no_report(j):
-                    result.unreportable.append((r.line, j["job_id"]))
+                    self.unreportable.append((r.line, j["job_id"]))
                 if j["gpus"] is None:
-                    result.gpus_unknown.append((r.line, j["job_id"]))
+                    self.gpus_unknown.append((r.line, j["job_id"]))
                 jid, sub = j["job_id"], j["submit_at"]
                 prev = first_submit.setdefault(jid, sub)
                 if prev != sub:
-                    attempts.setdefault(jid, {prev}).add(sub)
+                    self.attempts.setdefault(jid, {prev}).add(sub)
                 ac = j["admin_comment"]
                 if ac and is_js1(ac):
-                    js1.append((j["job_id_raw"], ac))
+                    self.js1.append((j["job_id_raw"], ac))
                 yield j
-    result.jobs = upsert_jobs(store, jobs(), synced_at=synced_at, source=result.source, expect_rows=expect_rows)
-    result.attempts = {k: len(v) for k, v in attempts.items()}
-    result.js1_readings = store_readings(store, js1)
+
+    def merge(self, other: Tally, line_offset: int) -> None:
+        """Add the tally of the input's next chunk, whose line 1 is this input's line
+        ``line_offset + 1``."""
+        for mine, theirs in ((self.malformed, other.malformed), (self.notes, other.notes),
+                             (self.unreportable, other.unreportable), (self.gpus_unknown, other.gpus_unknown)):
+            mine.extend((line + line_offset, what) for line, what in theirs)
+        self.steps_skipped += other.steps_skipped
+        self.js1.extend(other.js1)
+        first = self.first_submit
+        for jid in other.first_submit.keys() & first.keys():  # job ids both hold (a set of the smaller)
+            if first[jid] != other.first_submit[jid]:
+                self.attempts.setdefault(jid, {first[jid]}).add(other.first_submit[jid])
+            del other.first_submit[jid]
+        for jid, subs in other.attempts.items():
+            self.attempts.setdefault(jid, {first.get(jid, next(iter(subs)))}).update(subs)
+        first.update(other.first_submit)
+
+    def finish(self, store: Store, result: SyncResult) -> None:
+        """Hand the tally to ``result`` and store the jobstats readings it found."""
+        result.malformed, result.notes = self.malformed, self.notes
+        result.unreportable, result.gpus_unknown = self.unreportable, self.gpus_unknown
+        result.steps_skipped = self.steps_skipped
+        result.attempts = {k: len(v) for k, v in self.attempts.items()}
+        result.js1_readings = store_readings(store, self.js1)
+
+
+def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
+             gpus_tracked: bool | None = None, expect_rows: int | None = None,
+             free_text: dict | None = None) -> None:
+    tally = Tally()
+    result.jobs = upsert_jobs(store, tally.jobs(rows, gpus_tracked, free_text), synced_at=synced_at,
+                              source=result.source, expect_rows=expect_rows)
+    tally.finish(store, result)
 
 
 class _CountingLines:
@@ -377,16 +437,21 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
                 raise SacctParseError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
             if on_progress is not None:
                 on_progress(len(head))
-            _consume(store, iter_json(doc, cluster=cluster, source=path), result, now, None,
-                     expect_rows=_json_jobs(doc))
+            _consume(store, iter_json(doc, cluster=cluster, source=path), result, now, expect_rows=_json_jobs(doc))
             return result
         conv = TimeConverter(tz or resolve_timezone())
         lines = fh if on_progress is None else _CountingLines(fh, on_progress)
         rows = iter_pipe(lines, conv=conv, cluster=cluster, source=path)
         # the file's size over the head's line length: an estimate, enough to choose the load
         size = os.fstat(fh.fileno()).st_size
-        _consume(store, rows, result, now, on_progress,
-                 expect_rows=size * head.count("\n") // max(1, len(head.encode("utf-8", "replace"))))
+        expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
+        from gpuguard.reports import sync_bulk
+
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
+            sync_bulk.import_parallel(store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now,
+                                      result=result, on_progress=on_progress, cache_kib=bulk_cache_kib(expect))
+            return result
+        _consume(store, rows, result, now, expect_rows=expect)
     return result
 
 
@@ -411,13 +476,21 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise SacctParseError(f"{source}:{e.lineno}: invalid JSON: {e.msg}") from None
-        _consume(store, iter_json(doc, cluster=cluster, source=source), result, now, None, gpus_tracked,
+        _consume(store, iter_json(doc, cluster=cluster, source=source), result, now, gpus_tracked,
                  expect_rows=_json_jobs(doc))
         return result
     conv = TimeConverter(tz or resolve_timezone())
+    expect = text.count("\n")
+    from gpuguard.reports import sync_bulk
+
+    if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
+        tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
+                                     delimiter=delimiter, gpus_tracked=gpus_tracked)
+        sync_bulk.import_parallel(store, tasks, now=now, result=result, cache_kib=bulk_cache_kib(expect))
+        return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
-    _consume(store, rows, result, now, None, gpus_tracked, expect_rows=text.count("\n"), free_text=free_text)
+    _consume(store, rows, result, now, gpus_tracked, expect_rows=expect, free_text=free_text)
     return result
 
 

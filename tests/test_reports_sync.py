@@ -430,18 +430,25 @@ def _corpus_inputs(tmp_path):
 
 def test_bulk_and_batched_paths_store_the_same_rows_and_say_the_same(tmp_path, monkeypatch):
     """Every corpus sacct file (``-P``, ``-p``, JSON) and three fuzzed ``-P`` files, each
-    imported twice into one store (the second import meets every stored job): the bulk load
-    and the batched upsert store equal rows (every column) and report the same skipped rows,
-    notes and summary line."""
+    imported twice into one store (the second import meets every stored job): the bulk load,
+    the parallel bulk load (:mod:`gpuguard.reports.sync_bulk`) and the batched upsert store
+    equal rows (every column) and report the same skipped rows, notes and summary line."""
     import gpuguard.reports.sync as sync_mod
+    import gpuguard.reports.sync_bulk as bulk_mod
 
     files = _corpus_inputs(tmp_path)
     assert len(files) >= 10, files
-    noted = []
+    noted, parallel = [], []
+    real = bulk_mod.import_parallel
+    monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, **k: parallel.append(a[1][0].source) or real(*a, **k))
     for f in files:
         seen = []
-        for name, bulk_min in (("batched", 10**9), ("bulk", 1)):
+        for name, bulk_min, workers in (("batched", 10**9, 0), ("bulk", 1, 0), ("parallel", 1, 2)):
             monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", bulk_min)
+            # parallel: two worker processes, a chunk every few lines (so chunk edges fall
+            # inside every kind of row, and line numbers cross many chunks)
+            monkeypatch.setattr(bulk_mod, "WORKERS", workers)
+            monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 40)
             monkeypatch.setattr(sync_mod, "BATCH", 7)  # several batches even for a corpus file
             s = next(cache_store(tmp_path / f"{f.name}-{name}"))
             said = []
@@ -452,8 +459,12 @@ def test_bulk_and_batched_paths_store_the_same_rows_and_say_the_same(tmp_path, m
             seen.append((said, s.query("SELECT * FROM sacct_jobs ORDER BY cluster, job_id_raw, attempt_at"),
                          s.query("SELECT * FROM job_gpu_util ORDER BY 1, 2")))
         assert seen[0] == seen[1], f.name
+        assert seen[0] == seen[2], f.name
         noted += seen[0][0][0][2]
     assert noted  # a row stored with JobName/Comment unknown is among them
+    # every -P file took the parallel path, twice (the JSON files have no chunks to cut)
+    assert sorted(set(parallel)) == sorted(str(f) for f in files if f.read_text()[:1] != "{")
+    assert len(parallel) == 2 * len(set(parallel)) >= 2 * 8
     # the fuzzed files reach the cases they are made for
     s = next(cache_store(tmp_path / "check"))
     res = import_file(s, str(files[-1]), tz=UTC, synced_at=1.0)

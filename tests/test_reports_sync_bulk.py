@@ -1,0 +1,164 @@
+"""The parallel bulk import (gpuguard.reports.sync_bulk): chunk edges, one transaction
+across worker processes, the tally's line numbers. That it stores and says what the
+batched path does, on every corpus file, is test_reports_sync's equivalence test."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+import pytest
+from reports_helpers import HANDMADE, cache_store
+
+import gpuguard.reports.sync as sync_mod
+import gpuguard.reports.sync_bulk as bulk_mod
+from gpuguard.reports.sync import import_file
+
+
+@pytest.fixture
+def cstore(tmp_path):
+    yield from cache_store(tmp_path)
+
+
+@pytest.fixture
+def parallel(monkeypatch):
+    """Every -P import of two or more jobs takes the parallel path, a chunk every ~120 bytes."""
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+    monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+    monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+
+
+def _indexes(store):
+    return sorted((r["name"], r["sql"]) for r in store.query(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'sacct_jobs' AND sql IS NOT NULL"))
+
+
+def test_chunk_ranges_end_just_after_a_newline_and_cover_the_file(tmp_path):
+    f = tmp_path / "t.txt"
+    # CRLF lines, a lone CR inside a line, a two-byte character, no newline at the end
+    data = "JobIDRaw|State\r\n1|COMPLETED\r\n2|FAIL\rED\n3|é\n4|x".encode()
+    f.write_bytes(data)
+    assert len(data) == 47
+    assert bulk_mod.chunk_ranges(str(f), 0, len(data), 5) == [(0, 16), (16, 29), (29, 39), (39, 47)]
+    assert bulk_mod.chunk_ranges(str(f), 16, len(data), 100) == [(16, 47)]
+    assert bulk_mod.chunk_ranges(str(f), 0, len(data), 10**6) == [(0, 47)]
+    for _lo, hi in bulk_mod.chunk_ranges(str(f), 0, len(data), 1):
+        assert data[hi - 1:hi] == b"\n" or hi == len(data)
+
+
+def test_header_line_keeps_its_terminator_and_says_where_the_body_starts(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_bytes("JobIDRaw|JobName|Stäte\r\n1|a|COMPLETED\n".encode())
+    assert bulk_mod.header_line(str(f)) == ("JobIDRaw|JobName|Stäte\r\n", 25)
+
+
+def test_a_worker_failing_part_way_leaves_the_store_as_it_was(cstore, parallel, monkeypatch):
+    import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    before, indexes = cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw"), _indexes(cstore)
+    real = bulk_mod.parse_chunk
+
+    def failing(task):
+        if task.lo > 600:
+            raise OSError("disk gone")
+        return real(task)
+    monkeypatch.setattr(bulk_mod, "parse_chunk", failing)  # the forked workers run this one
+    with pytest.raises(OSError, match="disk gone"):
+        import_file(cstore, str(HANDMADE), tz=UTC, synced_at=2.0)
+    assert cstore.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw") == before
+    assert _indexes(cstore) == indexes and len(indexes) == 6
+    # nothing of the load is left attached, and the next import works
+    assert bulk_mod.STAGE not in [r["name"] for r in cstore.query("PRAGMA database_list")]
+    monkeypatch.setattr(bulk_mod, "parse_chunk", real)
+    assert import_file(cstore, str(HANDMADE), tz=UTC, synced_at=3.0).jobs == 14
+    assert {r["synced_at"] for r in cstore.query("SELECT synced_at FROM sacct_jobs")} == {3.0}
+
+
+def test_line_numbers_of_skipped_rows_count_across_chunks(cstore, parallel, tmp_path):
+    head = "JobIDRaw|State|Start|End|AllocTRES\n"
+    good = "{}|COMPLETED|2025-03-01T01:00:00|2025-03-01T02:00:00|gres/gpu=1\n"
+    lines = [good.format(100 + i) for i in range(40)]
+    lines[11] = "111|COMPLETED|2025-03-01T03:00:00|2025-03-01T02:00:00|gres/gpu=1\n"  # Start after End
+    lines[30] = "130|COMPLETED\n"  # too few fields
+    lines[37] = "137.batch|COMPLETED|2025-03-01T01:00:00|2025-03-01T02:00:00|\n"  # a step
+    f = tmp_path / "s.txt"
+    f.write_text(head + "".join(lines))
+    assert len(bulk_mod.chunk_ranges(str(f), 0, f.stat().st_size, 120)) >= 10
+    res = import_file(cstore, str(f), tz=UTC, synced_at=1.0)
+    assert res.jobs == 37 and res.steps_skipped == 1
+    assert res.malformed == [(13, "Start 2025-03-01T03:00:00 is after End 2025-03-01T02:00:00"),
+                             (32, "2 fields, header has 5")]
+    assert cstore.query("SELECT COUNT(*) AS n, SUM(gpus) AS g FROM sacct_jobs")[0] == {"n": 37, "g": 37}
+
+
+def test_requeued_attempts_in_different_chunks_are_counted_once_each(cstore, parallel, tmp_path):
+    head = "JobIDRaw|JobID|State|Submit|Start|End|AllocTRES\n"
+    row = "{id}|{id}|{st}|2025-03-01T0{h}:00:00|2025-03-01T0{h}:10:00|2025-03-01T0{h}:20:00|gres/gpu=1\n"
+    body = [row.format(id=500, st="REQUEUED", h=1)]
+    body += [row.format(id=600 + i, st="COMPLETED", h=2) for i in range(20)]
+    body += [row.format(id=500, st="REQUEUED", h=3)]
+    body += [row.format(id=600 + i, st="COMPLETED", h=2) for i in range(20, 40)]
+    body += [row.format(id=500, st="COMPLETED", h=4), row.format(id=500, st="COMPLETED", h=4)]
+    f = tmp_path / "r.txt"
+    f.write_text(head + "".join(body))
+    res = import_file(cstore, str(f), tz=UTC, synced_at=1.0)
+    assert res.attempts == {"500": 3}
+    assert [tuple(r.values()) for r in cstore.query(
+        "SELECT state, submit_at FROM sacct_jobs WHERE job_id_raw = 500 ORDER BY attempt_at")] == [
+        ("REQUEUED", 1740790800.0), ("REQUEUED", 1740798000.0), ("COMPLETED", 1740801600.0)]
+
+
+def test_workers_default_to_the_usable_cpus_and_one_cpu_means_none(monkeypatch):
+    monkeypatch.setattr(bulk_mod, "WORKERS", None)
+    monkeypatch.setattr(bulk_mod.os, "sched_getaffinity", lambda pid: {0})
+    assert bulk_mod.workers() == 0
+    monkeypatch.setattr(bulk_mod.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert bulk_mod.workers() == bulk_mod.MAX_WORKERS == 4
+    monkeypatch.setattr(bulk_mod.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert bulk_mod.workers() == 2
+    assert bulk_mod.worth_it(2 * bulk_mod.CHUNK_BYTES) and not bulk_mod.worth_it(2 * bulk_mod.CHUNK_BYTES - 1)
+
+
+def test_text_ranges_end_just_after_a_newline_and_cover_the_text():
+    text = "a|b\r\n1|x\n22|yy\n333|zzz"
+    assert bulk_mod.text_ranges(text, 4) == [(0, 5), (5, 9), (9, 15), (15, 22)]
+    assert bulk_mod.text_ranges(text, 6) == [(0, 9), (9, 15), (15, 22)]
+    assert bulk_mod.text_ranges(text, 100) == [(0, 22)] and bulk_mod.text_ranges("", 4) == []
+
+
+def test_live_sync_text_in_chunks_stores_and_says_what_the_batched_path_does(tmp_path, monkeypatch):
+    """Header-less sacct text with the live sync's delimiter and a cluster without GPU
+    accounting (as :func:`gpuguard.reports.sync.sync_from_slurm` imports it), and text with a
+    header line: the parallel path stores the same rows and says the same."""
+    from gpuguard.reports.sync import import_text
+
+    fields = ["JobIDRaw", "JobID", "JobName", "State", "Submit", "Start", "End", "ElapsedRaw", "AllocTRES", "Comment"]
+    row = "\x1f".join(["{i}", "{i}", "j{i}", "{st}", "2025-03-01T01:00:00", "2025-03-01T01:0{m}:00",
+                       "2025-03-01T02:00:00", "{el}", "{tres}", "gpuguard:template=t{m}"])
+    body = "".join(row.format(i=100 + i, st=("COMPLETED", "FAILED", "CANCELLED by 0")[i % 3], m=i % 10,
+                              el="" if i % 7 == 0 else 3000 + i, tres="cpu=2" if i % 4 == 0 else "gres/gpu=2") + "\n"
+                   for i in range(60))
+    body += "bad\x1fline\n" + row.format(i=100, st="COMPLETED", m=9, el=1, tres="gres/gpu=1") + "\n"
+    headed = "|".join(fields) + "\n" + body.replace("\x1f", "|")
+    seen = []
+    real = bulk_mod.import_parallel
+    for name, bulk_min, workers in (("batched", 10**9, 0), ("parallel", 1, 2)):
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", bulk_min)
+        monkeypatch.setattr(bulk_mod, "WORKERS", workers)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 200)
+        calls: list[int] = []
+        monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, c=calls, **k: c.append(1) or real(*a, **k))
+        s = next(cache_store(tmp_path / name))
+        live = import_text(s, body, tz=UTC, fields=fields, delimiter="\x1f", source="sacct", synced_at=5.0,
+                           gpus_tracked=False)
+        saved = import_text(s, headed, tz=UTC, source="saved", synced_at=6.0)
+        said = [(r.jobs, r.malformed, r.unreportable, r.gpus_unknown, r.summary()) for r in (live, saved)]
+        seen.append((said, s.query("SELECT * FROM sacct_jobs ORDER BY job_id_raw, attempt_at")))
+        assert len(calls) == (0 if name == "batched" else 2)
+    assert seen[0] == seen[1]
+    (live_said, saved_said), stored = seen[1]
+    # no gres/gpu accounting: a job whose TRES hold no GPU has its GPU usage unknown
+    assert live_said[:4] == (61, [(61, "2 fields, header has 10")], [],
+                             [(4 * k + 1, str(100 + 4 * k)) for k in range(15)])
+    assert saved_said[1] == [(62, "2 fields, header has 10")]
+    assert len(stored) == 60 and {r["source"] for r in stored} == {"saved"}
+    # the live import's unknown GPU count (no gres/gpu accounting) is kept by the saved file's 0
+    assert [r["gpus"] for r in stored[:5]] == [1, 2, 2, 2, 0] and stored[0]["job_id_raw"] == 100  # its last row
