@@ -114,3 +114,15 @@ def test_indented_marker_line_is_its_own_record_not_a_continuation():
     lines = ["[ 1.0] NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
              " 5月 19 07:08:57 node01 kernel: " + MSG]
     assert [e.xid for e in parse_lines(lines).events] == [13, 79]
+
+
+def test_a_saved_coloured_dmesg_is_read_as_the_plain_one():
+    """`dmesg --color=always > f` (or a `script` capture) wraps the stamp and the
+    subsystem ``NVRM: `` in SGR colour codes: the XID is read, not rejected."""
+    line = ("\x1b[32m[ 1843.308145] \x1b[0m\x1b[33mNVRM: \x1b[0mXid (PCI:0000:18:00): 79, pid=1, name=x, "
+            "GPU has fallen off the bus.")
+    res = parse_lines([line])
+    assert res.unparsed == 0
+    assert [(e.xid, e.pci_bus_id, e.monotonic_s, e.raw) for e in res.events] == [
+        (79, "0000:18:00", 1843.308145,
+         "[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.")]

@@ -183,6 +183,7 @@ _NAME_RE = re.compile(r"^name=(?P<name>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)")
 _GPU_UUID_RE = re.compile(
     rf"NVRM:\s*GPU at (?:PCI:)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<uuid>GPU-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
 )
+_SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
 _STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-fA-F]+|</?\w+>)")
 
 _MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
@@ -254,6 +255,8 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
     start = 0
     for n, line in enumerate(lines, 1):
         line = line.rstrip("\r\n")
+        if "\x1b" in line:  # a saved `dmesg --color=always`: colours around stamp and "NVRM: "
+            line = _SGR_RE.sub("", line)
         is_continuation = (
             current is not None
             and line[:1] in (" ", "\t")
