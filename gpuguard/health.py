@@ -313,9 +313,13 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         rows = []
         for ev in res.xid_events:
             g = by_pci.get(ev.pci_bus_id) if ev.kind != "sxid" and ev.pci_bus_id else None
+            # an event from a file any user can write to is kept for the operator but is no
+            # evidence (action record): the verdict's hardware-fault cause reads the others
+            untrusted = getattr(ev, "untrusted_source", None)
             rows.append(event_row(node=node, at=ev.timestamp or now, kind=ev.kind, code=ev.xid, gpu=g,
                                   pci_bus_id=ev.pci_bus_id, pid=ev.pid, process=ev.process, message=ev.message,
-                                  action=classify(ev).action, job_id=job_id, source="kernel_log", raw=ev.raw))
+                                  action="record" if untrusted else classify(ev).action, job_id=job_id,
+                                  source="kernel_log_untrusted" if untrusted else "kernel_log", raw=ev.raw))
         store.insert_many("events", rows)
     for table, rows in res.records.items():  # rows the checks asked to keep (idle baseline)
         store.insert_many(table, rows)

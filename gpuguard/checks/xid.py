@@ -42,8 +42,10 @@ def xid(ctx: CheckContext) -> list[Finding]:
             # Not a visible GPU: possibly the very GPU that fell off the bus, so the
             # catalog's action stands; the message says so.
             where = f"{pci or 'unknown device'} (not among the {len(ctx.snapshot.gpus)} visible GPUs)"
+        # read from a file any user can write to: the alert it gets is its severity too
+        severity = "warning" if untrusted and c.severity == "critical" else c.severity
         out.append(Finding(
-            f"{prefix}.{code}", c.severity,
+            f"{prefix}.{code}", severity,
             f"{'SXid' if kind == 'sxid' else 'XID'} {code} {c.name} on {where}" + (f" x{len(evs)}" if len(evs) > 1 else "")
             + (f" (read from {untrusted}, which can hold user messages: alert only)" if untrusted else ""),
             g.index if g else None, g.uuid if g else None,
