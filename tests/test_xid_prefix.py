@@ -34,6 +34,10 @@ PREFIXES = [
     ("2025-01-21T04:41:44.283302+0000 node01 kernel: ", ["iso", "host_kernel"]),  # short-iso-precise
     ("Fri 2024-05-17 07:08:57 UTC node01 kernel: ", ["iso", "host_kernel"]),  # -o short-full
     ("<4>1 2024-05-17T07:08:57.123+00:00 node01 kernel - - - ", ["priority", "iso", "rfc5424_kernel"]),
+    # RFC 5424 with several SD-ELEMENTs (an escaped "]" in a value), and the BOM of a UTF-8 MSG
+    ('<4>1 2024-05-17T07:08:57+00:00 node01 kernel - - [timeQuality tzKnown="1"][origin ip="10.0.0.1" x="a\\]b"] ',
+     ["priority", "iso", "rfc5424_kernel"]),
+    ("<4>1 2024-05-17T07:08:57+00:00 - kernel - - - \ufeff", ["priority", "iso", "rfc5424_kernel"]),
     ("<4>[ 12.5] ", ["priority", "bracket"]),  # dmesg -r
     ("kern  :warn  : [ 12.5] ", ["kern_level", "bracket"]),  # dmesg -x
     ("172.20.0.5: kern:    warn: [2024-07-09T19:12:01.426396139Z]: ", ["kern_level", "bracket"]),  # talosctl dmesg

@@ -67,7 +67,10 @@ TOKENS: tuple[tuple[str, str], ...] = (
     ("iso", rf"(?:{_W},?\s+)?\d{{4}}-\d\d-\d\d[T ]{_TIME}(?:Z|[+-]\d\d:?\d\d)?(?:\s+[A-Z]{{2,5}}(?=\s))?:?"),
     ("syslog_date", rf"(?:{_W},?\s+)?(?:{_W}\s+\d{{1,2}}\.?|\d{{1,2}}\.?\s+{_W}|{_CJK_MONTH}\s*\d{{1,2}}\s*[日일]?)"
                     rf"\s+{_TIME}(?:\s+\d{{4}}(?=\s))?"),
-    ("rfc5424_kernel", r"(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|\[[^\]]*\])"),
+    # HOST APP-NAME PROCID MSGID STRUCTURED-DATA (RFC 5424 §6): "-" or one or more
+    # SD-ELEMENTs whose quoted values may hold an escaped "]"; then the BOM a UTF-8 MSG
+    # starts with (§6.4)
+    ("rfc5424_kernel", r'(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
     # `kernel[0]:` only: the kernel logs as pid 0; `kernel[4242]:` is `logger -i -t kernel`
     ("host_kernel", r"[\w.-]+\s+kernel(?:\[0?\])?:"),
     ("kernel", r"kernel(?:\[0?\])?:"),
