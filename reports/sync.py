@@ -24,7 +24,6 @@ import operator
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from gpuguard.reports.sacct import (
@@ -39,7 +38,7 @@ from gpuguard.reports.sacct import (
     resolve_timezone,
     sniff_format,
 )
-from gpuguard.reports.jobstats import is_js1, store_readings
+from gpuguard.reports.sync_result import SyncResult, Tally
 from gpuguard.store import Store, StoreError
 
 CURSOR = "reports.sacct_sync"
@@ -59,12 +58,12 @@ _KEEP_IF_NULL = ("job_name", "user", "account", "partition", "qos", "submit_at",
 _FINAL_SQL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATES))
 
 
-def _upsert_sql(value=None, rows: str | None = None) -> str:
+def _upsert_sql(value=None, rows: str | None = None, order: str = "rowid") -> str:
     """The upsert of one job's values. ``value(column)``: the SQL of the incoming value of
     ``column`` (default: the numbered parameter ``?N`` of the column's place in
     :data:`COLUMNS`, for :meth:`executemany` of :func:`_row` tuples). ``rows``: a ``FROM``
-    clause to take the values from (an ``INSERT ... SELECT`` of a staged table, in its
-    rowid order), instead of ``VALUES``."""
+    clause to take the values from (an ``INSERT ... SELECT`` of a staged table, in the
+    ``order`` of its rows), instead of ``VALUES``."""
     cols = ", ".join(COLUMNS)
     at = {c: i + 1 for i, c in enumerate(COLUMNS)}
     value = value or (lambda c: f"?{at[c]}")
@@ -75,7 +74,7 @@ def _upsert_sql(value=None, rows: str | None = None) -> str:
                       f"COALESCE({value('submit_at')}, (SELECT MAX(j.attempt_at) FROM main.sacct_jobs AS j "
                       f"WHERE j.cluster = {value('cluster')} AND j.job_id_raw = {value('job_id_raw')}), 0)"
                       for c in COLUMNS)
-    values = f"VALUES ({marks})" if rows is None else f"SELECT {marks} FROM {rows} WHERE true ORDER BY rowid"
+    values = f"VALUES ({marks})" if rows is None else f"SELECT {marks} FROM {rows} WHERE true ORDER BY {order}"
     sets = []
     for c in COLUMNS:
         if c in ("cluster", "job_id_raw"):
@@ -119,73 +118,6 @@ _SUBMIT_AT = _ROW_KEYS.index("submit_at")
 def _row(j: dict) -> tuple:
     """Parameters of :data:`UPSERT_SQL` for one parsed job."""
     return _ROW_GETTER(j)
-
-
-@dataclass
-class SyncResult:
-    """What one import or sync did. ``malformed``: ``(line, message)`` of each skipped
-    row (line 1-based in the input; for JSON the index in ``jobs``). ``notes``: the same
-    for rows stored with something unknown (a ``|`` in JobName or Comment that either
-    could hold)."""
-
-    source: str
-    jobs: int = 0
-    steps_skipped: int = 0
-    malformed: list[tuple[int, str]] = field(default_factory=list)
-    notes: list[tuple[int, str]] = field(default_factory=list)
-    since: float | None = None
-    until: float | None = None
-    #: ``(line, job id)`` of stored rows no report can count: no Start (so no usage or
-    #: wait) and no End (so no outcome), yet not PENDING (the wait report's pending list).
-    unreportable: list[tuple[int, str]] = field(default_factory=list)
-    #: ``(line, job id)`` of stored rows whose GPU count is unknown (gpucount module).
-    gpus_unknown: list[tuple[int, str]] = field(default_factory=list)
-    #: Job ids seen more than once in this input with different submit times (requeued
-    #: attempts, ``sacct -D``): each attempt is stored and charged.
-    attempts: dict[str, int] = field(default_factory=dict)
-    #: GPU utilisation readings taken from jobstats ``JS1:`` AdminComments.
-    js1_readings: int = 0
-    #: Live sync: why sacct's full output was not taken line by line (a free-text field
-    #: held a newline), and where the jobs came from instead (:mod:`~gpuguard.reports.sacct_live`).
-    record_check: str | None = None
-
-    def summary(self) -> str:
-        """One line: what was stored and what of it no report (or no GPU figure) can count,
-        e.g. ``f.txt: 2 job(s) stored; 2 without Start/End: in no report (lines 2, 3)``."""
-        s = f"{self.source}: {self.jobs} job(s) stored"
-        requeued = {k: n for k, n in self.attempts.items() if n > 1}
-        if requeued:
-            s += f" ({sum(requeued.values())} attempts of {len(requeued)} requeued job(s), each charged)"
-        if self.notes:
-            s += f" ({len(self.notes)} with JobName/Comment unknown)"
-        if self.unreportable:
-            s += (f"; {len(self.unreportable)} without Start/End: in no report"
-                  f" ({_lines(self.unreportable)})")
-        if self.js1_readings:
-            s += f"; {self.js1_readings} GPU utilisation reading(s) from jobstats AdminComments"
-        if self.gpus_unknown:
-            s += (f"; {len(self.gpus_unknown)} with GPU usage unknown (no field carries their GPU count:"
-                  f" {_lines(self.gpus_unknown)})")
-        if self.steps_skipped:
-            s += f", {self.steps_skipped} step row(s) ignored"
-        if self.malformed:
-            s += f", {len(self.malformed)} malformed row(s) skipped"
-        if self.record_check:
-            s += f"; {self.record_check}"
-        return s
-
-
-def _lines(items: list[tuple[int, str]], n: int = 5) -> str:
-    """``lines 2, 3, 9 ...`` naming the first ``n`` rows (with the job id)."""
-    shown = ", ".join(f"{line} (job {jid})" for line, jid in items[:n])
-    more = f", ... {len(items) - n} more" if len(items) > n else ""
-    return f"line{'s' if len(items) > 1 else ''} {shown}{more}"
-
-
-def in_no_report(job: dict) -> bool:
-    """Whether a stored row reaches no report: cost, efficiency and wait need a Start,
-    failures an End (and a final state); the wait report lists PENDING jobs."""
-    return job["start_at"] is None and job["end_at"] is None and job["state"] != "PENDING"
 
 
 def upsert_jobs(store: Store, jobs: Iterable[dict], *, synced_at: float | None = None,
@@ -308,81 +240,6 @@ def _bulk_load(store: Store, batches: Iterator[list[tuple]], now: float) -> None
         rebuild_indexes(conn, indexes)
 
 
-class Tally:
-    """What an import says besides the rows it stores, counted job by job: the
-    :class:`SyncResult` lists (with their input lines), the submit times of each job id
-    (requeued attempts) and the jobstats ``JS1:`` AdminComments. One tally per input, or
-    one per chunk of a parallel import, merged in input order (:meth:`merge`)."""
-
-    def __init__(self) -> None:
-        self.malformed: list[tuple[int, str]] = []
-        self.notes: list[tuple[int, str]] = []
-        self.unreportable: list[tuple[int, str]] = []
-        self.gpus_unknown: list[tuple[int, str]] = []
-        self.steps_skipped = 0
-        self.first_submit: dict[str, float | None] = {}  # job id -> the first submit time seen
-        self.attempts: dict[str, set] = {}  # only job ids seen with two or more submit times
-        self.js1: list[tuple[int, str]] = []
-
-    def jobs(self, rows: Iterable[ParsedRow], gpus_tracked: bool | None = None,
-             free_text: dict | None = None) -> Iterator[dict]:
-        """The jobs of ``rows``, each counted; malformed rows and steps are counted, not
-        yielded. ``gpus_tracked``, ``free_text``: as :func:`import_text`."""
-        malformed, notes, first_submit = self.malformed, self.notes, self.first_submit
-        for r in rows:
-            if r.error is not None:
-                malformed.append((r.line, r.error))
-            elif r.step:
-                self.steps_skipped += 1
-            elif r.job is not None:
-                j = r.job
-                if free_text is not None:
-                    from gpuguard.reports.sacct_live import set_free_text
-
-                    set_free_text(j, free_text)
-                if r.note is not None:
-                    notes.append((r.line, r.note))
-                if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
-                    j["gpus"], j["gpu_source"] = None, "unknown: AccountingStorageTRES has no gres/gpu"
-                if j["start_at"] is None and in_no_report(j):
-                    self.unreportable.append((r.line, j["job_id"]))
-                if j["gpus"] is None:
-                    self.gpus_unknown.append((r.line, j["job_id"]))
-                jid, sub = j["job_id"], j["submit_at"]
-                prev = first_submit.setdefault(jid, sub)
-                if prev != sub:
-                    self.attempts.setdefault(jid, {prev}).add(sub)
-                ac = j["admin_comment"]
-                if ac and is_js1(ac):
-                    self.js1.append((j["job_id_raw"], ac))
-                yield j
-
-    def merge(self, other: Tally, line_offset: int) -> None:
-        """Add the tally of the input's next chunk, whose line 1 is this input's line
-        ``line_offset + 1``."""
-        for mine, theirs in ((self.malformed, other.malformed), (self.notes, other.notes),
-                             (self.unreportable, other.unreportable), (self.gpus_unknown, other.gpus_unknown)):
-            mine.extend((line + line_offset, what) for line, what in theirs)
-        self.steps_skipped += other.steps_skipped
-        self.js1.extend(other.js1)
-        first = self.first_submit
-        for jid in other.first_submit.keys() & first.keys():  # job ids both hold (a set of the smaller)
-            if first[jid] != other.first_submit[jid]:
-                self.attempts.setdefault(jid, {first[jid]}).add(other.first_submit[jid])
-            del other.first_submit[jid]
-        for jid, subs in other.attempts.items():
-            self.attempts.setdefault(jid, {first.get(jid, next(iter(subs)))}).update(subs)
-        first.update(other.first_submit)
-
-    def finish(self, store: Store, result: SyncResult) -> None:
-        """Hand the tally to ``result`` and store the jobstats readings it found."""
-        result.malformed, result.notes = self.malformed, self.notes
-        result.unreportable, result.gpus_unknown = self.unreportable, self.gpus_unknown
-        result.steps_skipped = self.steps_skipped
-        result.attempts = {k: len(v) for k, v in self.attempts.items()}
-        result.js1_readings = store_readings(store, self.js1)
-
-
 def _consume(store: Store, rows: Iterator[ParsedRow], result: SyncResult, synced_at: float,
              gpus_tracked: bool | None = None, expect_rows: int | None = None,
              free_text: dict | None = None) -> None:
@@ -447,9 +304,9 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
         expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
         from gpuguard.reports import sync_bulk
 
-        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
-            sync_bulk.import_parallel(store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now,
-                                      result=result, on_progress=on_progress, cache_kib=bulk_cache_kib(expect))
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
+                store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now, result=result,
+                on_progress=on_progress, cache_kib=bulk_cache_kib(expect)):
             return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
@@ -486,8 +343,9 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
         tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
                                      delimiter=delimiter, gpus_tracked=gpus_tracked)
-        sync_bulk.import_parallel(store, tasks, now=now, result=result, cache_kib=bulk_cache_kib(expect))
-        return result
+        if sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text,
+                                     cache_kib=bulk_cache_kib(expect)):
+            return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
     _consume(store, rows, result, now, gpus_tracked, expect_rows=expect, free_text=free_text)
@@ -569,5 +427,5 @@ def sync_from_slurm(store: Store, slurm, *, since: float | None = None, cluster:
     return result
 
 
-__all__ = ["CURSOR", "SacctParseError", "StoreError", "SyncResult", "import_file", "import_text",
+__all__ = ["CURSOR", "SacctParseError", "StoreError", "SyncResult", "Tally", "import_file", "import_text",
            "last_sync", "sync_from_slurm", "upsert_jobs"]

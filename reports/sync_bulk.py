@@ -1,38 +1,47 @@
-"""A bulk import of a large ``sacct -P`` file, parsed in worker processes.
+"""A bulk import of a large ``sacct -P`` input, parsed in worker processes.
 
-Parsing a ``-P`` row is Python work (about 15 µs a job) and binding its 39 values to
-SQLite is more (about 7 µs); the store's own work for a bulk load is C (an
-``INSERT ... SELECT``, the index builds, the commit). So the file is cut into chunks at
-line ends (:data:`CHUNK_BYTES`); worker processes (one per usable CPU) each parse a chunk
-with the same parser as the batched path (:func:`~gpuguard.reports.sacct.iter_pipe`, the
-header line put in front) into an in-memory SQLite table, and hand it back serialized.
-The importing process takes the chunks in file order, each into an attached in-memory
-schema (``sqlite3_deserialize``), and upserts them with the same upsert as the batched
-path (:func:`gpuguard.reports.sync._upsert_sql`, from a ``SELECT`` in the staged rows'
-order): while it stores one chunk the workers parse the next ones.
+Parsing a ``-P`` row is Python work (about 15 µs a job on the 2-CPU test VM) and binding
+its values to SQLite is more (about 5 µs); the store's own work for a bulk load is C (an
+``INSERT ... SELECT``, the index builds, the commit). So the input (a saved file, or a live
+sync's text) is cut into chunks at line ends (:data:`CHUNK_BYTES`); worker processes (one
+per usable CPU) each parse a chunk with the same parser as the one-process path
+(:func:`~gpuguard.reports.sacct.iter_pipe`, the header line put in front) into an
+in-memory SQLite table, and hand it back serialized. The importing process takes the
+chunks in input order, each into an attached in-memory schema (``sqlite3_deserialize``),
+and upserts them with the same upsert as the one-process path
+(:func:`gpuguard.reports.sync._upsert_sql`, from a ``SELECT`` in the staged rows' order):
+while it stores one chunk the workers parse the next ones.
 
 The load is one transaction, as :func:`gpuguard.reports.sync._bulk_load`: the secondary
 indexes are set aside and rebuilt at the end (:func:`rebuild_indexes`), and a failure
 anywhere, a worker's included, rolls all of it back. Line numbers, notes and attempts are
-counted per chunk (:class:`~gpuguard.reports.sync.Tally`) and merged in file order, so the
-result says what the batched path says (``tests/test_reports_sync.py`` checks every
-corpus file both ways).
+counted per chunk (:class:`~gpuguard.reports.sync_result.Tally`) and merged in input
+order, so the result says what the one-process path says (``tests/test_reports_sync.py``
+imports every corpus file both ways, cut every 40 bytes).
 
-Measured by ``bench/sync_1m.py``.
+Measured by ``bench/sync_1m.py`` (the README gives the figures).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
+import logging
 import multiprocessing
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import tzinfo
+from typing import TYPE_CHECKING
 
 from gpuguard.reports.sacct_fields import COLUMNS
+
+if TYPE_CHECKING:
+    from gpuguard.reports.sync_result import Tally
+
+log = logging.getLogger("gpuguard.reports.sync")
 
 #: Bytes of ``-P`` text a worker parses at a time (our choice: about 55,000 jobs, 14 MB
 #: staged; small enough that the importing process starts storing early and the workers
@@ -46,14 +55,21 @@ MAX_WORKERS = 4
 WORKERS: int | None = None
 #: The attached in-memory schema the chunks are deserialized into.
 STAGE = "gg_sync_stage"
-#: The columns a worker stages: those of a parsed job, but ``synced_at`` and ``source``
-#: (one value for the whole import) and ``attempt_at`` (derived in the upsert).
-STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "attempt_at"))
+#: Columns most jobs have empty (array and het job ids, AdminComment): a worker stages them
+#: in a side table (``staged_rare``, keyed by the staged row's rowid) for the jobs that have
+#: one, as binding a None costs several times a number.
+RARE_COLUMNS = ("array_job_id", "array_task_id", "het_job_id", "het_job_offset", "admin_comment")
+#: The columns a worker stages in table ``staged``: those of a parsed job, but ``synced_at``
+#: and ``source`` (one value for the whole import), ``attempt_at`` (derived in the upsert)
+#: and :data:`RARE_COLUMNS`.
+STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "attempt_at", *RARE_COLUMNS))
+_NO_RARE = (None,) * len(RARE_COLUMNS)
 #: Rows a worker binds per ``executemany``.
 _STAGE_BATCH = 4000
-#: Page cache while an index is built, KiB (our choice, ``bench/sync_1m.py``: SQLite's sorter
-#: then merges several sorted runs, on two threads (``PRAGMA threads``), instead of sorting
-#: all keys in one list; 1 M jobs' six indexes build about a third faster).
+#: Page cache while an index is built, KiB (our choice: SQLite's sorter then sorts runs that
+#: fit the CPU's caches and merges them, on the usable CPUs (``PRAGMA threads``), instead of
+#: sorting all keys in one list; on 1 M jobs a single-column index builds in 0.9 s instead
+#: of 1.6 s and the 13-column one in 2.2 s instead of 3.4 s, on 2 CPUs).
 INDEX_CACHE_KIB = 8192
 
 
@@ -123,15 +139,16 @@ def chunk_ranges(path: str, start: int, size: int, chunk_bytes: int) -> list[tup
 
 @dataclass
 class Chunk:
-    """What a worker hands back for one byte range: its staged rows (a serialized SQLite
-    database with table ``staged`` of :data:`STAGE_COLUMNS`), its line count, its tally
+    """What a worker hands back for one :class:`ChunkTask`: its staged rows (a serialized SQLite
+    database with table ``staged`` of :data:`STAGE_COLUMNS` and ``staged_rare`` of
+    :data:`RARE_COLUMNS`), its line count, its tally
     (lines numbered from the chunk's first line), the ``(job_id_raw, AdminComment)`` pairs
     with an AdminComment, whether a job had no submit time (so attempt 0), and its size."""
 
     data: bytes
     lines: int
     jobs: int
-    tally: object
+    tally: Tally
     admin: list[tuple[int, str]] = field(default_factory=list)
     no_submit: bool = False
     nbytes: int = 0
@@ -151,7 +168,8 @@ def _same(value):
 
 @dataclass
 class ChunkTask:
-    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself;
+    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself
+    (characters ``lo..hi`` of an input in memory, cut by :class:`ChunkPool`);
     ``header``: the input's header line, put in front of a chunk that does not start the
     input (None: the chunk starts it, or the input has none and ``fields`` names its
     columns); the rest as :func:`~gpuguard.reports.sync.import_text` takes them."""
@@ -172,7 +190,7 @@ class ChunkTask:
 def parse_chunk(task: ChunkTask) -> Chunk:
     """Worker: parse one :class:`ChunkTask` into a :class:`Chunk`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
-    from gpuguard.reports.sync import Tally
+    from gpuguard.reports.sync_result import Tally
 
     text = task.text
     if text is None:
@@ -188,17 +206,22 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     tally = Tally()
     db = sqlite3.connect(":memory:", isolation_level=None)
     db.execute(f"CREATE TABLE staged ({', '.join(STAGE_COLUMNS)})")
+    db.execute(f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(RARE_COLUMNS)})")
     insert = f"INSERT INTO staged VALUES ({', '.join('?' * len(STAGE_COLUMNS))})"
-    pick = _getter(STAGE_COLUMNS)
+    pick, pick_rare = _getter(STAGE_COLUMNS), _getter(RARE_COLUMNS)
     admin: list[tuple[int, str]] = []
+    rare: list[tuple] = []
     no_submit = False
     batch: list[tuple] = []
     jobs = 0
     db.execute("BEGIN")
     for j in tally.jobs(rows, task.gpus_tracked):
         batch.append(pick(j))
-        if j["admin_comment"]:
-            admin.append((j["job_id_raw"], j["admin_comment"]))
+        extra = pick_rare(j)
+        if extra != _NO_RARE:
+            rare.append((jobs + len(batch), *extra))  # the staged row's rowid: rows are numbered from 1
+            if j["admin_comment"]:
+                admin.append((j["job_id_raw"], j["admin_comment"]))
         if j["submit_at"] is None:
             no_submit = True
         if len(batch) >= _STAGE_BATCH:
@@ -208,6 +231,7 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     if batch:
         db.executemany(insert, batch)
         jobs += len(batch)
+    db.executemany(f"INSERT INTO staged_rare VALUES ({', '.join('?' * (1 + len(RARE_COLUMNS)))})", rare)
     db.execute("COMMIT")
     data = db.serialize()
     db.close()
@@ -260,28 +284,33 @@ def file_tasks(path: str, size: int, tz: tzinfo, cluster: str) -> list[ChunkTask
 def text_tasks(text: str, *, source: str, tz: tzinfo, cluster: str = "", fields: list[str] | None = None,
                delimiter: str = "|", gpus_tracked: bool | None = None) -> list[ChunkTask]:
     """The chunks of ``-P`` text in memory (its first line the header unless ``fields``
-    names the columns)."""
+    names the columns), as character ranges ``lo..hi`` of ``text``: :class:`ChunkPool`
+    cuts each one out as it hands the chunk to a worker (so the text is not held twice)."""
     header = None if fields is not None else io.StringIO(text, newline="").readline()
-    return [ChunkTask(source=source, tz=tz, cluster=cluster, text=text[lo:hi], fields=fields, delimiter=delimiter,
+    return [ChunkTask(source=source, tz=tz, cluster=cluster, lo=lo, hi=hi, fields=fields, delimiter=delimiter,
                       header=None if lo == 0 else header, gpus_tracked=gpus_tracked)
             for lo, hi in text_ranges(text, max(CHUNK_BYTES, len(header or "") + 1))]
 
 
 class ChunkPool:
     """The worker processes of one parallel import (a context manager): :meth:`chunks`
-    yields the :class:`Chunk` of every task in input order, parsed by ``n_workers``
+    yields the :class:`Chunk` of every task in input order (``text``: the input the tasks
+    of :func:`text_tasks` cut), parsed by ``n_workers``
     processes (forked where the platform can, so they start with the parser loaded;
     started before the import's transaction begins). A worker's exception is raised by
     :meth:`chunks`."""
 
-    def __init__(self, tasks: list[ChunkTask], n_workers: int):
-        self.tasks = tasks
+    def __init__(self, tasks: list[ChunkTask], n_workers: int, text: str | None = None):
+        self.tasks, self.text = tasks, text
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self.pool = ctx.Pool(max(1, min(n_workers, len(tasks))), initializer=_bind_null_fast)
 
     def chunks(self) -> Iterator[Chunk]:
-        return self.pool.imap(_parse, self.tasks)
+        tasks: Iterable[ChunkTask] = self.tasks
+        if self.text is not None:  # text tasks: each one's slice, made when the pool's feeder takes it
+            tasks = (dataclasses.replace(t, text=self.text[t.lo:t.hi]) for t in self.tasks)
+        return self.pool.imap(_parse, tasks)
 
     def __enter__(self) -> ChunkPool:
         return self
@@ -298,7 +327,11 @@ def staged_upsert_sql() -> str:
     from gpuguard.reports.sync import _upsert_sql
 
     consts = {"synced_at": ":synced_at", "source": ":source"}
-    return _upsert_sql(lambda c: consts.get(c) or f"s.{c}", rows=f"{STAGE}.staged AS s")
+
+    def value(c: str) -> str:
+        return consts.get(c) or (f"r.{c}" if c in RARE_COLUMNS else f"s.{c}")
+    return _upsert_sql(value, rows=f"{STAGE}.staged AS s LEFT JOIN {STAGE}.staged_rare AS r ON r.row = s.rowid",
+                       order="s.rowid")
 
 
 #: A staged job with a submit time replaces the job's attempt stored without one, as
@@ -348,34 +381,43 @@ def worth_it(size: int) -> bool:
     return workers() >= 2 and size >= 2 * CHUNK_BYTES
 
 
-def import_parallel(store, tasks: list[ChunkTask], *, now: float, result,
-                    on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> None:
-    """Import the chunks ``tasks`` (:func:`file_tasks`, :func:`text_tasks`) of one input
-    into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
+def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: str | None = None,
+                    on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> bool:
+    """Import the chunks ``tasks`` (:func:`file_tasks`, or :func:`text_tasks` of ``text``)
+    of one input into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
     :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. ``cache_kib``:
-    the page cache while it stores (restored after). Raises
-    :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before any
-    worker starts) and :class:`~gpuguard.store.StoreError`."""
+    the page cache while it stores (restored after). Returns False, having written nothing,
+    when no worker process can be started (the caller then imports in its own process).
+    Raises :class:`~gpuguard.reports.sacct.SacctParseError` for the input's header (before
+    any worker starts) and :class:`~gpuguard.store.StoreError`."""
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
-    from gpuguard.reports.sync import Tally
+    from gpuguard.reports.sync_result import Tally
 
     first = tasks[0]
-    head = first.text[:65536] if first.text is not None else header_line(first.path)[0]
+    head = text[:65536] if text is not None else header_line(first.path)[0]
     line = io.StringIO(head, newline="").readline()
     # the header's errors, here (a header-less input has none to find)
     list(iter_pipe([line] if first.fields is None else [], conv=TimeConverter(first.tz), cluster=first.cluster,
                    fields=first.fields, delimiter=first.delimiter, source=first.source))
+    try:
+        pool = ChunkPool(tasks, workers(), text)
+    except (OSError, AssertionError, ValueError) as e:
+        # no processes to be had (a process limit; a daemonic caller, which multiprocessing
+        # refuses children): the caller imports in this process instead, nothing written yet
+        log.warning("sacct import: no worker processes (%s); parsing in this process", e)
+        return False
     tally = Tally()
     conn = store.db.conn
     old_cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
     try:
-        with ChunkPool(tasks, workers()) as pool:
+        with pool:
             result.jobs = store._guard("sacct cache bulk load", lambda: load_chunks(
                 store, pool.chunks(), now, result.source, tally, on_progress))
     finally:
         conn.execute(f"PRAGMA cache_size = {int(old_cache)}")
     tally.finish(store, result)
+    return True
 
 
 __all__ = ["CHUNK_BYTES", "STAGE_COLUMNS", "Chunk", "ChunkPool", "ChunkTask", "chunk_ranges", "file_tasks",

@@ -162,3 +162,13 @@ def test_live_sync_text_in_chunks_stores_and_says_what_the_batched_path_does(tmp
     assert len(stored) == 60 and {r["source"] for r in stored} == {"saved"}
     # the live import's unknown GPU count (no gres/gpu accounting) is kept by the saved file's 0
     assert [r["gpus"] for r in stored[:5]] == [1, 2, 2, 2, 0] and stored[0]["job_id_raw"] == 100  # its last row
+
+
+def test_no_worker_processes_to_be_had_means_the_import_runs_in_this_process(cstore, parallel, monkeypatch, caplog):
+    def refuse(*a, **k):
+        raise OSError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(bulk_mod.multiprocessing, "get_context", lambda *a: type("C", (), {"Pool": refuse})())
+    res = import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    assert (res.jobs, res.malformed) == (14, [])
+    assert cstore.query("SELECT COUNT(*) AS n FROM sacct_jobs")[0]["n"] == 14
+    assert "no worker processes ([Errno 11] Resource temporarily unavailable); parsing in this process" in caplog.text
