@@ -220,3 +220,36 @@ def test_scan_a_line_is_what_ends_in_newline_not_a_unicode_separator(tmp_path):
         assert json.loads(result.stdout) == []
         shown = f"node1 alice: hello{sep}Dec  1 03:00:00 node1"[:37] + "..."
         assert result.stderr.splitlines()[:2] == ["unparsed NVRM lines: 1", f"  1 x not a kernel-log prefix: {shown!r}"]
+
+
+def test_scan_reads_journalctl_export_and_verbose_kernel_entries_only(tmp_path):
+    """`journalctl -o export` (KEY=value, blank line between entries) and `-o verbose`
+    (header line, indented fields): the kernel's XID is an event at its MESSAGE line, a
+    `logger -t kernel` entry is counted as rejected, never an event."""
+    msg = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    forged = msg.replace("91:00", "18:00")
+    export = "\n".join([
+        "__CURSOR=s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece7;b=6c7c;m=1;t=2;x=3",
+        "__REALTIME_TIMESTAMP=1716000000000000", "__MONOTONIC_TIMESTAMP=6781741548779", "_TRANSPORT=kernel",
+        "PRIORITY=4", "SYSLOG_IDENTIFIER=kernel", f"MESSAGE={msg}", "_HOSTNAME=n1", "",
+        "__CURSOR=s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece8;b=6c7c;m=2;t=3;x=4",
+        "__REALTIME_TIMESTAMP=1716000001000000", "_TRANSPORT=syslog", "SYSLOG_IDENTIFIER=kernel",
+        f"MESSAGE={forged}", ""]) + "\n"
+    verbose = "\n".join([
+        "Sat 2024-05-18 02:40:00.000000 UTC [s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece7;b=6c7c;m=1;t=2;x=3]",
+        "    _TRANSPORT=kernel", "    PRIORITY=4", "    _SOURCE_MONOTONIC_TIMESTAMP=6781741548779",
+        f"    MESSAGE={msg}",
+        "Sat 2024-05-18 02:40:01.000000 UTC [s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece8;b=6c7c;m=2;t=3;x=4]",
+        "    _TRANSPORT=syslog", "    SYSLOG_IDENTIFIER=kernel", f"    MESSAGE={forged}"]) + "\n"
+    for name, text, want in (("export", export, ("0000:91:00", 79, 7, 1716000000.0, 6781741.548779), ),
+                             ("verbose", verbose, ("0000:91:00", 79, 5, None, 6781741.548779))):
+        path = tmp_path / f"journal.{name}"
+        path.write_text(text)
+        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        assert [(r["pci_bus_id"], r["xid"], r["line_no"], r["timestamp"], r["monotonic_s"])
+                for r in json.loads(result.stdout)] == [want], name
+        line = 14 if name == "export" else 9
+        assert result.stderr.splitlines() == ["unparsed NVRM lines: 1",
+                                              "  1 x journal entry not from the kernel (_TRANSPORT=syslog)",
+                                              f"  line {line}: {forged}"], name

@@ -1,6 +1,7 @@
 """A kernel log given as text (a file, stdin, ``[xid] kernel_log``) -> XID events:
-:func:`gpuguard.xid.parse.parse_lines`, except that a saved ``journalctl -o json`` export
-is recognised and read as the structured source it is."""
+:func:`gpuguard.xid.parse.parse_lines`, except that a saved journald export (``journalctl
+-o json`` / ``json-seq`` / ``export`` / ``verbose``) is recognised and read as the
+structured source it is (:mod:`gpuguard.xid.journal_export`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from collections.abc import Iterable
 from itertools import chain
 
 from gpuguard.xid.parse import ParseResult, has_marker, parse_lines
-from gpuguard.xid.records import is_journal_entry, journal_export
+from gpuguard.xid.journal_export import export_format, kernel_lines
 
 
 def parse_log(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
     """:func:`parse_lines` for a log given as text (``lines`` may be a stream, read
-    once), except that a saved ``journalctl -o json`` export (first non-blank line a
-    journal entry) is read as the structured source it is
-    (:func:`gpuguard.xid.records.journal_export`); event ``line_no`` is the export's."""
+    once), except that a saved journald export (told by its first non-blank line) is read
+    as the structured source it is (:func:`gpuguard.xid.journal_export.kernel_lines`);
+    event ``line_no`` is the export's (an entry's MESSAGE line)."""
     it = iter(lines)
     head: list[str] = []
     if not structured:
@@ -24,13 +25,14 @@ def parse_log(lines: Iterable[str], *, structured: bool = False) -> ParseResult:
             head.append(line)
             if line.strip():
                 break
-    if structured or not head or not is_journal_entry(head[-1]):
+    fmt = None if structured or not head else export_format(head[-1])
+    if fmt is None:
         return parse_lines(chain(head, it), structured=structured)
     others: list[tuple[int, str, str]] = []
     origin = array("q")
 
     def canonical() -> Iterable[str]:
-        for n, line in journal_export(enumerate(chain(head, it), 1), others, has_marker):
+        for n, line in kernel_lines(fmt, enumerate(chain(head, it), 1), others, has_marker):
             origin.append(n)
             yield line
 

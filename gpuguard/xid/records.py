@@ -10,9 +10,7 @@ it), continuation lines of a multi-line record indented. With those lines
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterable, Iterator
 
 def log_lines(data: bytes) -> list[str]:
     """Log bytes as lines: split at ``\\n`` only (a trailing ``\\r`` dropped), runs of NUL
@@ -92,55 +90,3 @@ def journal_lines(entry: dict) -> list[str]:
 
         iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
     return canonical_lines(message, usec, iso)
-
-
-
-
-def _journal_entry(line: str) -> dict | None:
-    """One ``journalctl -o json`` (or ``json-seq``: a leading RS byte) line as a dict
-    holding ``MESSAGE`` or ``__CURSOR``, else None."""
-    text = line.strip().lstrip("\x1e")
-    if not text.startswith("{"):
-        return None
-    try:
-        entry = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(entry, dict) and ("MESSAGE" in entry or "__CURSOR" in entry):
-        return entry
-    return None
-
-
-def is_journal_entry(line: str) -> bool:
-    """Whether ``line`` is one entry of a ``journalctl -o json`` / ``json-seq`` export."""
-    return _journal_entry(line) is not None
-
-
-def journal_export(lines: Iterable[tuple[int, str]], others: list[tuple[int, str, str]],
-                   keep: Callable[[str], bool]) -> Iterator[tuple[int, str]]:
-    """Read ``(line number, line)`` pairs of a saved ``journalctl -o json`` / ``-o
-    json-seq`` export (one entry per line; :func:`is_journal_entry` tells one).
-
-    Yields ``(line number, canonical line)`` (:func:`canonical_lines`) for the entries
-    with ``_TRANSPORT=kernel``, and appends ``(line number, reason, text)`` to ``others``
-    for every other non-blank line whose text ``keep`` accepts (an entry userspace wrote,
-    with its MESSAGE as text, or a line that is not an entry). The kernel's entries are
-    the structured source journald keeps, so ``logger -t kernel`` text in the same export
-    (``_TRANSPORT=syslog``) is told apart exactly as the live ``journalctl`` source does
-    (:func:`gpuguard.xid.kernel_log.read_journalctl`)."""
-    for n, line in lines:
-        if not line.strip():
-            continue
-        entry = _journal_entry(line)
-        if entry is None:
-            if keep(line):
-                others.append((n, "not a journal JSON entry in a journalctl -o json export", line))
-            continue
-        if entry.get("_TRANSPORT") != "kernel":
-            message = _journal_message(entry.get("MESSAGE")) or ""
-            if keep(message):
-                others.append((n, f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})",
-                               message))
-            continue
-        for out in journal_lines(entry):
-            yield n, out
