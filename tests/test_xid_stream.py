@@ -80,3 +80,17 @@ def test_scan_a_nul_run_across_chunks_is_one_line_end_and_a_long_nul_file_is_nam
     zeros.write_bytes(b"\x00" * 100)
     r = runner().invoke(xid, ["scan", str(zeros)])
     assert (r.exit_code, r.stderr) == (2, f"Error: {zeros} holds only NUL bytes (100 bytes), not a kernel log\n")
+
+
+def test_scan_reads_a_utf16_copy_of_a_log(tmp_path, monkeypatch):
+    """A log copied through Windows tools is UTF-16 with a byte-order mark: its NUL bytes
+    are text, not line ends ("no XID events" on it would hide the fault); any chunking."""
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 5)
+    text = "[ 1.000000] usb 1-1: new device\r\n" + XID79.decode() + "\u00e9t\u00e9\n"
+    for codec in ("utf-16", "utf-16-be"):
+        path = tmp_path / f"kern-{codec}.log"
+        data = text.encode(codec)
+        path.write_bytes(data if codec == "utf-16" else b"\xfe\xff" + data)
+        r = runner().invoke(xid, ["scan", "--json", str(path)])
+        assert r.exit_code == 0, r.stderr
+        assert [(e["pci_bus_id"], e["line_no"], e["xid"]) for e in json.loads(r.stdout)] == [("0000:06:00", 2, 79)]

@@ -77,6 +77,8 @@ def _checked_head(stream: LogStream) -> Iterator[bytes]:
         if size >= HEAD_BYTES:
             break
     data = b"".join(head)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # a UTF-16 copy (Windows tools): its NULs are text
+        return _utf16_as_utf8(chain(head, chunks))
     nul_only = data and not data.strip(b"\x00")
     while nul_only:  # only NUL bytes so far: the whole file may be (a file zeroed by a crash)
         more = next(chunks, None)
@@ -91,6 +93,16 @@ def _checked_head(stream: LogStream) -> Iterator[bytes]:
     if why:
         raise FileError(f"{stream.name} {why}")
     return chain(head, chunks)
+
+
+def _utf16_as_utf8(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """UTF-16 bytes with a byte-order mark, re-encoded as UTF-8 chunk by chunk."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-16")("replace")
+    for chunk in chunks:
+        yield dec.decode(chunk).encode("utf-8")
+    yield dec.decode(b"", final=True).encode("utf-8")
 
 
 def _scan(path: str) -> tuple[ParseResult, str | None]:
