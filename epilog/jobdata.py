@@ -239,9 +239,22 @@ def _load_hw(store: Any, tables: set[str], job_id: str, job_nodes: list[str], st
             f"select * from findings where ((at >= ? and at <= ?{jf}) or (job_id = ? and at >= ?)) "
             "and code not like 'verdict.%' and code not like 'baseline.%' order by at",
             [lo, hi, *jparams, job_id, lo])
-        hw_findings = [r for r in rows if r["severity"] == "critical"
-                       or (r["code"].startswith(_HW_FINDING_PREFIXES) and r.get("action") != "record")]
+        hw_findings = [r for r in rows if (r["severity"] == "critical"
+                       or (r["code"].startswith(_HW_FINDING_PREFIXES) and r.get("action") != "record"))
+                       and not _untrusted(r)]
     return hw_events, hw_findings
+
+
+def _untrusted(finding: dict[str, Any]) -> bool:
+    """A finding read from a kernel-log file any user can write to (``logger -t kernel``):
+    it alerts the operator but is no evidence that the machine slowed the job."""
+    text = finding.get("evidence") or ""
+    if "untrusted_source" not in text:
+        return False
+    try:
+        return bool(json.loads(text).get("untrusted_source"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData:

@@ -122,7 +122,8 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
 
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings, 3 could not
     check (a file that is missing, unreadable or not the format named, a bad option or
-    config, no GPU source readable; one line on stderr): the monitoring-plugin convention
+    config, no GPU source readable; one line on stderr; also when nothing worse was found
+    but the kernel log to scan could not be read, its tool error on stderr): the monitoring-plugin convention
     (Nagios plugin guidelines: 3 UNKNOWN). Reads the node store for history but writes
     nothing unless --record is given.
     """
@@ -178,6 +179,7 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
         doc = summarize(res.decision)
         doc["tool_errors"] = res.tool_errors
         doc["gpus"] = len(res.snapshot.gpus)
+        doc["incomplete"] = res.snapshot.incomplete
         emit(fmt, doc)
     elif fmt == "csv":
         emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
@@ -190,8 +192,18 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
         click.echo(f"decision: {res.decision.outcome}" + (f" ({res.decision.reason})" if res.decision.reason else ""))
     for e in res.tool_errors if fmt != "json" else []:
         click.echo(f"tool error: {e}", err=True)
+    sys.exit(_check_status(res, fmt))
+
+
+def _check_status(res: Any, fmt: str) -> int:
+    """``gpuguard check``'s exit status for a health result (its docstring)."""
     worst = res.worst_severity
-    sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
+    if res.snapshot.incomplete and fmt != "json":
+        click.echo(f"incomplete: {res.snapshot.incomplete}", err=True)
+    if worst not in ("critical", "warning") and (not res.kernel_log_read or res.snapshot.incomplete):
+        # the XID scan did not happen, or the dump was cut: "healthy" would be a pass on an unread input
+        return CHECK_UNKNOWN
+    return {"critical": 2, "warning": 1}.get(worst or "", 0)
 
 
 def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:

@@ -40,6 +40,9 @@ class HealthResult:
     run_id: int | None = None
     #: ``table -> rows`` the checks want stored with the run (``CheckContext.records``)
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: False when the kernel log was to be scanned but could not be read (unreadable
+    #: source, failed tool, cursor lock held): no XID finding means nothing then
+    kernel_log_read: bool = True
 
     @property
     def worst_severity(self) -> str | None:
@@ -95,7 +98,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     reported in ``tool_errors`` with their reasons.
     """
     from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
-    from gpuguard.xid.parse import parse_lines
+    from gpuguard.xid.logtext import parse_log
 
     src = source or cfg.get("xid", "kernel_log")
     structured = is_structured(src)
@@ -113,7 +116,7 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
         return [], None, [*errors, f"kernel log: {e}"]
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
-    res = parse_lines(lines, structured=structured)
+    res = parse_log(lines, structured=structured)
     if res.unparsed:
         errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
     if not trusted:
@@ -272,6 +275,7 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
                   scan_xid=scan_xid, store=store, lock_cursor=record)
     try:
         result = judge(cfg, col, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus, record=record)
+        result.kernel_log_read = not scan_xid or col.new_cursor is not None
         if store is not None and record:
             try:
                 result.run_id = record_run(store, cfg, hook, job_id, col.started, result, col.new_cursor)
@@ -309,9 +313,13 @@ def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: 
         rows = []
         for ev in res.xid_events:
             g = by_pci.get(ev.pci_bus_id) if ev.kind != "sxid" and ev.pci_bus_id else None
+            # an event from a file any user can write to is kept for the operator but is no
+            # evidence (action record): the verdict's hardware-fault cause reads the others
+            untrusted = getattr(ev, "untrusted_source", None)
             rows.append(event_row(node=node, at=ev.timestamp or now, kind=ev.kind, code=ev.xid, gpu=g,
                                   pci_bus_id=ev.pci_bus_id, pid=ev.pid, process=ev.process, message=ev.message,
-                                  action=classify(ev).action, job_id=job_id, source="kernel_log", raw=ev.raw))
+                                  action="record" if untrusted else classify(ev).action, job_id=job_id,
+                                  source="kernel_log_untrusted" if untrusted else "kernel_log", raw=ev.raw))
         store.insert_many("events", rows)
     for table, rows in res.records.items():  # rows the checks asked to keep (idle baseline)
         store.insert_many(table, rows)

@@ -296,6 +296,9 @@ class NodeSnapshot:
     driver_version: str | None = None
     cuda_version: str | None = None
     error: str | None = None
+    #: set (one line) when a saved dump was read only in part (cut short): the GPUs were
+    #: judged on what it holds, so finding nothing there proves nothing
+    incomplete: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

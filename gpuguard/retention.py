@@ -12,8 +12,9 @@ bounded by ``[store] prune_budget_s``):
 2. ``host_samples`` older than ``raw_days`` are deleted, and the training records
    (``steps``, ``checkpoints``, ``step_windows``) of the jobs whose summary is older than
    ``raw_days`` (the summary keeps their aggregates), job by job in summary order from a
-   cursor (``retention.records``), in bounded deletes, so a budget can stop anywhere (the
-   records of a job that was never summarised, e.g. its node died, stay);
+   cursor (``retention.records``), in bounded deletes, so a budget can stop anywhere; and
+   those of a job that was never summarised (its node died before the Epilog) once its
+   newest record is older than ``raw_days``;
 3. ``gpu_minutes`` older than ``[store] minutes_days`` are deleted, and GPU series left
    without rows;
 4. only when asked (``summaries_days``/``events_days`` not None): ``job_summaries``,
@@ -87,19 +88,71 @@ def _prune_records(store: Any, raw_cut: float, stop_at: float | None) -> tuple[i
                         "created_at < ? order by created_at", (since, raw_cut)).fetchall()
     deleted = 0
     for job_id, node, created in jobs:
-        while True:
-            if stop_at is not None and time.monotonic() >= stop_at:
-                return deleted, False
-            with store.tx():
-                n = conn.execute("delete from steps where rowid in (select rowid from steps where job_id = ? and "
-                                 "node = ? limit ?)", (job_id, node, RECORD_BATCH)).rowcount
-                if n < RECORD_BATCH:
-                    conn.execute("delete from checkpoints where job_id = ? and node = ?", (job_id, node))
-                    conn.execute("delete from step_windows where job_id = ? and node = ?", (job_id, node))
-            deleted += n
-            if n < RECORD_BATCH:
-                break
+        n, done = _delete_job_records(store, job_id, node, stop_at)
+        deleted += n
+        if not done:
+            return deleted, False
         store.set_cursor(RECORDS_CURSOR, repr(created))
+    n, done = _prune_orphan_records(store, raw_cut, stop_at)
+    return deleted + n, done
+
+
+def _delete_job_records(store: Any, job_id: str, node: str, stop_at: float | None) -> tuple[int, bool]:
+    """Delete one job's training records on ``node`` in bounded deletes. Returns
+    ``(step rows deleted, finished)``."""
+    conn = store.db.conn
+    deleted = 0
+    while True:
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return deleted, False
+        with store.tx():
+            n = conn.execute("delete from steps where rowid in (select rowid from steps where job_id = ? and "
+                             "node = ? limit ?)", (job_id, node, RECORD_BATCH)).rowcount
+            if n < RECORD_BATCH:
+                conn.execute("delete from checkpoints where job_id = ? and node = ?", (job_id, node))
+                conn.execute("delete from step_windows where job_id = ? and node = ?", (job_id, node))
+                conn.execute("delete from train_offsets where job_id = ? and node = ?", (job_id, node))
+        deleted += n
+        if n < RECORD_BATCH:
+            return deleted, True
+
+
+def _newest_record_t(conn: Any, job_id: str, node: str) -> float | None:
+    """The newest time among each rank's highest-step record: a few index seeks per rank
+    on ``steps (job_id, node, rank, step)`` (a loose index scan), not a pass over the
+    job's rows."""
+    key = (job_id, node)
+    last = "select t from steps where job_id = ? and node = ? and {} order by step desc limit 1"
+    first = "select min(rank) from steps where job_id = ? and node = ?"
+    row = conn.execute(last.format("rank is null"), key).fetchone()
+    times = [row[0]] if row else []
+    rank = conn.execute(first, key).fetchone()[0]
+    while rank is not None:
+        times.append(conn.execute(last.format("rank = ?"), (*key, rank)).fetchone()[0])
+        rank = conn.execute(first + " and rank > ?", (*key, rank)).fetchone()[0]
+    times = [t for t in times if t is not None]
+    return max(times) if times else None
+
+
+def _prune_orphan_records(store: Any, raw_cut: float, stop_at: float | None) -> tuple[int, bool]:
+    """Delete the training records of jobs that were never summarised (their node died
+    or the Epilog never ran), once their newest record is older than ``raw_cut``: the
+    collector's ingest bookkeeping (``train_offsets``, dropped by the Epilog) names them.
+    A job with no record time, or a recent one (a job still running), stays."""
+    conn = store.db.conn
+    jobs = conn.execute("select distinct o.job_id, o.node from train_offsets o where not exists "
+                        "(select 1 from job_summaries j where j.job_id = o.job_id and j.node = o.node)").fetchall()
+    deleted = 0
+    for job_id, node in jobs:
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return deleted, False
+        newest = _newest_record_t(conn, job_id, node)
+        if newest is None or newest >= raw_cut:
+            continue
+        n, done = _delete_job_records(store, job_id, node, stop_at)
+        deleted += n
+        if not done:
+            return deleted, False
     return deleted, True
 
 

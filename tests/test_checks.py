@@ -156,3 +156,31 @@ def test_xid_on_an_address_that_is_not_a_visible_gpu_still_counts():
     assert (f.code, f.severity, f.gpu_index) == ("xid.79", "critical", None)
     assert f.message == "XID 79 GPU has fallen off the bus on 0000:91:00 (not among the 2 visible GPUs)"
     assert f.evidence["catalog_action"] == "drain"
+
+
+def test_xid_group_takes_its_strongest_event_and_154_its_last():
+    """A Fatal NVLink5 row after a Nonfatal one on the same GPU drains; XID 154 acts on
+    the last recovery action the driver printed, whatever came before."""
+    from gpuguard.policy import decide
+    from gpuguard.xid.parse import parse_lines
+
+    lines = [
+        "[1.000000] NVRM: Xid (PCI:0009:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226)",
+        "[2.000000] NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6)",
+        "[3.000000] NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to 0x0 (None)",
+        "[4.000000] NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot)",
+        "[5.000000] NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+        "[6.000000] NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)",
+    ]
+    found = run(node_snapshot(2), xid_events=parse_lines(lines, structured=True).events)
+    got = {(f.code, f.evidence["pci_bus_id"]): (f.severity, f.evidence["catalog_action"], f.evidence["count"],
+                                                f.evidence["message"]) for f in found}
+    assert got == {
+        ("xid.149", "0009:01:00"): ("critical", "drain", 2,
+                                    "NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6)"),
+        ("xid.154", "0018:01:00"): ("critical", "drain", 2,
+                                    "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot)"),
+        ("xid.154", "0019:01:00"): ("info", "record", 2,
+                                    "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"),
+    }
+    assert decide(found).outcome == "drain"

@@ -212,3 +212,28 @@ def test_check_separates_could_not_check_3_from_critical_2(tmp_path):
     assert r.exit_code == 0 and json.loads(r.output)["outcome"] == "proceed"
     r = invoke("gpu", "show", "--from-nvidia-smi", "/nonexistent/dump.txt")  # other commands: bad input is 2
     assert r.exit_code == 2
+
+
+def test_check_with_an_unreadable_kernel_log_is_unknown_not_healthy(monkeypatch):
+    """The XID scan could not happen (here /dev/kmsg refused): with nothing worse found,
+    `check` exits 3 (could not check) with the reason on stderr, not 0; a warning or a
+    critical finding still exits 1 or 2."""
+    from gpuguard.xid import kernel_log
+
+    def refused(*_a, **_kw):
+        raise kernel_log.KernelLogError("cannot open /dev/kmsg: Permission denied")
+
+    monkeypatch.setattr(kernel_log, "read_kmsg", refused)
+    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps stderr apart
+        runner = CliRunner()
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", "kmsg"])
+    assert (r.exit_code, r.stdout.splitlines()[-1]) == (3, "decision: proceed")
+    assert r.stderr == "tool error: kernel log: cannot open /dev/kmsg: Permission denied\n"
+    dump = str(DATA / "nvsmi-q-h100x8-535.183.01-full.txt")
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", dump, "--kernel-log", "kmsg"])
+    assert r.exit_code == 2
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", "none"])
+    assert r.exit_code == 0

@@ -59,6 +59,15 @@ def test_file_zero_filled_block_after_a_crash_does_not_hide_the_next_kernel_line
     assert cur == f"file:{log.stat().st_dev}:{log.stat().st_ino}:{log.stat().st_size}"
 
 
+def test_file_lines_end_at_newline_only(tmp_path):
+    # a user's syslog message may hold U+2028 / U+0085 / form feed: its tail is not a line
+    log = tmp_path / "syslog"
+    log.write_bytes("a: x\u2028k: y\u0085z\x0cw\r\nnext\n".encode())
+    lines, cur = read_since(str(log), None, 5)
+    assert lines == ["a: x\u2028k: y\u0085z\x0cw", "next"]
+    assert cur.endswith(f":{log.stat().st_size}")
+
+
 def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("a much longer first line\nsecond\n")
@@ -72,6 +81,57 @@ def test_file_truncation_and_new_inode_restart_at_zero(tmp_path):
     os.replace(rotated, log)
     lines, _ = read_since(str(log), cur, 5)
     assert lines == ["short", "fresh"]
+
+
+XID79 = ("Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
+         "name=<unknown>, GPU has fallen off the bus.")
+
+
+@pytest.mark.parametrize("rotated_name", ["kern.log.1", "kern.log-20261201"])
+def test_file_rotated_by_rename_keeps_the_lines_written_before_the_rename(tmp_path, rotated_name):
+    # logrotate renames kern.log (delaycompress / dateext) and rsyslog opens a new one: the
+    # XID written between the last read and the rename is in the renamed file
+    log = tmp_path / "kern.log"
+    log.write_text("Nov 30 12:00:00 n1 kernel: usb 1-1: new device\n")
+    _, cur = read_since(str(log), None, 5)
+    with log.open("a") as f:
+        f.write(XID79 + "\nNov 30 12:01:01 n1 kernel: last line, no newline")
+    os.rename(log, tmp_path / rotated_name)
+    (tmp_path / "kern.log.2.gz").write_bytes(b"\x1f\x8b")  # an older rotation: not the inode
+    log.write_text("Nov 30 12:02:00 n1 kernel: fresh\n")
+    lines, cur2 = read_since(str(log), cur, 5)
+    assert lines == [XID79, "Nov 30 12:01:01 n1 kernel: last line, no newline", "Nov 30 12:02:00 n1 kernel: fresh"]
+    assert [(e.xid, e.pci_bus_id) for e in parse_lines(lines).events] == [(79, "0000:06:00")]
+    st = log.stat()
+    assert cur2 == f"file:{st.st_dev}:{st.st_ino}:{st.st_size}"
+    assert read_since(str(log), cur2, 5) == ([], cur2)
+
+
+def test_file_rotated_rest_over_the_cap_continues_in_the_rotated_file(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("aaaa\n")
+    _, cur = read_since(str(log), None, 5)
+    with log.open("a") as f:
+        f.write("bbbb\ncccc\n")
+    old_ino = log.stat().st_ino
+    os.rename(log, tmp_path / "kern.log.1")
+    log.write_text("dddd\n")
+    lines, cur2 = read_since(str(log), cur, 5, max_bytes=5)
+    assert (lines, cur2) == (["bbbb"], f"file:{log.stat().st_dev}:{old_ino}:10")
+    lines, cur3 = read_since(str(log), cur2, 5, max_bytes=5)
+    assert (lines, cur3) == (["cccc"], f"file:{log.stat().st_dev}:{log.stat().st_ino}:0")
+    lines, _ = read_since(str(log), cur3, 5, max_bytes=5)
+    assert lines == ["dddd"]
+
+
+def test_file_rotated_file_gone_or_a_symlink_starts_the_new_file_at_zero(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("aaaa\n")
+    _, cur = read_since(str(log), None, 5)
+    os.rename(log, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "kern.log.1")  # same inode behind a link
+    log.write_text("bbbb\n")
+    assert read_since(str(log), cur, 5)[0] == ["bbbb"]
 
 
 def test_file_cap_limits_bytes_per_call(tmp_path):
@@ -324,3 +384,21 @@ def test_file_source_refuses_fifo_without_hanging(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(KernelLogError, match=f"cannot read {fifo}: not a regular file"):
         read_since(str(fifo), None, 1.0)
+
+
+def test_dmesg_raw_caller_id_is_dmesgs_field_not_the_message():
+    """On a kernel with CONFIG_PRINTK_CALLER, `dmesg -r` prints the caller id after the
+    stamp: the kernel's XID still starts its message; a user's /dev/kmsg write (facility
+    user) still never counts."""
+    raw = ["<4>[ 1843.308145] [ T1234] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+           "GPU has fallen off the bus.",
+           "<4>[ 1843.400000] [    C3] NVRM: Xid (PCI:0000:19:00): 48, pid=12, name=python, DBE",
+           "<12>[ 1843.500000] [ T4242] NVRM: Xid (PCI:0000:1a:00): 79, pid=1, name=x, GPU has fallen off the bus."]
+    lines = records.dmesg_canonical(raw)
+    assert lines[:2] == ["[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+                         "GPU has fallen off the bus.",
+                         "[ 1843.400000] NVRM: Xid (PCI:0000:19:00): 48, pid=12, name=python, DBE"]
+    res = parse_lines(lines, structured=True)
+    assert [(e.xid, e.pci_bus_id, e.monotonic_s) for e in res.events] == [(79, "0000:18:00", 1843.308145),
+                                                                           (48, "0000:19:00", 1843.4)]
+    assert res.unparsed == 0

@@ -396,3 +396,30 @@ GPU 00000000:10:1C.0
     ]
     assert [c.key for c in root.children] == ["GPU 00000000:10:1C.0"]
     assert parse_nvsmi_text(text).gpus[0].remapped_rows_pending is True
+
+
+def test_a_dump_cut_short_is_marked_incomplete_and_check_cannot_pass_it(tmp_path):
+    """`head -c` (no final newline) or a multi-GPU dump cut between lines (its last
+    section lacks keys the first has) reads what is there and says it is incomplete;
+    `gpuguard check` then exits 3, not 0 "no findings". Whole dumps are not marked."""
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+
+    full = (DATA / "nvsmi-q-h100x8-535.183.01-full.txt").read_text()
+    assert parse_nvsmi_text(full, where="full").incomplete is None
+    single = (DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt").read_text()
+    assert parse_nvsmi_text(single, where="one").incomplete is None
+    cut = parse_nvsmi_text(full[:5000], where="cut")
+    assert (len(cut.gpus), cut.incomplete) == (1, "cut: the last line has no newline (the dump is cut short)")
+    lines = full.splitlines(keepends=True)
+    two = parse_nvsmi_text("".join(lines[:400]), where="two")
+    assert (len(two.gpus), two.incomplete) == (
+        2, "two: the last GPU section lacks Max Clocks, Max Customer Boost Clocks, Clock Policy ... "
+           "(the dump is cut short)")
+    single_lines = single.splitlines(keepends=True)
+    path = tmp_path / "cut-dump.txt"
+    path.write_text("".join(single_lines[: len(single_lines) // 2]).rstrip("\n"))
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(path)])
+    assert r.exit_code == 3
+    assert r.output.splitlines()[-1] == f"incomplete: {path}: the last line has no newline (the dump is cut short)"

@@ -120,6 +120,9 @@ def test_node_metrics_after_a_drain(cfg):
     st.insert("findings", {"run_id": run, "node": "n1", "at": 2.0, "code": "xid.79", "severity": "critical",
                            "action": "drain", "gpu_index": 0, "message": "x", "evidence": "{}"})
     st.insert_many("events", [{"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0}] * 3)
+    # a user's `logger -t kernel` line read from syslog: kept, but not an XID of the GPU
+    st.insert("events", {"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0, "action": "record",
+                         "source": "kernel_log_untrusted"})
     record_action(st, node="n1", action="drain", by="health", outcome="done", reason="gpuguard: xid.79 x")
     reg, errors = metrics.build_registry(cfg, st)
     assert errors == []

@@ -152,3 +152,30 @@ def test_training_records_go_with_their_summary_age_job_by_job(store, monkeypatc
     assert store.query("select count(*) n from step_windows where job_id = '1'")[0]["n"] == 0
     assert store.get_cursor(retention.RECORDS_CURSOR) == repr(OLD + 200)
     assert prune(store, now=NOW, raw_days=14, minutes_days=400)["step_records"] == 0
+
+
+def test_records_of_a_job_never_summarised_go_once_older_than_raw_days(store):
+    """A job whose node died before its Epilog has records and the collector's ingest
+    bookkeeping but no summary: its records go once the newest one is past raw_days; a
+    recent unsummarised job (still running) keeps them, and so does a job without
+    bookkeeping rows."""
+    def steps(job, t0, n, ranks=(0, 1, None)):
+        return [{"job_id": job, "node": "n1", "rank": r, "step": k, "t": t0 + k, "step_time_s": 1.0}
+                for r in ranks for k in range(n)]
+
+    # job 5: died 20 days ago; job 6: running, its rank 1 wrote a minute ago; job 7: old, no bookkeeping
+    store.insert_many("steps", steps("5", OLD, 30) + steps("6", OLD, 30, (0,)) + steps("6", NOW - 60, 3, (1,))
+                      + steps("7", OLD, 4))
+    store.insert_many("checkpoints", [{"job_id": j, "node": "n1", "rank": 0, "step": 1, "t": OLD, "duration_s": 1.0}
+                                      for j in ("5", "6")])
+    store.insert_many("train_offsets", [{"job_id": j, "node": "n1", "name": f"rank{r}.jsonl", "dev": 1, "ino": 2,
+                                         "offset": 10, "skipping": 0, "records": 30, "malformed": 0, "nonfinite": 0,
+                                         "truncated": 0} for j in ("5", "6") for r in (0, 1)])
+    res = prune(store, now=NOW, raw_days=14, minutes_days=400)
+    assert (res["step_records"], res["complete"]) == (90, True)
+    left = store.query("select job_id, count(*) n from steps group by job_id order by job_id")
+    assert [(r["job_id"], r["n"]) for r in left] == [("6", 33), ("7", 12)]
+    assert [r["job_id"] for r in store.query("select job_id from checkpoints")] == ["6"]
+    assert [r["job_id"] for r in store.query("select distinct job_id from step_windows order by job_id")] == ["6", "7"]
+    assert [r["job_id"] for r in store.query("select distinct job_id from train_offsets")] == ["6"]
+    assert prune(store, now=NOW, raw_days=14, minutes_days=400)["step_records"] == 0

@@ -178,3 +178,78 @@ def test_scan_binary_files_are_one_line_exit_2_and_real_logs_with_bad_bytes_stil
     (tmp_path / "empty").write_bytes(b"")
     r = runner().invoke(xid, ["scan", str(tmp_path / "empty")])
     assert (r.exit_code, r.stdout) == (0, "no XID events\n")
+
+
+def test_scan_reads_a_journalctl_json_export_kernel_entries_only(tmp_path):
+    """`journalctl -o json > f` (and `-o json-seq`): the kernel's entry is an event at its
+    line, a `logger -t kernel` entry (_TRANSPORT=syslog) is counted as rejected, never an
+    event, and never "no XID events" for the kernel's XID 79."""
+    msg = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    base = {"__REALTIME_TIMESTAMP": "1716000000000000", "__MONOTONIC_TIMESTAMP": "6781741548779",
+            "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "4"}
+    entries = [
+        {**base, "__CURSOR": "s=1", "_TRANSPORT": "kernel", "MESSAGE": "usb 1-1: new device"},
+        {**base, "__CURSOR": "s=2", "_TRANSPORT": "syslog", "MESSAGE": msg.replace("91:00", "18:00")},
+        {**base, "__CURSOR": "s=3", "_TRANSPORT": "kernel", "MESSAGE": msg},
+    ]
+    for sep in ("", "\x1e"):
+        path = tmp_path / f"journal{len(sep)}.json"
+        path.write_text("".join(sep + json.dumps(e) + "\n" for e in entries))
+        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert [(r["pci_bus_id"], r["xid"], r["action"], r["line_no"], r["timestamp"], r["monotonic_s"])
+                for r in rows] == [("0000:91:00", 79, "drain", 3, 1716000000.0, 6781741.548779)]
+        assert result.stderr.splitlines() == [
+            "unparsed NVRM lines: 1",
+            "  1 x journal entry not from the kernel (_TRANSPORT=syslog)",
+            "  line 2: " + msg.replace("91:00", "18:00"),
+        ]
+
+
+def test_scan_a_line_is_what_ends_in_newline_not_a_unicode_separator(tmp_path):
+    """A user's syslog message holding U+2028 (or U+0085, a form feed, an ASCII
+    separator) before a forged kernel line stays one line, rejected for its prefix:
+    str.splitlines would have read the forged tail as a kernel XID 79."""
+    forged = "Dec  1 03:00:00 node1 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    for sep in ("\u2028", "\u0085", "\x0c", "\x1c", "\x1e"):
+        path = tmp_path / "syslog"
+        path.write_text(f"Dec  1 03:00:00 node1 alice: hello{sep}{forged}\r\n", encoding="utf-8")
+        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == []
+        shown = f"node1 alice: hello{sep}Dec  1 03:00:00 node1"[:37] + "..."
+        assert result.stderr.splitlines()[:2] == ["unparsed NVRM lines: 1", f"  1 x not a kernel-log prefix: {shown!r}"]
+
+
+def test_scan_reads_journalctl_export_and_verbose_kernel_entries_only(tmp_path):
+    """`journalctl -o export` (KEY=value, blank line between entries) and `-o verbose`
+    (header line, indented fields): the kernel's XID is an event at its MESSAGE line, a
+    `logger -t kernel` entry is counted as rejected, never an event."""
+    msg = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    forged = msg.replace("91:00", "18:00")
+    export = "\n".join([
+        "__CURSOR=s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece7;b=6c7c;m=1;t=2;x=3",
+        "__REALTIME_TIMESTAMP=1716000000000000", "__MONOTONIC_TIMESTAMP=6781741548779", "_TRANSPORT=kernel",
+        "PRIORITY=4", "SYSLOG_IDENTIFIER=kernel", f"MESSAGE={msg}", "_HOSTNAME=n1", "",
+        "__CURSOR=s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece8;b=6c7c;m=2;t=3;x=4",
+        "__REALTIME_TIMESTAMP=1716000001000000", "_TRANSPORT=syslog", "SYSLOG_IDENTIFIER=kernel",
+        f"MESSAGE={forged}", ""]) + "\n"
+    verbose = "\n".join([
+        "Sat 2024-05-18 02:40:00.000000 UTC [s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece7;b=6c7c;m=1;t=2;x=3]",
+        "    _TRANSPORT=kernel", "    PRIORITY=4", "    _SOURCE_MONOTONIC_TIMESTAMP=6781741548779",
+        f"    MESSAGE={msg}",
+        "Sat 2024-05-18 02:40:01.000000 UTC [s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece8;b=6c7c;m=2;t=3;x=4]",
+        "    _TRANSPORT=syslog", "    SYSLOG_IDENTIFIER=kernel", f"    MESSAGE={forged}"]) + "\n"
+    for name, text, want in (("export", export, ("0000:91:00", 79, 7, 1716000000.0, 6781741.548779), ),
+                             ("verbose", verbose, ("0000:91:00", 79, 5, None, 6781741.548779))):
+        path = tmp_path / f"journal.{name}"
+        path.write_text(text)
+        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        assert [(r["pci_bus_id"], r["xid"], r["line_no"], r["timestamp"], r["monotonic_s"])
+                for r in json.loads(result.stdout)] == [want], name
+        line = 14 if name == "export" else 9
+        assert result.stderr.splitlines() == ["unparsed NVRM lines: 1",
+                                              "  1 x journal entry not from the kernel (_TRANSPORT=syslog)",
+                                              f"  line {line}: {forged}"], name

@@ -346,3 +346,30 @@ def test_kernel_prefixes_accepted():
         "<4>NVRM: Xid (PCI:0000:53:00): 45, pid=4, name=d, w",
     ]
     assert [e.xid for e in parse_lines(lines).events] == [13, 31, 43, 45]
+
+
+def test_fallen_off_bus_split_by_syslog_into_prefixed_lines_is_one_event():
+    """rsyslog/imklog (the kernel's syslog interface) repeats the prefix on every line of
+    the driver's three-line record: joined back, it is XID 79 on its GPU, not three
+    lines of which one is rejected for having no PCI address."""
+    pre = "May 17 07:08:57 node01 kernel: [ 1843.308145] "
+    lines = [pre + "NVRM: The NVIDIA GPU 0000:b3:00.0",
+             pre + "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+             pre + "NVRM: fallen off the bus and is not responding to commands.",
+             "May 17 07:08:57 node01 kernel: [ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s)."]
+    res = parse_lines(lines)
+    assert res.unparsed == 0
+    assert [(e.kind, e.pci_bus_id, e.xid, e.line_no, e.monotonic_s, e.message, e.raw) for e in res.events] == [
+        ("fallen_off_bus", "0000:b3:00", 79, 1, 1843.308145,
+         "The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has fallen off the bus "
+         "and is not responding to commands.", "\n".join(lines[:3]))]
+
+
+def test_split_fallen_off_bus_joins_only_lines_with_the_heads_prefix():
+    # another stamp, or a user's line, is not the same kernel record: still counted, never joined
+    head = "May 17 07:08:57 node01 kernel: [ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0"
+    for tail in ("May 17 07:08:58 node01 kernel: [ 1900.000000] NVRM: fallen off the bus and is not responding.",
+                 "May 17 07:08:57 node01 alice: [ 1843.308145] NVRM: fallen off the bus and is not responding."):
+        res = parse_lines([head, tail])
+        assert res.events == []
+        assert res.unparsed == 1

@@ -34,11 +34,17 @@ PREFIXES = [
     ("2025-01-21T04:41:44.283302+0000 node01 kernel: ", ["iso", "host_kernel"]),  # short-iso-precise
     ("Fri 2024-05-17 07:08:57 UTC node01 kernel: ", ["iso", "host_kernel"]),  # -o short-full
     ("<4>1 2024-05-17T07:08:57.123+00:00 node01 kernel - - - ", ["priority", "iso", "rfc5424_kernel"]),
+    # RFC 5424 with several SD-ELEMENTs (an escaped "]" in a value), and the BOM of a UTF-8 MSG
+    ('<4>1 2024-05-17T07:08:57+00:00 node01 kernel - - [timeQuality tzKnown="1"][origin ip="10.0.0.1" x="a\\]b"] ',
+     ["priority", "iso", "rfc5424_kernel"]),
+    ("<4>1 2024-05-17T07:08:57+00:00 - kernel - - - \ufeff", ["priority", "iso", "rfc5424_kernel"]),
     ("<4>[ 12.5] ", ["priority", "bracket"]),  # dmesg -r
     ("kern  :warn  : [ 12.5] ", ["kern_level", "bracket"]),  # dmesg -x
     ("172.20.0.5: kern:    warn: [2024-07-09T19:12:01.426396139Z]: ", ["kern_level", "bracket"]),  # talosctl dmesg
     ("node01 kern.warning kernel: ", ["facility", "kernel"]),  # rsyslog %syslogfacility-text%.%syslogseverity-text%
     ("May 19 07:08:57 node01 kernel[0]: ", ["syslog_date", "host_kernel"]),
+    ("1715929737.123456 node01 kernel: ", ["epoch", "host_kernel"]),  # journalctl -o short-unix
+    ("[ 1234.567890 <    0.000123>] node01 kernel: ", ["bracket", "host_kernel"]),  # -o short-delta
     ("Xid errors on instance: ip-10-0-0-11, Error: May 19 07:08:57 ip-10-0-0-11 kernel: [680111.646286] ",
      ["wrapper", "syslog_date", "host_kernel", "bracket"]),
 ]
@@ -78,6 +84,27 @@ def test_timestamps_read_from_prefixes():
     assert (ev.timestamp, ev.monotonic_s) == (None, None)  # no year in a syslog date
 
 
+@pytest.mark.parametrize("prefix,times", [
+    ("1715929737.123456 node01 kernel: ", (1715929737.123456, None)),  # journalctl -o short-unix
+    ("<4>1715929737.5 ", (1715929737.5, None)),
+    ("[ 1234.567890 <    0.000123>] node01 kernel: ", (None, 1234.56789)),  # journalctl -o short-delta
+    ("Fri May 17 07:08:57 2024 node01 kernel: ", (1715929737.0, None)),  # unbracketed ctime (TZ=UTC)
+    ("[Fri May 17 07:08:57 2024] ", (1715929737.0, None)),  # dmesg -T
+])
+def test_more_timestamps_read_from_prefixes(prefix, times, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        res = parse_lines([prefix + MSG])
+        assert res.unparsed == 0, res.rejected
+        assert [(e.timestamp, e.monotonic_s) for e in res.events] == [times]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_corpus_kernel_prefix_only_file():
     res = parse_lines((DATA / "xid-kernel-prefix-gb200-xid45.txt").read_text().splitlines())
     assert [(e.pci_bus_id, e.xid) for e in res.events] == [
@@ -91,3 +118,15 @@ def test_indented_marker_line_is_its_own_record_not_a_continuation():
     lines = ["[ 1.0] NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, x",
              " 5月 19 07:08:57 node01 kernel: " + MSG]
     assert [e.xid for e in parse_lines(lines).events] == [13, 79]
+
+
+def test_a_saved_coloured_dmesg_is_read_as_the_plain_one():
+    """`dmesg --color=always > f` (or a `script` capture) wraps the stamp and the
+    subsystem ``NVRM: `` in SGR colour codes: the XID is read, not rejected."""
+    line = ("\x1b[32m[ 1843.308145] \x1b[0m\x1b[33mNVRM: \x1b[0mXid (PCI:0000:18:00): 79, pid=1, name=x, "
+            "GPU has fallen off the bus.")
+    res = parse_lines([line])
+    assert res.unparsed == 0
+    assert [(e.xid, e.pci_bus_id, e.monotonic_s, e.raw) for e in res.events] == [
+        (79, "0000:18:00", 1843.308145,
+         "[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.")]

@@ -387,7 +387,24 @@ def parse_nvsmi_text(
         gpu_sections = [(root, None)]
     for i, (g, bus) in enumerate(gpu_sections):
         snap.gpus.append(_gpu_state(i, g, bus, driver, cuda, where))
+    snap.incomplete = _cut_short(text, [g for g, _ in gpu_sections], where)
     return snap
+
+
+def _cut_short(text: str, sections: list[Entry], where: str) -> str | None:
+    """Why the dump looks cut short, or None: its last line has no newline (``head -c``,
+    a full disk), or its last GPU section lacks keys the first one has (a multi-GPU dump
+    cut between lines). A ``-q -d ECC`` subset is whole: every section has the same keys."""
+    if text and not text.endswith("\n"):
+        return f"{where}: the last line has no newline (the dump is cut short)"
+    if len(sections) > 1:
+        first = {c.key.casefold() for c in sections[0].children}
+        last = {c.key.casefold() for c in sections[-1].children}
+        missing = [c.key for c in sections[0].children if c.key.casefold() in first - last]
+        if missing:
+            return (f"{where}: the last GPU section lacks {', '.join(missing[:3])}"
+                    f"{' ...' if len(missing) > 3 else ''} (the dump is cut short)")
+    return None
 
 
 def _walk(e: Entry) -> Iterator[Entry]:

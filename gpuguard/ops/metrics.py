@@ -131,8 +131,9 @@ def _node_metrics(store: Any, node: str, drained: Any, last: Any, findings: Any,
                              "group by code, severity, action, gpu_index", [run[0]["id"]]):
             findings.labels(node, f["code"], f["severity"], f["action"],
                             "" if f["gpu_index"] is None else str(f["gpu_index"])).set(f["n"])
-    for e in store.query("select gpu_index, code, count(*) as n from events where node = ? group by gpu_index, code",
-                         [node]):
+    # an event read from a file any user can write to is no XID of the GPU (gpuguard.health)
+    for e in store.query("select gpu_index, code, count(*) as n from events where node = ? and "
+                         "coalesce(source, '') != 'kernel_log_untrusted' group by gpu_index, code", [node]):
         xids.labels(node, "" if e["gpu_index"] is None else str(e["gpu_index"]), str(e["code"])).inc(e["n"])
     n = store.query("select count(*) as n from alert_deliveries where status = 'pending'")[0]["n"]
     pending.labels(node).set(n)

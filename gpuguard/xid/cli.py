@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
+from itertools import chain
 
 import click
 
 from gpuguard.xid.catalog import classify
 from gpuguard.output import display_tz, emit, iso_time, output_options, table
-from gpuguard.xid.parse import ParseResult, XidEvent, parse_lines
+from gpuguard.xid.logtext import parse_log
+from gpuguard.xid.parse import ParseResult, XidEvent
+from gpuguard.xid.stream import HEAD_BYTES, LogStream, StreamError, open_log, split_lines
 
 #: CSV columns of ``xid scan --format csv`` (the JSON rows carry every field).
 _CSV_HEADERS = ["time_iso", "monotonic_s", "pci_bus_id", "kind", "xid", "name", "pid", "process", "action",
@@ -59,45 +63,63 @@ def not_a_log(data: bytes) -> str | None:
     return None
 
 
-def _read_lines(path: str) -> tuple[list[str], str | None]:
-    """``(lines, problem)`` of ``path`` (``-``: stdin). A gzip file (logrotate's
-    ``kern.log.2.gz``) is read decompressed, up to the input cap ("no XID events" on
-    compressed bytes would hide a real fault); a gzip stream that ends early (a file cut
-    by a full disk or a copy) gives the lines before the cut and the ``problem``. Raises
-    :class:`FileError` for a file that cannot be read or is not a kernel log
-    (:func:`not_a_log`: "no XID events" on a binary file would hide that it is the wrong
-    file)."""
-    import zlib
-
-    from gpuguard.inputs import MAX_INPUT_BYTES, InputError, read_input
-
-    if path == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        data = stream.read(MAX_INPUT_BYTES + 1) if stream is not None else sys.stdin.read().encode()
-        if len(data) > MAX_INPUT_BYTES:
-            raise FileError(f"cannot read stdin: more than {MAX_INPUT_BYTES} bytes")
-    else:
-        try:
-            data = read_input(path)
-        except InputError as exc:
-            raise FileError(f"cannot read {exc}") from None
-    problem = None
-    if data[:2] == b"\x1f\x8b":
-        d = zlib.decompressobj(wbits=31)  # gzip header; max_length caps a decompression bomb
-        try:
-            data = d.decompress(data, MAX_INPUT_BYTES)
-        except zlib.error as exc:
-            raise FileError(f"cannot read {path}: broken gzip data ({exc})") from None
-        if d.unconsumed_tail:
-            raise FileError(f"cannot read {path}: more than {MAX_INPUT_BYTES} bytes decompressed")
-        if not d.eof:
-            problem = f"{path}: gzip data ends early (truncated file); the events before the cut are shown"
+def _checked_head(stream: LogStream) -> Iterator[bytes]:
+    """``stream``'s (decompressed) chunks, after :func:`not_a_log` has judged the first
+    :data:`~gpuguard.xid.stream.HEAD_BYTES` of them. Raises :class:`FileError` for a file
+    that is not a kernel log ("no XID events" on a binary file would hide that it is the
+    wrong file)."""
+    chunks = stream.chunks()
+    head: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        head.append(chunk)
+        size += len(chunk)
+        if size >= HEAD_BYTES:
+            break
+    data = b"".join(head)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # a UTF-16 copy (Windows tools): its NULs are text
+        return _utf16_as_utf8(chain(head, chunks))
+    nul_only = data and not data.strip(b"\x00")
+    while nul_only:  # only NUL bytes so far: the whole file may be (a file zeroed by a crash)
+        more = next(chunks, None)
+        if more is None:
+            break
+        head.append(more)
+        size += len(more)
+        nul_only = not more.strip(b"\x00")
+    if nul_only:
+        raise FileError(f"{stream.name} holds only NUL bytes ({size} bytes), not a kernel log")
     why = not_a_log(data)
     if why:
-        raise FileError(f"{'stdin' if path == '-' else path} {why}")
-    # a syslog file written through a crash holds runs of NUL bytes where unflushed blocks
-    # were; they end a line, they do not hide the lines after them
-    return re.sub(rb"\x00+", b"\n", data).decode("utf-8", errors="replace").splitlines(), problem
+        raise FileError(f"{stream.name} {why}")
+    return chain(head, chunks)
+
+
+def _utf16_as_utf8(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """UTF-16 bytes with a byte-order mark, re-encoded as UTF-8 chunk by chunk."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-16")("replace")
+    for chunk in chunks:
+        yield dec.decode(chunk).encode("utf-8")
+    yield dec.decode(b"", final=True).encode("utf-8")
+
+
+def _scan(path: str) -> tuple[ParseResult, str | None]:
+    """Parse ``path`` (``-``: stdin) as a stream, in constant memory whatever its size
+    (:mod:`gpuguard.xid.stream`): a gzip file (logrotate's ``kern.log.2.gz``) is read
+    decompressed ("no XID events" on compressed bytes would hide a real fault); a gzip
+    stream that ends early gives the events before the cut and the problem. Raises
+    :class:`FileError` for a file that cannot be read or is not a kernel log."""
+    try:
+        stream = open_log(path)
+        try:
+            result = parse_log(split_lines(_checked_head(stream)))
+        finally:
+            stream.close()
+    except StreamError as exc:
+        raise FileError(str(exc)) from None
+    return result, stream.problem
 
 
 def _time_text(event: XidEvent) -> str:
@@ -150,7 +172,8 @@ def xid() -> None:
 def scan(file: str, fmt: str) -> None:
     """Parse a kernel log (FILE, or stdin for -) and print its classified XID events.
 
-    Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k and syslog text.
+    Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k (text, or a
+    saved `-o json` export: only its `_TRANSPORT=kernel` entries count) and syslog text.
     The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
     process, default action and the message. Every line holding an Xid/SXid marker that
     was not accepted is counted on stderr by reason (a prefix that is not a kernel-log
@@ -160,8 +183,7 @@ def scan(file: str, fmt: str) -> None:
     xz/zstd/bzip2 data; one line naming the file and what it is), or is a gzip file that ends early (its events before the
     cut are printed, and the problem on stderr).
     """
-    lines, problem = _read_lines(file)
-    result = parse_lines(lines)
+    result, problem = _scan(file)
     if fmt != "text":
         emit(fmt, event_rows(result), headers=_CSV_HEADERS)
     elif result.events:

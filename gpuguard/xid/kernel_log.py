@@ -34,9 +34,10 @@ The three are *structured* sources (:func:`is_structured`): they return canonica
 requires ``NVRM:`` / ``nvidia-nvswitchN:`` to start the message
 (:mod:`gpuguard.xid.prefix`).
 * any other string -- a plain file path. Cursor ``file:<st_dev>:<st_ino>:<byte offset>``;
-  a changed inode or device, or a file shorter than the offset (truncated, rotated),
-  starts again at byte 0. Only complete lines are returned: a line is delivered once
-  its newline is written.
+  a changed inode or device (rotated) reads the rest of the renamed file first when it is
+  found beside the path (:mod:`gpuguard.xid.logfile`), then the new file from byte 0; a
+  file shorter than the offset (truncated) starts again at byte 0. Only complete lines
+  are returned: a line is delivered once its newline is written.
 * ``"auto"`` -- the source the cursor names if that source is still usable, else kmsg
   if it can be opened, else journalctl if installed, else dmesg; when journalctl is
   picked but fails (no journal files, bad exit) dmesg is tried once. A cursor from another
@@ -57,7 +58,6 @@ import errno
 import hashlib
 import logging
 import os
-import stat
 import re
 import shutil
 import signal
@@ -66,7 +66,7 @@ import tempfile
 import threading
 import time
 
-from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines
+from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines, log_lines
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _complete_lines(data: bytes, overflow: bool) -> list[str]:
     """Decode and split; when the output was cut, drop the partial last line."""
     if overflow and b"\n" in data:
         data = data[: data.rindex(b"\n") + 1]
-    return data.decode("utf-8", "replace").splitlines()
+    return log_lines(data)
 
 
 # --------------------------------------------------------------------- kmsg
@@ -344,39 +344,16 @@ def read_dmesg(
 
 
 def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES) -> tuple[list[str], str]:
-    """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``).
+    """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``), the
+    rest of a rotated file first (:mod:`gpuguard.xid.logfile`).
 
     Raises :class:`KernelLogError` when the file cannot be opened or read."""
+    from gpuguard.xid.logfile import read_file as read_log_file
+
     try:
-        # O_NONBLOCK: a FIFO or device named by mistake must not hang the prolog.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise KernelLogError(f"cannot read {path}: not a regular file")
-            offset = 0
-            if cursor and cursor.startswith("file:"):
-                parts = cursor.split(":")
-                if (
-                    len(parts) == 4
-                    and all(p.isdigit() for p in parts[1:])
-                    and (int(parts[1]), int(parts[2])) == (st.st_dev, st.st_ino)
-                    and int(parts[3]) <= st.st_size
-                ):
-                    offset = int(parts[3])
-            f.seek(offset)
-            data = f.read(max_bytes)
+        return read_log_file(cursor, path, max_bytes=max_bytes)
     except OSError as exc:
-        raise KernelLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if b"\n" in data:
-        data = data[: data.rindex(b"\n") + 1]
-    elif len(data) < max_bytes:
-        data = b""  # an unfinished last line: wait for its newline
-    # a file written through a hard reset holds zero-filled blocks: a run of NUL bytes ends
-    # a line, so the kernel line after the block is not glued to junk and rejected (the
-    # cursor counts the bytes read)
-    lines = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace").splitlines()
-    return lines, f"file:{st.st_dev}:{st.st_ino}:{offset + len(data)}"
+        raise KernelLogError(str(exc) if exc.strerror is None else f"cannot read {path}: {exc.strerror}") from exc
 
 
 # --------------------------------------------------------------------- entry

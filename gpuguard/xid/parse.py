@@ -15,7 +15,9 @@ the marker, text files accept a grammar of real prefix tokens), else the line is
 
 * none -> ``timestamp = monotonic_s = None``;
 * ``[  123.456789]`` (dmesg, kmsg) -> ``monotonic_s`` (seconds since boot);
-* ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``) -> ``timestamp``, read as
+* ``1715929737.123456`` (``journalctl -o short-unix``) -> ``timestamp`` (UTC epoch);
+* ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``; also unbracketed, as syslog
+  daemons print a ctime date) -> ``timestamp``, read as
   the *local* time of the process parsing it (dmesg printed the host's local time;
   the prolog parses on that same host);
 * ISO 8601 (``dmesg --time-format iso`` with its ``,usec`` separator, ``journalctl -o
@@ -53,6 +55,8 @@ Odd cases, and what is done with them:
 * A fallen-off-bus record whose previous *event* is an XID 79 (or another
   fallen-off-bus event) for the same GPU, within 10 s when both carry times, is the
   same incident: it is appended to that event's ``raw`` and creates no event.
+* The three-line fallen-off-the-bus record split by a syslog reader into three lines
+  with the same prefix is joined back (:func:`_rejoined`).
 * SXid detail lines (message starting ``Severity `` or ``Data {``) belong to the
   report whose header line (``Fatal, Link ...``) the switch printed just before: they
   are appended to the ``raw`` of the most recent SXid event with the same switch and
@@ -145,6 +149,14 @@ class ParseResult:
     #: (line number, reason, text) of the first :data:`MAX_UNPARSED_SAMPLES` rejected lines
     rejected_samples: list[tuple[int, str, str]] = field(default_factory=list)
 
+    def reject(self, line_no: int, why: str, text: str) -> None:
+        """Count one marker line that is not accepted, with its reason."""
+        self.unparsed += 1
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+        if len(self.unparsed_samples) < MAX_UNPARSED_SAMPLES:
+            self.unparsed_samples.append(text[:300])
+            self.rejected_samples.append((line_no, why, text[:300]))
+
     def rejected_summary(self) -> str:
         """``"3 (not a kernel-log prefix: 'alice:' x2; no PCI address x1)"`` or ``"0"``."""
         if not self.unparsed:
@@ -171,18 +183,20 @@ _NAME_RE = re.compile(r"^name=(?P<name>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)")
 _GPU_UUID_RE = re.compile(
     rf"NVRM:\s*GPU at (?:PCI:)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<uuid>GPU-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
 )
+_SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
 _STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-fA-F]+|</?\w+>)")
 
 _MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 _CTIME_RE = re.compile(
-    rf"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
-    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\]"
+    rf"(?:^|\[|\s)(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
+    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})(?:\]|\s|$)"
 )
+_EPOCH_RE = re.compile(r"^\s*(?:<\d{1,3}>)?(?P<epoch>\d{9,11}\.\d{1,9})(?=\s|$)")
 _ISO_RE = re.compile(
     r"(?<!\d)(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?!\d)"
 )
 _SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
-_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]")
+_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[\s\d.]*>)?\]")
 
 def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
@@ -201,6 +215,10 @@ def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
                 dt = None
             if dt is not None:
                 timestamp = dt.timestamp() if dt.tzinfo else time.mktime(dt.timetuple()) + dt.microsecond / 1e6
+    if timestamp is None:
+        m = _EPOCH_RE.search(prefix)
+        if m:
+            timestamp = float(m["epoch"])
     mono = _MONO_RE.search(prefix)
     return timestamp, (float(mono["mono"]) if mono else None)
 
@@ -237,6 +255,8 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
     start = 0
     for n, line in enumerate(lines, 1):
         line = line.rstrip("\r\n")
+        if "\x1b" in line:  # a saved `dmesg --color=always`: colours around stamp and "NVRM: "
+            line = _SGR_RE.sub("", line)
         is_continuation = (
             current is not None
             and line[:1] in (" ", "\t")
@@ -255,6 +275,41 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
         current, start = [line], n
     if current is not None:
         yield start, current
+
+
+_GPU_HEAD_RE = re.compile(rf"NVRM:\s*The NVIDIA GPU {_HEX}{{4,8}}:{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?\s*$")
+_SPLIT_TAIL_RE = re.compile(r"NVRM:\s*(?:\(PCI ID:|fallen\s+off\s+the\s+bus)")
+
+
+def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, list[str], list[str]]]:
+    """(line number, record, original lines); the driver's three-line "The NVIDIA GPU
+    <BDF> / (PCI ID: ...) ... / fallen off the bus" record, printed by a syslog reader
+    with the kernel's prefix repeated on each line (as the kernel's syslog interface
+    does), joined back: only lines with exactly the head line's prefix (same stamp)."""
+    head: tuple[int, list[str], list[str], str] | None = None
+    for line_no, rec in records:
+        if "NVRM" not in rec[0] and "SXid" not in rec[0]:
+            # no marker can be in it (a record only continues an NVRM/SXid line): skipped
+            # here, so an ordinary line costs one substring test
+            if head is not None:
+                yield head[:3]
+                head = None
+            continue
+        if head is not None:
+            tail = _SPLIT_TAIL_RE.search(rec[0])
+            if len(rec) == 1 and tail and rec[0][: tail.start()] == head[3] and len(head[1]) < 3:
+                head[1].append(" " * tail.start() + rec[0][tail.start():])
+                head[2].append(rec[0])
+                continue
+            yield head[:3]
+            head = None
+        m = _GPU_HEAD_RE.search(rec[0])
+        if len(rec) == 1 and m:
+            head = (line_no, list(rec), list(rec), rec[0][: m.start()])
+            continue
+        yield line_no, rec, rec
+    if head is not None:
+        yield head[:3]
 
 
 def _joined(lines: list[str]) -> str:
@@ -381,8 +436,8 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     start with ``NVRM:`` / ``nvidia-nvswitchN:``; otherwise the text-prefix grammar of
     :mod:`gpuguard.xid.prefix` applies."""
     result = ParseResult()
-    for line_no, record in _records(lines):
-        raw = "\n".join(record)
+    for line_no, record, original in _rejoined(_records(lines)):
+        raw = "\n".join(original)
         text = _joined(record)
         uuid = _GPU_UUID_RE.search(text)
         if uuid:
@@ -397,11 +452,7 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
         if parsed is None:
             continue
         if isinstance(parsed, str):
-            result.unparsed += 1
-            result.rejected[parsed] = result.rejected.get(parsed, 0) + 1
-            if len(result.unparsed_samples) < MAX_UNPARSED_SAMPLES:
-                result.unparsed_samples.append(text[:300])
-                result.rejected_samples.append((line_no, parsed, text[:300]))
+            result.reject(line_no, parsed, text)
             continue
         target = _merge_target(parsed, result.events)
         if target is not None:
@@ -411,6 +462,12 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     return result
 
 
+def has_marker(text: str) -> bool:
+    """True when ``text`` holds an Xid/SXid marker or an NVRM fallen-off-the-bus message."""
+    return bool(_XID_TRIGGER.search(text) or _SXID_TRIGGER.search(text)
+                or (_FALLEN_RE.search(text) and "NVRM" in text))
+
+
 def parse_text(text: str) -> ParseResult:
     """:func:`parse_lines` on a whole text (split on newlines)."""
-    return parse_lines(text.splitlines())
+    return parse_lines(text.split("\n"))

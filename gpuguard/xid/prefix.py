@@ -20,6 +20,7 @@ source:
   - bracketed stamps: ``[ 1234.5678]`` (dmesg), ``[Sun Feb 23 16:24:18 2025]``
     (``dmesg -T``), ``[May19 07:08]`` / ``[  +0.000123]`` (``dmesg -H``), ``[2025-...Z]:``
     (Talos); any bracket holding digits and time punctuation only;
+  - ``1715929737.123456`` (``journalctl -o short-unix``);
   - ISO 8601 (``dmesg --time-format iso``, ``journalctl -o short-iso[-precise]``,
     RFC 3339 syslog), optionally with a weekday before and a zone name after
     (``journalctl -o short-full``: ``Fri 2024-05-17 07:08:57 UTC``);
@@ -61,10 +62,15 @@ TOKENS: tuple[tuple[str, str], ...] = (
     ("kern_level", r"(?:(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+|[\w.-]+):\s*)?kern\s*:\s*[a-z]+\s*:"),
     ("facility", r"(?:[\w.-]+\s+)?kern\.[a-z]+:?(?=\s)"),
     ("bracket", r"\[[\w\s:.,+\-<>/]{0,60}\d[\w\s:.,+\-<>/]{0,60}\]:?"),
+    # `journalctl -o short-unix`: seconds since the epoch with microseconds
+    ("epoch", r"\d{9,11}\.\d{1,9}(?=\s)"),
     ("iso", rf"(?:{_W},?\s+)?\d{{4}}-\d\d-\d\d[T ]{_TIME}(?:Z|[+-]\d\d:?\d\d)?(?:\s+[A-Z]{{2,5}}(?=\s))?:?"),
     ("syslog_date", rf"(?:{_W},?\s+)?(?:{_W}\s+\d{{1,2}}\.?|\d{{1,2}}\.?\s+{_W}|{_CJK_MONTH}\s*\d{{1,2}}\s*[日일]?)"
                     rf"\s+{_TIME}(?:\s+\d{{4}}(?=\s))?"),
-    ("rfc5424_kernel", r"(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|\[[^\]]*\])"),
+    # HOST APP-NAME PROCID MSGID STRUCTURED-DATA (RFC 5424 §6): "-" or one or more
+    # SD-ELEMENTs whose quoted values may hold an escaped "]"; then the BOM a UTF-8 MSG
+    # starts with (§6.4)
+    ("rfc5424_kernel", r'(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
     # `kernel[0]:` only: the kernel logs as pid 0; `kernel[4242]:` is `logger -i -t kernel`
     ("host_kernel", r"[\w.-]+\s+kernel(?:\[0?\])?:"),
     ("kernel", r"kernel(?:\[0?\])?:"),

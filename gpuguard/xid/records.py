@@ -12,6 +12,19 @@ from __future__ import annotations
 
 import re
 
+def log_lines(data: bytes) -> list[str]:
+    """Log bytes as lines: split at ``\\n`` only (a trailing ``\\r`` dropped), runs of NUL
+    bytes ending a line (blocks a crash left zero-filled must not glue the next kernel
+    line to junk). ``str.splitlines`` would also split at U+2028, U+0085, form feed and
+    the ASCII separators, which a user can put inside one syslog message (``logger
+    $'hello\\u2028... kernel: NVRM: Xid ...'``) to make its tail read as a line of its own."""
+    text = re.sub(rb"\x00+", b"\n", data).decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> list[str]:
     """One kernel record as the lines :func:`gpuguard.xid.parse.parse_lines` reads with
     ``structured=True``: ``[<seconds since boot>] <message>`` (prefixed by the ISO 8601
@@ -24,7 +37,11 @@ def canonical_lines(message: str, usec: int | None, iso: str | None = None) -> l
     return [stamp + parts[0]] + [" " * len(stamp) + p for p in parts[1:] if p.strip()]
 
 
-_DMESG_RAW_RE = re.compile(r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<msg>.*)$")
+#: ``dmesg -r``: ``<pri>[stamp] `` and, on kernels built with ``CONFIG_PRINTK_CALLER``, the
+#: caller id util-linux prints after the stamp (``[ T1234] `` task, ``[ C3] `` CPU); it is
+#: dmesg's field, not the kernel's message text
+_DMESG_RAW_RE = re.compile(
+    r"^<(?P<pri>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?:\[\s*[TC]\d+\]\s?)?(?P<msg>.*)$")
 
 
 def dmesg_canonical(raw_lines: list[str]) -> list[str]:
@@ -73,5 +90,3 @@ def journal_lines(entry: dict) -> list[str]:
 
         iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
     return canonical_lines(message, usec, iso)
-
-

@@ -1,0 +1,140 @@
+"""A kernel log kept as a text file (``[xid] kernel_log = PATH``), read since a cursor,
+across a rotation.
+
+Cursor ``file:<st_dev>:<st_ino>:<byte offset>``. Only complete lines are returned: a line
+is delivered once its newline is written. At most ``max_bytes`` of text per call; the
+cursor then points just after the last returned line.
+
+Rotation. logrotate (and rsyslog's own rotation) renames the file and the writer opens
+a new one, so lines written between our last read and the rename are in the renamed file
+(``kern.log.1`` with ``delaycompress``, the Debian default; ``messages-20261201`` with
+``dateext``, the RHEL default). A cursor whose inode is no longer the path's is looked
+for among the path's siblings whose name is the path's name followed by ``.``, ``-`` or
+``_`` (same device and inode: exact, never a guess): its rest is read first, its last
+line even without a newline (the writer has moved on), then the new file from byte 0.
+Not found (compressed at once, moved to another directory, deleted): the new file from
+byte 0, as before. ``copytruncate`` keeps the inode and shortens the file: reading starts
+again at byte 0 of the new contents; the lines written between our last read and the copy
+are only in the copy, which cannot be matched exactly, so they are not read (a copy
+matched by name and size alone could be an older rotation: re-reading it would act again
+on XIDs already acted on).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gpuguard.xid.records import log_lines
+
+
+class LogFileError(OSError):
+    """The file could not be read (``str()`` is one line); the caller turns it into its
+    own error type."""
+
+
+def _cursor_parts(cursor: str | None) -> tuple[int, int, int] | None:
+    if not cursor or not cursor.startswith("file:"):
+        return None
+    parts = cursor.split(":")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return int(parts[1]), int(parts[2]), int(parts[3])
+
+
+def find_rotated(path: str, dev: int, ino: int) -> str | None:
+    """The sibling of ``path`` (``path.N``, ``path-DATE``, ``path_...``) that is the file
+    with device ``dev`` and inode ``ino``, or None. Symlinks and non-regular files are
+    never taken."""
+    directory, base = os.path.split(path)
+    try:
+        entries = os.scandir(directory or ".")
+    except OSError:
+        return None
+    with entries:
+        for e in entries:
+            if e.name == base or not e.name.startswith(base) or e.name[len(base)] not in ".-_":
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (dev, ino):
+                return e.path
+    return None
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    # O_NONBLOCK: a FIFO or device named by mistake must not hang the prolog
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise LogFileError(f"cannot read {path}: not a regular file")
+    return fd, st
+
+
+def _read_lines(fd: int, offset: int, max_bytes: int, finished: bool) -> tuple[list[str], int]:
+    """(complete lines from ``offset``, bytes they take). ``finished``: the file gets no
+    more writes, so a last line without a newline counts."""
+    os.lseek(fd, offset, os.SEEK_SET)
+    data = b""
+    while len(data) < max_bytes:
+        chunk = os.read(fd, max_bytes - len(data))
+        if not chunk:
+            break
+        data += chunk
+    if b"\n" in data:
+        if not (finished and len(data) < max_bytes):
+            data = data[: data.rindex(b"\n") + 1]
+    elif len(data) < max_bytes and not finished:
+        data = b""  # an unfinished last line: wait for its newline
+    return log_lines(data), len(data)
+
+
+def _rotated_rest(path: str, dev: int, ino: int, offset: int, max_bytes: int) -> tuple[list[str], int, bool]:
+    """(lines of the rotated file after ``offset``, new offset, whether all were read).
+    Nothing when the rotated file is not found or is shorter than the offset."""
+    old = find_rotated(path, dev, ino)
+    if old is None:
+        return [], offset, True
+    try:
+        fd, st = _open_regular(old)
+    except OSError:
+        return [], offset, True
+    try:
+        if (st.st_dev, st.st_ino) != (dev, ino) or st.st_size < offset:
+            return [], offset, True
+        lines, used = _read_lines(fd, offset, max_bytes, finished=True)
+    finally:
+        os.close(fd)
+    return lines, offset + used, offset + used >= st.st_size
+
+
+def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[str], str]:
+    """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``) and the
+    cursor to store; see the module docstring for rotation. Raises :class:`LogFileError`
+    (an ``OSError``) when ``path`` cannot be opened or read."""
+    try:
+        fd, st = _open_regular(path)
+    except LogFileError:
+        raise
+    except OSError as exc:
+        raise LogFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        lines: list[str] = []
+        offset = 0
+        parts = _cursor_parts(cursor)
+        if parts is not None and (parts[0], parts[1]) != (st.st_dev, st.st_ino):
+            lines, old_offset, done = _rotated_rest(path, *parts, max_bytes)
+            if not done:
+                return lines, f"file:{parts[0]}:{parts[1]}:{old_offset}"
+            max_bytes -= old_offset - parts[2]
+        elif parts is not None and parts[2] <= st.st_size:
+            offset = parts[2]
+        new, used = _read_lines(fd, offset, max(max_bytes, 0), finished=False) if max_bytes > 0 else ([], 0)
+    except OSError as exc:
+        raise LogFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    return lines + new, f"file:{st.st_dev}:{st.st_ino}:{offset + used}"

@@ -1,0 +1,139 @@
+"""A kernel log given to ``gpuguard xid scan`` read as a stream of lines, in constant
+memory whatever its size (a year of ``/var/log/kern.log``, a rotated ``.gz``).
+
+:func:`log_stream` opens the file (or stdin), looks at its first
+:data:`HEAD_BYTES` (decompressed) to refuse what is not a log
+(:func:`gpuguard.xid.cli.not_a_log`), and returns the lines as an iterator, split at
+``\\n`` only with runs of NUL bytes ending a line (the rules of
+:func:`gpuguard.xid.records.log_lines`, applied chunk by chunk with the same result). A
+gzip file is decompressed as it is read (every member of a multi-member file); a gzip
+stream that ends early gives the lines before the cut and sets :attr:`LogStream.problem`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+#: Bytes read per call (our choice: large enough that the per-chunk work is negligible).
+CHUNK_BYTES = 1 << 20
+#: Bytes (decompressed) judged by ``not_a_log`` before any line is parsed.
+HEAD_BYTES = 1 << 20
+
+_NUL_RUN = re.compile(rb"\x00+")
+
+
+class StreamError(Exception):
+    """The input cannot be read; ``str()`` is one line naming it."""
+
+
+class LogStream:
+    """The lines of one input (:meth:`lines`); ``problem`` is set (one line) once the
+    lines are consumed when a gzip stream ended early."""
+
+    def __init__(self, fh: BinaryIO, name: str, closes: bool) -> None:
+        self.name = name
+        self.problem: str | None = None
+        self._fh = fh
+        self._closes = closes
+        self._gzip = False
+        self._head = b""
+
+    def _raw(self) -> Iterator[bytes]:
+        while True:
+            try:
+                chunk = self._fh.read(CHUNK_BYTES)
+            except OSError as exc:
+                raise StreamError(f"cannot read {self.name}: {exc.strerror or exc}") from None
+            if not chunk:
+                return
+            yield chunk
+
+    def chunks(self) -> Iterator[bytes]:
+        """The (decompressed) bytes in chunks, the head first."""
+        raw = self._raw()
+        first = next(raw, b"")
+        self._gzip = first[:2] == b"\x1f\x8b"
+
+        def all_raw() -> Iterator[bytes]:
+            if first:
+                yield first
+            yield from raw
+
+        return self._inflated_members(all_raw()) if self._gzip else all_raw()
+
+    def _inflated_members(self, raw: Iterator[bytes]) -> Iterator[bytes]:
+        d = zlib.decompressobj(wbits=31)
+        fresh = True
+        for chunk in raw:
+            while chunk:
+                try:
+                    out = d.decompress(chunk)
+                except zlib.error as exc:
+                    raise StreamError(f"cannot read {self.name}: broken gzip data ({exc})") from None
+                fresh = False
+                if out:
+                    yield out
+                if not d.eof:
+                    break
+                chunk = d.unused_data  # the next member of a multi-member file
+                if not chunk.strip(b"\x00"):
+                    chunk = b""  # zero padding after the last member (as gzip(1) allows)
+                d, fresh = zlib.decompressobj(wbits=31), True
+        if not d.eof and not fresh:
+            self.problem = f"{self.name}: gzip data ends early (truncated file); the events before the cut are shown"
+
+    def close(self) -> None:
+        if self._closes:
+            self._fh.close()
+
+
+def open_log(path: str) -> LogStream:
+    """Open ``path`` (``-``: stdin) for :func:`log_lines_of`. Raises :class:`StreamError`
+    for a file that cannot be opened or is not a regular file (a FIFO or a device would
+    hang or never end)."""
+    if path == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text-only stdin (tests): its text as bytes
+            import io
+
+            stream = io.BytesIO(sys.stdin.read().encode())
+        return LogStream(stream, "stdin", closes=False)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise StreamError(f"cannot read {path}: cannot open: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StreamError(f"cannot read {path}: not a regular file")
+    return LogStream(os.fdopen(fd, "rb"), path, closes=True)
+
+
+def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Lines of a byte stream, exactly as :func:`gpuguard.xid.records.log_lines` splits
+    the whole text: at ``\\n`` only, a trailing ``\\r`` dropped, a run of NUL bytes
+    ending a line (one run, also across chunks), a last line without a newline kept."""
+    carry = b""
+    in_nul_run = False
+    for chunk in chunks:
+        if in_nul_run:
+            chunk = chunk.lstrip(b"\x00")
+            if not chunk:
+                continue
+        in_nul_run = chunk.endswith(b"\x00")
+        parts = _NUL_RUN.sub(b"\n", carry + chunk).split(b"\n")
+        carry = parts.pop()
+        for p in parts:
+            yield _decode(p)
+    if carry:
+        yield _decode(carry)
+
+
+def _decode(line: bytes) -> str:
+    text = line.decode("utf-8", "replace")
+    return text[:-1] if text.endswith("\r") else text
