@@ -356,11 +356,15 @@ def load_chunks(store, chunks: Iterator[Chunk], now: float, source: str, tally,
             indexes = set_indexes_aside(conn)
             zero = conn.execute("SELECT EXISTS (SELECT 1 FROM main.sacct_jobs WHERE attempt_at = 0)").fetchone()[0]
             upsert = staged_upsert_sql()
-            for chunk in chunks:
+            for n, chunk in enumerate(chunks):
                 conn.deserialize(chunk.data, name=STAGE)
+                # Statements prepared on the last chunk's schema would read its root pages
+                # (the new one's schema cookie can be the same): each chunk's are prepared
+                # anew, their text made unique so the sqlite3 module's statement cache misses.
+                fresh = f" /* chunk {n} */"
                 if zero:
-                    conn.execute(DROP_UNKNOWN_STAGED_SQL)
-                conn.execute(upsert, {"synced_at": now, "source": source})
+                    conn.execute(DROP_UNKNOWN_STAGED_SQL + fresh)
+                conn.execute(upsert + fresh, {"synced_at": now, "source": source})
                 store_admin_summaries(store, chunk.admin, now)
                 zero = zero or chunk.no_submit
                 tally.merge(chunk.tally, line_offset)

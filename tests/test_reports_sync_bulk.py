@@ -172,3 +172,40 @@ def test_no_worker_processes_to_be_had_means_the_import_runs_in_this_process(cst
     assert (res.jobs, res.malformed) == (14, [])
     assert cstore.query("SELECT COUNT(*) AS n FROM sacct_jobs")[0]["n"] == 14
     assert "no worker processes ([Errno 11] Resource temporarily unavailable); parsing in this process" in caplog.text
+
+
+def test_chunks_whose_tables_sit_on_different_pages_are_each_read_right(cstore):
+    """Each chunk is deserialized into the same attached schema; a statement prepared on the
+    last chunk's schema (same schema cookie, other root pages) read a wrong page
+    ('database disk image is malformed'). Here the second chunk's side table sits elsewhere."""
+    import sqlite3
+
+    from gpuguard.reports.sync_result import Tally
+
+    def chunk(first_id: int, n: int, rare_last: bool) -> bulk_mod.Chunk:
+        db = sqlite3.connect(":memory:", isolation_level=None)
+        db.execute(f"CREATE TABLE staged ({', '.join(bulk_mod.STAGE_COLUMNS)})")
+        rare = f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(bulk_mod.RARE_COLUMNS)})"
+        if not rare_last:
+            db.execute(rare)
+        rows = []
+        for i in range(n):
+            job = dict.fromkeys(bulk_mod.STAGE_COLUMNS)
+            job.update(cluster="", job_id_raw=first_id + i, job_id=str(first_id + i), state="COMPLETED",
+                       submit_at=1.0e9 + i, gpus=1)
+            rows.append(tuple(job[c] for c in bulk_mod.STAGE_COLUMNS))
+        db.executemany(f"INSERT INTO staged VALUES ({', '.join('?' * len(bulk_mod.STAGE_COLUMNS))})", rows)
+        if rare_last:  # created after the rows: its root page is past theirs, the schema cookie the same
+            db.execute(rare)
+        db.execute("INSERT INTO staged_rare (row, array_job_id, array_task_id) VALUES (2, 77, 3)")
+        return bulk_mod.Chunk(data=db.serialize(), lines=n, jobs=n, tally=Tally())
+
+    jobs = bulk_mod.load_chunks(cstore, iter([chunk(100, 300, False), chunk(1000, 300, True)]), 5.0, "t", Tally())
+    assert jobs == 600
+    got = cstore.query("SELECT COUNT(*) AS n, SUM(gpus) AS g, MIN(job_id_raw) AS lo, MAX(job_id_raw) AS hi "
+                       "FROM sacct_jobs")[0]
+    assert got == {"n": 600, "g": 600, "lo": 100, "hi": 1299}
+    assert [tuple(r.values()) for r in cstore.query(
+        "SELECT job_id_raw, array_job_id, array_task_id FROM sacct_jobs WHERE array_job_id IS NOT NULL "
+        "ORDER BY 1")] == [(101, 77, 3), (1001, 77, 3)]
+    assert cstore.query("PRAGMA integrity_check") == [{"integrity_check": "ok"}]
