@@ -305,7 +305,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
         from gpuguard.reports import sync_bulk
 
         if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
-                store, sync_bulk.file_tasks(path, size, conv.tz, cluster), now=now, result=result,
+                store, sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno()), now=now, result=result,
                 on_progress=on_progress, cache_kib=bulk_cache_kib(expect)):
             return result
         _consume(store, rows, result, now, expect_rows=expect)

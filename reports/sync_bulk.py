@@ -168,7 +168,8 @@ def _same(value):
 
 @dataclass
 class ChunkTask:
-    """One chunk for a worker: bytes ``lo..hi`` of the file ``path``, or ``text`` itself
+    """One chunk for a worker: bytes ``lo..hi`` of the file ``path`` (read through the
+    inherited descriptor ``fd`` when there is one), or ``text`` itself
     (characters ``lo..hi`` of an input in memory, cut by :class:`ChunkPool`);
     ``header``: the input's header line, put in front of a chunk that does not start the
     input (None: the chunk starts it, or the input has none and ``fields`` names its
@@ -178,6 +179,7 @@ class ChunkTask:
     tz: tzinfo
     cluster: str = ""
     path: str | None = None
+    fd: int | None = None
     lo: int = 0
     hi: int = 0
     text: str | None = None
@@ -193,7 +195,15 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     from gpuguard.reports.sync_result import Tally
 
     text = task.text
-    if text is None:
+    if text is None and task.fd is not None:
+        data = os.pread(task.fd, task.hi - task.lo, task.lo)
+        while len(data) < task.hi - task.lo:  # a short read (a signal, a network filesystem)
+            more = os.pread(task.fd, task.hi - task.lo - len(data), task.lo + len(data))
+            if not more:
+                break
+            data += more
+        text = data.decode("utf-8", errors="replace")
+    elif text is None:
         with open(task.path, "rb") as fh:
             fh.seek(task.lo)
             text = fh.read(task.hi - task.lo).decode("utf-8", errors="replace")
@@ -273,12 +283,22 @@ def text_ranges(text: str, chunk_chars: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def file_tasks(path: str, size: int, tz: tzinfo, cluster: str) -> list[ChunkTask]:
-    """The chunks of the ``-P`` file ``path`` (``size`` bytes; header line required)."""
+def file_tasks(path: str, size: int, tz: tzinfo, cluster: str, fd: int | None = None) -> list[ChunkTask]:
+    """The chunks of the ``-P`` file ``path`` (``size`` bytes; header line required).
+    ``fd``: the caller's open descriptor of it; forked workers read through it (the file
+    the caller opened, even if the path is replaced meanwhile), others by the path."""
     header, body_at = header_line(path)
-    return [ChunkTask(source=path, tz=tz, cluster=cluster, path=path, lo=lo, hi=hi,
+    if _start_method() != "fork":
+        fd = None
+    return [ChunkTask(source=path, tz=tz, cluster=cluster, path=path, fd=fd, lo=lo, hi=hi,
                       header=None if lo == 0 else header)
             for lo, hi in chunk_ranges(path, 0, size, max(CHUNK_BYTES, body_at + 1))]
+
+
+def _start_method() -> str:
+    """``fork`` where the platform has it (workers start with the parser loaded and the
+    caller's descriptors open), else ``spawn``."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def text_tasks(text: str, *, source: str, tz: tzinfo, cluster: str = "", fields: list[str] | None = None,
@@ -302,8 +322,7 @@ class ChunkPool:
 
     def __init__(self, tasks: list[ChunkTask], n_workers: int, text: str | None = None):
         self.tasks, self.text = tasks, text
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        ctx = multiprocessing.get_context(_start_method())
         self.pool = ctx.Pool(max(1, min(n_workers, len(tasks))), initializer=_bind_null_fast)
 
     def chunks(self) -> Iterator[Chunk]:

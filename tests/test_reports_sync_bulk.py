@@ -4,6 +4,7 @@ batched path does, on every corpus file, is test_reports_sync's equivalence test
 
 from __future__ import annotations
 
+import os
 from datetime import UTC
 
 import pytest
@@ -209,3 +210,21 @@ def test_chunks_whose_tables_sit_on_different_pages_are_each_read_right(cstore):
         "SELECT job_id_raw, array_job_id, array_task_id FROM sacct_jobs WHERE array_job_id IS NOT NULL "
         "ORDER BY 1")] == [(101, 77, 3), (1001, 77, 3)]
     assert cstore.query("PRAGMA integrity_check") == [{"integrity_check": "ok"}]
+
+
+def test_forked_workers_read_the_file_the_import_opened_even_if_its_path_is_replaced(cstore, parallel, monkeypatch,
+                                                                                      tmp_path):
+    f = tmp_path / "jobs.txt"
+    f.write_bytes(HANDMADE.read_bytes())
+    real = bulk_mod.file_tasks
+
+    def then_replace(path, *a):
+        tasks = real(path, *a)
+        os.rename(path, str(tmp_path / "moved.txt"))  # logrotate, or an editor's save
+        f.write_text("JobIDRaw|State\n" + "".join(f"{9000 + i}|FAILED\n" for i in range(60)))
+        return tasks
+    monkeypatch.setattr(bulk_mod, "file_tasks", then_replace)
+    res = import_file(cstore, str(f), tz=UTC, synced_at=1.0)
+    assert (res.jobs, res.malformed) == (14, [])
+    assert cstore.query("SELECT COUNT(*) AS n, MAX(job_id_raw) < 9000 AS theirs FROM sacct_jobs")[0] == {
+        "n": 14, "theirs": 1}
