@@ -255,6 +255,8 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
     start = 0
     for n, line in enumerate(lines, 1):
         line = line.rstrip("\r\n")
+        if n == 1 and line[:1] == "\ufeff":  # a file saved with a UTF-8 byte-order mark
+            line = line[1:]
         if "\x1b" in line:  # a saved `dmesg --color=always`: colours around stamp and "NVRM: "
             line = _SGR_RE.sub("", line)
         is_continuation = (
