@@ -203,8 +203,11 @@ def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     timestamp: float | None = None
     m = _CTIME_RE.search(prefix)
     if m:
-        st = time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}", "%Y %b %d %H:%M:%S")
-        timestamp = time.mktime(st)
+        try:  # an impossible date (Feb 30) loses the time, never the event
+            timestamp = time.mktime(time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}",
+                                                  "%Y %b %d %H:%M:%S"))
+        except (ValueError, OverflowError):
+            timestamp = None
     else:
         m = _ISO_RE.search(prefix)
         if m:
