@@ -69,16 +69,20 @@ def _kernel_log_file_problem(path: str) -> str | None:
     """Why the kernel-log FILE named with ``check --kernel-log`` cannot be scanned, one
     line, or None. Checked before the run: a missing or binary file would otherwise read
     as "no XID events" and the check would pass."""
-    from gpuguard.inputs import InputError, read_input
+    from gpuguard.inputs import InputError, read_head
     from gpuguard.xid.cli import not_a_log
+    from gpuguard.xid.stream import HEAD_BYTES
 
     try:
-        data = read_input(path)
+        data = read_head(path, HEAD_BYTES)  # the hooks read a log of any size in steps
     except InputError as e:
         return f"kernel log {e}"
     if data[:2] == b"\x1f\x8b":
         return (f"kernel log {path} is gzip-compressed; --kernel-log reads plain text "
                 "(zcat it to a file, or use gpuguard xid scan FILE)")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return (f"kernel log {path} is UTF-16 text; --kernel-log reads UTF-8 "
+                "(iconv -f utf-16 -t utf-8 it to a file, or use gpuguard xid scan FILE)")
     why = not_a_log(data)
     return f"kernel log {path} {why}" if why else None
 

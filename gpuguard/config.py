@@ -471,12 +471,26 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         raise ConfigError(f"{where}: nccl.command must be a list of strings (an argument list)")
     if values["xid"]["first_scan_lookback"] not in ("all", "none"):
         raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
+    _check_numbers(values, where)
     for key in ("time_budget_s",):
         for sec in ("prolog", "epilog"):
             if values[sec][key] <= 0:
                 raise ConfigError(f"{where}: {sec}.{key} must be > 0")
     _check_ops(values, where)
     return Config(path=path, values=values, origin=origin, policy=policy, xid_policy=xid_policy)
+
+
+def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
+    """Every number of the schema is a count, a size, a time, a rate or a fraction: a
+    negative one, or TOML's ``nan``/``inf`` (a budget that never ends, a threshold no value
+    ever crosses), is a mistake to name, not a value to run on."""
+    import math
+
+    for sec, keys in SCHEMA.items():
+        for key in keys:
+            v = values.get(sec, {}).get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{where}: {sec}.{key} must be a finite number >= 0, got {v}")
 
 
 def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:

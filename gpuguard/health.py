@@ -80,8 +80,8 @@ def take_snapshot(cfg: Config, *, budget_s: float | None = None,
     return snap, []
 
 
-def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
-                    timeout_s: float = 5.0) -> tuple[list[Any], str | None, list[str]]:
+def scan_kernel_log(cfg: Config, store: Any, source: str | None = None, timeout_s: float = 5.0,
+                    read_all_s: float | None = None) -> tuple[list[Any], str | None, list[str]]:
     """Read the kernel log since the stored cursor and parse XID/SXid events.
 
     Returns ``(events, new_cursor, tool_errors)``. The caller stores the cursor only after
@@ -96,6 +96,12 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     ``source`` passed explicitly (``gpuguard check --kernel-log FILE``: the operator
     names the file) is trusted. Lines with an XID marker that are not accepted are
     reported in ``tool_errors`` with their reasons.
+
+    A hook reads at most one step (:data:`gpuguard.xid.kernel_log.MAX_READ_BYTES`) per
+    run and the next run goes on from the cursor. With ``read_all_s`` (an operator's
+    ``check --kernel-log``) the source is read to its end within that many seconds: a
+    check that stopped after the first step would pass a file whose XID comes later; not
+    reaching the end is a tool error and no cursor (the check cannot pass).
     """
     from gpuguard.xid.kernel_log import KernelLogError, is_structured, read_since
     from gpuguard.xid.logtext import parse_log
@@ -117,12 +123,43 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None,
     if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
         return [], new_cursor, errors
     res = parse_log(lines, structured=structured)
+    if read_all_s is not None:
+        new_cursor = _read_rest(src, new_cursor, lines, res, structured, time.monotonic() + read_all_s, errors)
     if res.unparsed:
         errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
     if not trusted:
         for ev in res.events:
             ev.untrusted_source = src
     return res.events, new_cursor, errors
+
+
+def _read_rest(src: str, cursor: str | None, lines: list[str], res: Any, structured: bool, deadline: float,
+               errors: list[str]) -> str | None:
+    """Read ``src`` on from ``cursor`` until nothing new comes, adding to ``res``; the last
+    cursor, or None (and a tool error) when ``deadline`` (monotonic) or a read error
+    stopped it first."""
+    from gpuguard.xid.kernel_log import KernelLogError, read_since
+    from gpuguard.xid.logtext import parse_log
+
+    while lines:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            errors.append(f"kernel log: {src} not read to its end within the time limit")
+            return None
+        try:
+            lines, nxt = read_since(src, cursor, left)
+        except KernelLogError as e:
+            errors.append(f"kernel log: {e}")
+            return None
+        if nxt == cursor:
+            break
+        cursor = nxt
+        more = parse_log(lines, structured=structured)
+        res.events += more.events
+        for why, n in more.rejected.items():
+            res.rejected[why] = res.rejected.get(why, 0) + n
+        res.unparsed += more.unparsed
+    return cursor
 
 
 CURSOR_FILE = "kernel_log.cursor.json"
@@ -177,6 +214,10 @@ class Collected:
             self.cursor_lock.release()
 
 
+#: Longest a ``check --kernel-log`` without a budget reads its log (our choice: a year of a
+#: busy kern.log, several GiB, parses in a few minutes).
+READ_ALL_S = 600.0
+
 #: Share of ``collect``'s budget the cursor lock may be waited for (our choice: the
 #: snapshot and the checks keep the rest).
 CURSOR_LOCK_SHARE = 0.25
@@ -212,7 +253,9 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
             scan_xid = False
     if scan_xid:
         try:
-            events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log)
+            # an explicit source (check/health --kernel-log) is the operator's: read to its end
+            read_all = None if kernel_log is None else (budget_s if budget_s is not None else READ_ALL_S)
+            events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log, read_all_s=read_all)
         except BaseException:
             if lock is not None:
                 lock.release()

@@ -45,6 +45,23 @@ def read_input(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
+def read_head(path: str, max_bytes: int) -> bytes:
+    """The first ``max_bytes`` bytes of regular file ``path``, whatever its size (to judge
+    what a file is without reading all of it). Raises :class:`InputError` as
+    :func:`read_input` does, except for the size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path}: not a regular file")
+        try:
+            return fh.read(max_bytes)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def write_output(path: str, data: bytes | str) -> None:
     """Write ``data`` (text is UTF-8 encoded) to ``path``, an output file named on the
     command line (``-o FILE``), replacing its contents.

@@ -168,7 +168,7 @@ def prune(store: Any, *, now: float | None = None, raw_days: float, minutes_days
     cannot be written."""
     for name, v in (("raw_days", raw_days), ("minutes_days", minutes_days), ("summaries_days", summaries_days),
                     ("events_days", events_days)):
-        if v is not None and v < 0:
+        if v is not None and not v >= 0:  # NaN too: every comparison with it is false
             raise ValueError(f"{name} must be >= 0, got {v}")
     now = time.time() if now is None else now
     stop_at = None if budget_s is None else time.monotonic() + budget_s

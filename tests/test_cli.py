@@ -237,3 +237,26 @@ def test_check_with_an_unreadable_kernel_log_is_unknown_not_healthy(monkeypatch)
     assert r.exit_code == 2
     r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", "none"])
     assert r.exit_code == 0
+
+
+def test_check_reads_a_named_kernel_log_to_its_end(tmp_path, monkeypatch):
+    """The hooks read a log in steps of MAX_READ_BYTES; `check --kernel-log FILE` reads the
+    whole file: an XID 79 after the first step drains, not 'no findings'. A file larger
+    than gpuguard's input cap is read too; one that cannot be read to its end in time
+    cannot pass (exit 3)."""
+    from gpuguard import health
+    from gpuguard.xid import kernel_log
+
+    filler = "Dec  1 03:00:00 node01 kernel: usb 1-1: new high-speed USB device number 2 using xhci_hcd\n"
+    log = tmp_path / "kern.log"
+    steps = kernel_log.MAX_READ_BYTES // len(filler) + 1000  # the XID is past the first step
+    log.write_text(filler * steps + "Dec  1 03:00:01 node01 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, "
+                   "name=x, GPU has fallen off the bus.\n")
+    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
+    r = invoke("check", "--json", "--from-nvidia-smi", healthy, "--kernel-log", str(log))
+    doc = json.loads(r.output)
+    assert (r.exit_code, doc["outcome"], doc["tool_errors"]) == (2, "drain", [])
+    monkeypatch.setattr(health, "READ_ALL_S", 0.0)
+    r = invoke("check", "--from-nvidia-smi", healthy, "--kernel-log", str(log))
+    assert r.exit_code == 3
+    assert f"tool error: kernel log: {log} not read to its end within the time limit" in r.output

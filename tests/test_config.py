@@ -170,3 +170,20 @@ def test_slurmd_nodename_is_used_only_when_it_is_one_node_name(monkeypatch, valu
     host = socket.gethostname().split(".")[0]
     assert cfg.node_name == (value if used else host)
     assert cfg.store_path == f"/var/lib/gg/{value if used else host}.db"
+
+
+@pytest.mark.parametrize("text,line", [
+    ("[node]\ngpu_count = -3\n", "node.gpu_count must be a finite number >= 0, got -3"),
+    ("[prolog]\ntime_budget_s = inf\n", "prolog.time_budget_s must be a finite number >= 0, got inf"),
+    ("[verdict]\nz_threshold = nan\n", "verdict.z_threshold must be a finite number >= 0, got nan"),
+    ("[alerts]\nretry_base_s = -1.5\n", "alerts.retry_base_s must be a finite number >= 0, got -1.5"),
+])
+def test_a_negative_or_non_finite_number_is_a_config_error(tmp_path, text, line):
+    """TOML has nan and inf; no gpuguard number is negative: one line naming the key."""
+    from gpuguard import config as config_mod
+
+    p = tmp_path / "g.toml"
+    p.write_text(text)
+    with pytest.raises(config_mod.ConfigError) as e:
+        config_mod.load(str(p))
+    assert str(e.value) == f"{p}: {line}"

@@ -402,3 +402,13 @@ def test_dmesg_raw_caller_id_is_dmesgs_field_not_the_message():
     assert [(e.xid, e.pci_bus_id, e.monotonic_s) for e in res.events] == [(79, "0000:18:00", 1843.308145),
                                                                            (48, "0000:19:00", 1843.4)]
     assert res.unparsed == 0
+
+
+def test_a_journal_entry_with_an_impossible_time_keeps_its_message():
+    entry = {"_TRANSPORT": "kernel", "__REALTIME_TIMESTAMP": "99999999999999999999",
+             "_SOURCE_MONOTONIC_TIMESTAMP": "1843308145",
+             "MESSAGE": "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."}
+    lines = records.journal_lines(entry)
+    assert lines == ["[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."]
+    assert [(e.xid, e.timestamp, e.monotonic_s) for e in parse_lines(lines, structured=True).events] == [
+        (79, None, 1843.308145)]

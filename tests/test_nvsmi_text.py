@@ -417,6 +417,11 @@ def test_a_dump_cut_short_is_marked_incomplete_and_check_cannot_pass_it(tmp_path
     assert (len(two.gpus), two.incomplete) == (
         2, "two: the last GPU section lacks Max Clocks, Max Customer Boost Clocks, Clock Policy ... "
            "(the dump is cut short)")
+    # a node of two models: the last section lacks a key the first has but ends whole
+    i = full.rindex("    Fabric\n")
+    j = full.index("    Processes", i)
+    mixed = parse_nvsmi_text(full[:i] + full[j:], where="mixed")
+    assert (len(mixed.gpus), mixed.incomplete) == (8, None)
     single_lines = single.splitlines(keepends=True)
     path = tmp_path / "cut-dump.txt"
     path.write_text("".join(single_lines[: len(single_lines) // 2]).rstrip("\n"))

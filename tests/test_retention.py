@@ -77,6 +77,11 @@ def test_budget_stops_between_series_and_the_next_run_goes_on(store):
 def test_negative_age_is_refused(store):
     with pytest.raises(ValueError, match="raw_days must be >= 0"):
         prune(store, now=NOW, raw_days=-1, minutes_days=1)
+    with pytest.raises(ValueError, match="summaries_days must be >= 0, got nan"):
+        prune(store, now=NOW, raw_days=1, minutes_days=1, summaries_days=float("nan"))
+    r = CliRunner().invoke(main, ["store", "prune", "--store", store.path, "--events-days", "nan"])
+    assert (r.exit_code, r.output.splitlines()[-1]) == (
+        2, "Error: Invalid value for '--events-days': nan is not a number of days")
 
 
 def test_cli_prune(store, tmp_path):

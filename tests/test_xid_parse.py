@@ -373,3 +373,20 @@ def test_split_fallen_off_bus_joins_only_lines_with_the_heads_prefix():
         res = parse_lines([head, tail])
         assert res.events == []
         assert res.unparsed == 1
+
+
+def test_a_utf8_byte_order_mark_before_the_first_line_is_not_a_prefix():
+    line = "[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    res = parse_lines(["\ufeff" + line, "\ufeff" + line])
+    # the mark starts a file only: on a later line it is text before the stamp
+    assert [(e.xid, e.line_no) for e in res.events] == [(79, 1)]
+    assert res.rejected == {"not a kernel-log prefix: '\\ufeff[ 1843.308145]'": 1}
+
+
+def test_an_impossible_ctime_stamp_loses_the_time_not_the_event():
+    res = parse_lines(["[Sun Feb 30 16:24:18 2025] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, "
+                       "GPU has fallen off the bus.",
+                       "[Sun Feb 23 25:61:18 2025] NVRM: Xid (PCI:0000:19:00): 48, pid=1, name=x, DBE"])
+    assert [(e.xid, e.pci_bus_id, e.timestamp) for e in res.events] == [(79, "0000:18:00", None),
+                                                                          (48, "0000:19:00", None)]
+    assert res.unparsed == 0

@@ -393,15 +393,17 @@ def parse_nvsmi_text(
 
 def _cut_short(text: str, sections: list[Entry], where: str) -> str | None:
     """Why the dump looks cut short, or None: its last line has no newline (``head -c``,
-    a full disk), or its last GPU section lacks keys the first one has (a multi-GPU dump
-    cut between lines). A ``-q -d ECC`` subset is whole: every section has the same keys."""
+    a full disk), or its last GPU section lacks keys the first one has, ``Processes`` (the
+    last key nvidia-smi prints in a section) among them (a multi-GPU dump cut between
+    lines). A ``-q -d ECC`` subset is whole (every section has the same keys), and so is a
+    node of two GPU models (each section ends with its ``Processes``)."""
     if text and not text.endswith("\n"):
         return f"{where}: the last line has no newline (the dump is cut short)"
     if len(sections) > 1:
         first = {c.key.casefold() for c in sections[0].children}
         last = {c.key.casefold() for c in sections[-1].children}
         missing = [c.key for c in sections[0].children if c.key.casefold() in first - last]
-        if missing:
+        if missing and "processes" in first - last:
             return (f"{where}: the last GPU section lacks {', '.join(missing[:3])}"
                     f"{' ...' if len(missing) > 3 else ''} (the dump is cut short)")
     return None

@@ -203,8 +203,11 @@ def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     timestamp: float | None = None
     m = _CTIME_RE.search(prefix)
     if m:
-        st = time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}", "%Y %b %d %H:%M:%S")
-        timestamp = time.mktime(st)
+        try:  # an impossible date (Feb 30) loses the time, never the event
+            timestamp = time.mktime(time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}",
+                                                  "%Y %b %d %H:%M:%S"))
+        except (ValueError, OverflowError):
+            timestamp = None
     else:
         m = _ISO_RE.search(prefix)
         if m:
@@ -255,6 +258,8 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
     start = 0
     for n, line in enumerate(lines, 1):
         line = line.rstrip("\r\n")
+        if n == 1 and line[:1] == "\ufeff":  # a file saved with a UTF-8 byte-order mark
+            line = line[1:]
         if "\x1b" in line:  # a saved `dmesg --color=always`: colours around stamp and "NVRM: "
             line = _SGR_RE.sub("", line)
         is_continuation = (

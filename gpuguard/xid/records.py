@@ -88,5 +88,8 @@ def journal_lines(entry: dict) -> list[str]:
     if isinstance(realtime, str) and realtime.isdigit():
         from datetime import UTC, datetime
 
-        iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
+        try:  # a corrupt entry's time (year 3170843) loses the time, never the message
+            iso = datetime.fromtimestamp(int(realtime) / 1e6, tz=UTC).isoformat()
+        except (ValueError, OverflowError, OSError):
+            iso = None
     return canonical_lines(message, usec, iso)
