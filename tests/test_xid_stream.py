@@ -61,7 +61,8 @@ def test_scan_streams_a_file_in_constant_memory(tmp_path, monkeypatch):
     assert peak < 4 << 20, peak  # about 3 MiB: the 1 MiB head judged by not_a_log, twice
 
 
-def test_scan_reads_every_member_of_a_multi_member_gzip_and_zero_padding(tmp_path):
+def test_scan_reads_every_member_of_a_multi_member_gzip_and_zero_padding(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 64)  # members and padding across chunks
     path = tmp_path / "kern.log.1.gz"
     path.write_bytes(gzip.compress(XID79) + gzip.compress(XID79.replace(b"06:00", b"07:00")) + b"\x00" * 512)
     r = runner().invoke(xid, ["scan", "--json", str(path)])

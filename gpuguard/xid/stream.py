@@ -33,16 +33,14 @@ class StreamError(Exception):
 
 
 class LogStream:
-    """The lines of one input (:meth:`lines`); ``problem`` is set (one line) once the
-    lines are consumed when a gzip stream ended early."""
+    """One input read in chunks (:meth:`chunks`); ``problem`` is set (one line) once the
+    chunks are consumed when a gzip stream ended early."""
 
     def __init__(self, fh: BinaryIO, name: str, closes: bool) -> None:
         self.name = name
         self.problem: str | None = None
         self._fh = fh
         self._closes = closes
-        self._gzip = False
-        self._head = b""
 
     def _raw(self) -> Iterator[bytes]:
         while True:
@@ -58,20 +56,21 @@ class LogStream:
         """The (decompressed) bytes in chunks, the head first."""
         raw = self._raw()
         first = next(raw, b"")
-        self._gzip = first[:2] == b"\x1f\x8b"
 
         def all_raw() -> Iterator[bytes]:
             if first:
                 yield first
             yield from raw
 
-        return self._inflated_members(all_raw()) if self._gzip else all_raw()
+        return self._inflated_members(all_raw()) if first[:2] == b"\x1f\x8b" else all_raw()
 
     def _inflated_members(self, raw: Iterator[bytes]) -> Iterator[bytes]:
         d = zlib.decompressobj(wbits=31)
         fresh = True
         for chunk in raw:
             while chunk:
+                if fresh and not chunk.strip(b"\x00"):
+                    break  # zero padding after the last member (as gzip(1) allows)
                 try:
                     out = d.decompress(chunk)
                 except zlib.error as exc:
@@ -82,8 +81,6 @@ class LogStream:
                 if not d.eof:
                     break
                 chunk = d.unused_data  # the next member of a multi-member file
-                if not chunk.strip(b"\x00"):
-                    chunk = b""  # zero padding after the last member (as gzip(1) allows)
                 d, fresh = zlib.decompressobj(wbits=31), True
         if not d.eof and not fresh:
             self.problem = f"{self.name}: gzip data ends early (truncated file); the events before the cut are shown"
@@ -94,7 +91,7 @@ class LogStream:
 
 
 def open_log(path: str) -> LogStream:
-    """Open ``path`` (``-``: stdin) for :func:`log_lines_of`. Raises :class:`StreamError`
+    """Open ``path`` (``-``: stdin) for :meth:`LogStream.chunks`. Raises :class:`StreamError`
     for a file that cannot be opened or is not a regular file (a FIFO or a device would
     hang or never end)."""
     if path == "-":
