@@ -412,3 +412,25 @@ def test_a_journal_entry_with_an_impossible_time_keeps_its_message():
     assert lines == ["[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."]
     assert [(e.xid, e.timestamp, e.monotonic_s) for e in parse_lines(lines, structured=True).events] == [
         (79, None, 1843.308145)]
+
+
+def test_file_source_that_is_not_log_text_is_a_tool_error_not_no_xids(tmp_path):
+    """`kernel_log = /var/log/kern.log.2.gz` by mistake (or a UTF-16 copy, a binary): the
+    hooks' file source says what the file is instead of reading no XID from its bytes."""
+    import gzip
+
+    xid = b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    cases = {"kern.log.2.gz": (gzip.compress(xid), "is gzip-compressed data, not kernel-log text"),
+             "kern16.log": (xid.decode().encode("utf-16"), "is UTF-16 text, not kernel-log text"),
+             "prog": (b"\x7fELF\x02\x01\x01" + bytes(64), "is an ELF binary, not kernel-log text")}
+    for name, (data, why) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(KernelLogError) as exc:
+            read_since(str(path), None, 5)
+        assert str(exc.value) == f"cannot read {path}: it {why}"
+    # a text file is read as before
+    log = tmp_path / "kern.log"
+    log.write_bytes(xid)
+    lines, _ = read_since(str(log), None, 5)
+    assert [e.xid for e in parse_lines(lines).events] == [79]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from itertools import chain
@@ -14,26 +13,12 @@ from gpuguard.xid.catalog import classify
 from gpuguard.output import display_tz, emit, iso_time, output_options, table
 from gpuguard.xid.logtext import parse_log
 from gpuguard.xid.parse import ParseResult, XidEvent
+from gpuguard.xid.filekind import not_a_log
 from gpuguard.xid.stream import HEAD_BYTES, LogStream, StreamError, open_log, split_lines
 
 #: CSV columns of ``xid scan --format csv`` (the JSON rows carry every field).
 _CSV_HEADERS = ["time_iso", "monotonic_s", "pci_bus_id", "kind", "xid", "name", "pid", "process", "action",
                 "severity", "message"]
-
-#: Leading bytes of formats that are not a kernel log, as file(1)'s magic database and the
-#: formats' specifications give them; named so the error says what the file is.
-_MAGIC = ((b"\x7fELF", "an ELF binary"), (b"PK\x03\x04", "a zip archive"),
-          (b"\xfd7zXZ\x00", "xz-compressed data (decompress it first: xz -dc FILE | gpuguard xid scan -)"),
-          (b"\x28\xb5\x2f\xfd", "zstd-compressed data (decompress it first: zstd -dc FILE | gpuguard xid scan -)"),
-          (b"BZh", "bzip2-compressed data (decompress it first: bzcat FILE | gpuguard xid scan -)"),
-          (b"SQLite format 3\x00", "an SQLite database"), (b"%PDF-", "a PDF document"),
-          (b"\x89PNG", "a PNG image"))
-#: Largest share of a file's non-NUL characters that may be undecodable UTF-8 or control
-#: characters other than tab, newline, CR, form feed and ESC (dmesg --color) while it is
-#: still read as a kernel log. Our choice: a real log with a few corrupt bytes stays far
-#: below it; a binary file is far above (about 70 % for random bytes, more for executables).
-MAX_BINARY_SHARE = 0.10
-_CONTROL = re.compile("[\x01-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f\ufffd]")
 
 #: Message column width in the table (characters).
 MESSAGE_WIDTH = 60
@@ -43,24 +28,6 @@ class FileError(click.ClickException):
     """A one-line error about an input file; exit status 2 like a usage error."""
 
     exit_code = 2
-
-
-def not_a_log(data: bytes) -> str | None:
-    """Why ``data`` (a file's bytes, decompressed) is not a kernel log, one phrase, or
-    None when it reads as text. NUL bytes are left out (a log written through a crash
-    holds runs of them); an empty file is an empty log."""
-    for magic, what in _MAGIC:
-        if data.startswith(magic):
-            return f"is {what}, not a kernel log"
-    text = data.replace(b"\x00", b"")
-    if data and not text:
-        return f"holds only NUL bytes ({len(data)} bytes), not a kernel log"
-    chars = text.decode("utf-8", errors="replace")
-    bad = len(_CONTROL.findall(chars))
-    if chars and bad > MAX_BINARY_SHARE * len(chars):
-        return (f"is binary data, not a kernel log ({bad} of {len(chars)} characters are not text: "
-                "undecodable UTF-8 or control characters)")
-    return None
 
 
 def _checked_head(stream: LogStream) -> Iterator[bytes]:

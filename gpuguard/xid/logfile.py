@@ -111,6 +111,16 @@ def _rotated_rest(path: str, dev: int, ino: int, offset: int, max_bytes: int) ->
     return lines, offset + used, offset + used >= st.st_size
 
 
+def _refuse_wrong_format(fd: int, path: str) -> None:
+    """A file that starts as something other than log text (``kern.log.2.gz`` named by
+    mistake, a binary) is an error to name, not a log with no XIDs."""
+    from gpuguard.xid.filekind import wrong_format
+
+    why = wrong_format(os.pread(fd, 16, 0))
+    if why:
+        raise LogFileError(f"cannot read {path}: it {why}")
+
+
 def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[str], str]:
     """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``) and the
     cursor to store; see the module docstring for rotation. Raises :class:`LogFileError`
@@ -132,7 +142,11 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[st
             max_bytes -= old_offset - parts[2]
         elif parts is not None and parts[2] <= st.st_size:
             offset = parts[2]
+        if offset == 0:
+            _refuse_wrong_format(fd, path)
         new, used = _read_lines(fd, offset, max(max_bytes, 0), finished=False) if max_bytes > 0 else ([], 0)
+    except LogFileError:
+        raise
     except OSError as exc:
         raise LogFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
     finally:
