@@ -68,7 +68,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "xid": {
         "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
-        "first_scan_lookback": ("all", str, "on the first scan ever: 'all' reads the whole buffer, 'none' starts at the end"),
+        "first_scan_lookback": ("boot", str, "on the first scan ever: 'boot' reads the current boot (a text file from the boot's first kernel line, 'Linux version', found from its end; the whole file when it has none), 'all' the whole buffer or file, 'none' starts at the end (our choice: an XID of an earlier boot was dealt with by the reboot; kmsg, journalctl -k and dmesg hold the current boot only)"),
         "kernel_log_kernel_only": (False, bool, "the text file named by kernel_log holds kernel messages only (e.g. rsyslog's kern.* file); only then may its XIDs drain: a syslog file of all facilities can hold any user's `logger -t kernel` line (our choice: refuse what users can fake)"),
     },
     "checks": {
@@ -469,8 +469,8 @@ def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
         raise ConfigError(f"{where}: nccl.prolog must be 'never', 'multi-node' or 'always'")
     if not all(isinstance(a, str) for a in values["nccl"]["command"]):
         raise ConfigError(f"{where}: nccl.command must be a list of strings (an argument list)")
-    if values["xid"]["first_scan_lookback"] not in ("all", "none"):
-        raise ConfigError(f"{where}: xid.first_scan_lookback must be 'all' or 'none'")
+    if values["xid"]["first_scan_lookback"] not in ("boot", "all", "none"):
+        raise ConfigError(f"{where}: xid.first_scan_lookback must be 'boot', 'all' or 'none'")
     _check_numbers(values, where)
     for key in ("time_budget_s",):
         for sec in ("prolog", "epilog"):

@@ -86,7 +86,9 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None, timeout_
 
     Returns ``(events, new_cursor, tool_errors)``. The caller stores the cursor only after
     the events are stored, so a failed write re-reads them next time instead of losing
-    them. With ``xid.first_scan_lookback = "none"`` the first scan only sets the cursor.
+    them. The first scan (no cursor yet) follows ``xid.first_scan_lookback``: ``"boot"``
+    reads a text file from the current boot's first kernel line
+    (:func:`gpuguard.xid.logfile.boot_cursor`), ``"none"`` only sets the cursor.
 
     Spoofing rule: structured sources (kmsg, journalctl JSON, raw dmesg) deliver the
     kernel's own messages. A text file from ``[xid] kernel_log`` can hold any user's
@@ -116,11 +118,18 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None, timeout_
             cursor = store.get_cursor(CURSOR_NAME)
         except Exception as e:  # store trouble is a tool error; read from the start
             errors.append(f"store: {e}")
+    lookback = cfg.get("xid", "first_scan_lookback")
+    first = cursor is None
+    if first and lookback == "boot" and not structured and source is None:
+        # a text file keeps earlier boots: start at this boot's first kernel line
+        from gpuguard.xid.logfile import boot_cursor
+
+        cursor = boot_cursor(src, deadline=time.monotonic() + timeout_s / 2)
     try:
         lines, new_cursor = read_since(src, cursor, timeout_s)
     except KernelLogError as e:
         return [], None, [*errors, f"kernel log: {e}"]
-    if cursor is None and cfg.get("xid", "first_scan_lookback") == "none":
+    if first and lookback == "none":
         return [], new_cursor, errors
     res = parse_log(lines, structured=structured)
     if read_all_s is not None:

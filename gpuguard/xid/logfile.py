@@ -23,7 +23,9 @@ on XIDs already acted on).
 from __future__ import annotations
 
 import os
+import re
 import stat
+import time
 
 from gpuguard.xid.records import log_lines
 
@@ -152,3 +154,41 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[st
     finally:
         os.close(fd)
     return lines + new, f"file:{st.st_dev}:{st.st_ino}:{offset + used}"
+
+
+#: The first line a booting kernel prints (``linux_banner``), as a syslog writer stores it:
+#: ``... kernel: [    0.000000] Linux version 6.8.0-49-generic (...)`` (the stamp absent
+#: with ``printk.time=0``).
+BOOT_MARKER = re.compile(rb"kernel:\s*(?:\[\s*0\.0+\]\s*)?Linux version \d")
+#: Most bytes a first scan searches back for the current boot, in whole 1 MiB blocks (our
+#: choice: weeks of a busy kern.log; read backwards from the page cache in well under a second).
+MAX_BOOT_SCAN_BYTES = 256 << 20
+_BLOCK = 1 << 20
+
+
+def boot_cursor(path: str, *, deadline: float, max_scan_bytes: int = MAX_BOOT_SCAN_BYTES) -> str | None:
+    """The cursor (``file:<dev>:<ino>:<offset>``) of the current boot's first kernel line in
+    ``path`` (the last :data:`BOOT_MARKER` line, searched back from the end), so a first
+    scan does not act on XIDs of earlier boots, which a reboot has dealt with. None when
+    no such line is in the last ``max_scan_bytes`` or found before ``deadline``
+    (``time.monotonic``), or the file cannot be read: the caller then reads from the
+    start. Raises nothing."""
+    try:
+        fd, st = _open_regular(path)
+    except OSError:
+        return None
+    try:
+        pos, size = st.st_size, st.st_size
+        while pos > 0 and size - pos < max_scan_bytes and time.monotonic() < deadline:
+            lo = max(0, pos - _BLOCK)
+            data = os.pread(fd, min(size, pos + 4096) - lo, lo)  # 4 KiB overlap: a marker on the edge
+            hits = [m.start() for m in BOOT_MARKER.finditer(data)]
+            if hits:
+                start = lo + data.rfind(b"\n", 0, hits[-1]) + 1
+                return f"file:{st.st_dev}:{st.st_ino}:{start}"
+            pos = lo
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None

@@ -1,0 +1,90 @@
+"""The first kernel-log scan of a text file reads the current boot only (``[xid]
+first_scan_lookback = "boot"``, the default): kern.log keeps earlier boots, and an XID a
+reboot dealt with weeks ago must not drain the node the day gpuguard is installed. A
+GPU still lost after the reboot is the live checks' finding (GPU count, ECC, remapping)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import node_snapshot
+
+from gpuguard.xid.logfile import boot_cursor
+
+OLD_XID = "Nov  2 03:40:01 n1 kernel: [81234.123456] NVRM: Xid (PCI:0000:29:00): 79, pid=1, name=x, " \
+          "GPU has fallen off the bus.\n"
+BOOT = "Nov  3 09:00:00 n1 kernel: [    0.000000] Linux version 6.8.0-49-generic (buildd@lcy02) #49-Ubuntu SMP\n"
+NEW_XID = "Nov 30 11:00:00 n1 kernel: [12.500000] NVRM: Xid (PCI:0000:29:00): 48, pid=7, name=y, " \
+          "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0.\n"
+QUIET = "Nov 30 10:00:00 n1 kernel: [    5.000000] nvidia: loading out-of-tree module taints kernel.\n"
+
+
+def _scan(cfg):
+    from gpuguard.health import scan_kernel_log
+
+    events, cursor, errors = scan_kernel_log(cfg, None)
+    return [e.xid for e in events], cursor, errors
+
+
+def test_boot_cursor_points_at_the_last_boot_line(tmp_path):
+    f = tmp_path / "kern.log"
+    f.write_text(OLD_XID + BOOT + QUIET + OLD_XID.replace("Nov  2", "Nov  4") + BOOT.replace("Nov  3", "Nov 29") + QUIET)
+    st = f.stat()
+    at = len((OLD_XID + BOOT + QUIET + OLD_XID).encode())
+    assert boot_cursor(str(f), deadline=time.monotonic() + 5) == f"file:{st.st_dev}:{st.st_ino}:{at}"
+    # no boot line: None (the file started after the boot: all of it is this boot)
+    g = tmp_path / "short.log"
+    g.write_text(QUIET + NEW_XID)
+    assert boot_cursor(str(g), deadline=time.monotonic() + 5) is None
+    # the boot line's marker across the edge of the first 1 MiB block searched back
+    h = tmp_path / "big.log"
+    head = QUIET * 100
+    tail_len = (1 << 20) - len(BOOT) + BOOT.index("Linux")  # the block starts inside "Linux version"
+    tail = QUIET * (tail_len // len(QUIET) - 1)
+    tail += "x" * (tail_len - len(tail) - 1) + "\n"
+    h.write_text(head + BOOT + tail)
+    assert h.stat().st_size - (1 << 20) == len(head) + BOOT.index("Linux")
+    assert boot_cursor(str(h), deadline=time.monotonic() + 5).endswith(f":{len(head)}")
+    # searched back no further than asked (whole blocks): not found, the caller reads all
+    far = tmp_path / "far.log"
+    far.write_text(head + BOOT + QUIET * ((3 << 20) // len(QUIET)))
+    assert boot_cursor(str(far), deadline=time.monotonic() + 5, max_scan_bytes=1 << 20) is None
+    assert boot_cursor(str(far), deadline=time.monotonic() + 5).endswith(f":{len(head)}")
+    assert boot_cursor(str(tmp_path / "missing.log"), deadline=time.monotonic() + 5) is None
+
+
+@pytest.mark.parametrize("lookback, want", [("boot", [48]), ("all", [79, 48]), ("none", [])])
+def test_first_scan_of_a_kern_log_reads_the_current_boot(tmp_path, make_config, write_replay, lookback, want):
+    kern = tmp_path / "kern.log"
+    kern.write_text(OLD_XID + BOOT + QUIET + NEW_XID)
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))
+    cfg.values["xid"]["first_scan_lookback"] = lookback
+    xids, cursor, errors = _scan(cfg)
+    assert (xids, errors) == (want, [])
+    assert cursor.endswith(f":{kern.stat().st_size}")
+
+
+def test_a_healthy_node_with_an_old_boots_xid_proceeds_on_its_first_prolog(tmp_path, make_config, write_replay):
+    from gpuguard.health import run_health
+
+    kern = tmp_path / "kern.log"
+    kern.write_text(OLD_XID + BOOT + QUIET)
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))  # kernel_only = true
+    res = run_health(cfg, hook="prolog")
+    assert (res.decision.outcome, [f.code for f in res.findings]) == ("proceed", [])
+    # the next XID, written after the cursor, drains as ever
+    with open(kern, "a") as fh:
+        fh.write(OLD_XID.replace("Nov  2", "Nov 30"))
+    res = run_health(cfg, hook="prolog")
+    assert res.decision.outcome == "drain" and [f.code for f in res.findings] == ["xid.79"]
+
+
+def test_an_operators_check_of_a_file_reads_all_of_it(tmp_path, make_config, write_replay):
+    from gpuguard.health import scan_kernel_log
+
+    kern = tmp_path / "kern.log"
+    kern.write_text(OLD_XID + BOOT + QUIET)
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)))
+    events, _, errors = scan_kernel_log(cfg, None, source=str(kern), read_all_s=10)
+    assert ([e.xid for e in events], errors) == ([79], [])
