@@ -150,6 +150,14 @@ class NvLinkState:
     crc_data_errors: int | None = None
 
 
+#: Reads every working GPU answers (the handle, identity and basic telemetry): an internal
+#: driver error on one of them makes the GPU lost (:attr:`GpuState.lost`). ``handle``: the
+#: NVML source's handle lookup; ``device_handle``: nvidia-smi's "Unable to determine the
+#: device handle".
+CORE_READS = frozenset({"handle", "device_handle", "uuid", "pci_bus_id", "temp_c", "gpu_util_pct",
+                        "mem_used_mib", "mem_total_mib"})
+
+
 @dataclass
 @with_fields(gpu_state_fields())
 class GpuState:
@@ -210,8 +218,16 @@ class GpuState:
 
     @property
     def lost(self) -> bool:
-        """True when the driver reported the GPU lost or a read hung."""
-        return any(e in ("GpuIsLost", "Timeout", "Unknown") for e in self.read_errors.values())
+        """True when the driver reported the GPU lost (``GpuIsLost``) or in need of a reset
+        (``ResetRequired``), a read hung (``Timeout``), or an internal driver error
+        (``Unknown``) hit one of the :data:`CORE_READS` a working GPU always answers. An
+        ``Unknown`` on another read alone (a fan speed, a power limit, the node's driver
+        version, which is copied to every GPU) is a ``gpu.read_error`` warning: nvidia-smi
+        prints 'Unknown Error' for such fields of GPUs that work, and one failed auxiliary
+        read is no proof of a broken GPU (NVML API reference, ``NVML_ERROR_UNKNOWN``: an
+        internal driver error)."""
+        return any(e in ("GpuIsLost", "Timeout", "ResetRequired") or (e == "Unknown" and k in CORE_READS)
+                   for k, e in self.read_errors.items())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (nested NvLinkState become dicts)."""

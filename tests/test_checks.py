@@ -53,6 +53,23 @@ def test_lost_and_read_errors():
     assert f[0].message == "gpu1 (0000:29:00.0) lost or hung: temp_c=GpuIsLost"
 
 
+def test_an_internal_driver_error_on_an_auxiliary_read_is_a_warning_not_a_lost_gpu():
+    """nvidia-smi prints 'Unknown Error' for some fields of GPUs that work (a fan, a power
+    limit); the node's driver-version read is copied to every GPU: one such error must not
+    drain a node. On a read every working GPU answers, or with ResetRequired, it is lost."""
+    snap = node_snapshot(6, gpu0={"read_errors": {"power_limit_w": "Unknown"}},
+                         gpu1={"read_errors": {"driver_version": "Unknown"}},
+                         gpu2={"read_errors": {"temp_c": "Unknown"}},
+                         gpu3={"read_errors": {"device_handle": "Unknown"}},
+                         gpu4={"read_errors": {"ecc_enabled": "ResetRequired"}},
+                         gpu5={"read_errors": {"remapped_rows_pending": "Unknown", "remapped_rows_failure": "Unknown"}})
+    f = run(snap)
+    assert codes(f) == [("gpu.lost", "critical", 2), ("gpu.lost", "critical", 3), ("gpu.lost", "critical", 4),
+                        ("gpu.read_error", "warning", 0), ("gpu.read_error", "warning", 1),
+                        ("gpu.read_error", "warning", 5)]
+    assert [x.message for x in f if x.gpu_index == 0] == ["gpu0 (0000:18:00.0) read errors: power_limit_w=Unknown"]
+
+
 def test_ecc_volatile_new_and_aggregate_growth():
     snap = node_snapshot(2, gpu1={"ecc_volatile_uncorrected": 3, "ecc_aggregate_uncorrected": 5})
     prev = {snap.gpus[1].uuid: {"ecc_volatile_uncorrected": 1, "ecc_aggregate_uncorrected": 3}}
@@ -184,3 +201,23 @@ def test_xid_group_takes_its_strongest_event_and_154_its_last():
                                     "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"),
     }
     assert decide(found).outcome == "drain"
+
+
+def test_an_nvidia_smi_dump_with_unknown_error_in_auxiliary_fields_does_not_drain():
+    """A healthy A100's real dump with 'Unknown Error' in its fan speed and power limits (as
+    nvidia-smi prints for some working GPUs) reads as a warning; the same error in its
+    temperature makes it lost."""
+    from pathlib import Path
+
+    from gpuguard.gpu.nvsmi_text import parse_nvsmi_text
+
+    text = (Path(__file__).parent / "data" / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt").read_text()
+    aux = text.replace("Fan Speed                             : N/A", "Fan Speed                             : Unknown Error")
+    aux = aux.replace("Enforced Power Limit              : 400.00 W", "Enforced Power Limit              : Unknown Error")
+    snap = parse_nvsmi_text(aux)
+    assert snap.gpus[0].read_errors == {"power_limit_w": "Unknown"}
+    assert codes(run(snap)) == [("gpu.read_error", "warning", 0)]
+    hot = text.replace("GPU Current Temp                  : 28 C", "GPU Current Temp                  : Unknown Error")
+    snap = parse_nvsmi_text(hot)
+    assert snap.gpus[0].read_errors == {"temp_c": "Unknown"}
+    assert codes(run(snap)) == [("gpu.lost", "critical", 0)]
