@@ -306,7 +306,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
 
         if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
                 store, sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno()), now=now, result=result,
-                on_progress=on_progress, cache_kib=bulk_cache_kib(expect)):
+                on_progress=on_progress):
             return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
@@ -343,8 +343,7 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     if free_text is None and _bulk(store, expect) and sync_bulk.worth_it(len(text)):
         tasks = sync_bulk.text_tasks(text, source=source, tz=conv.tz, cluster=cluster, fields=fields,
                                      delimiter=delimiter, gpus_tracked=gpus_tracked)
-        if sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text,
-                                     cache_kib=bulk_cache_kib(expect)):
+        if sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text):
             return result
     rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)

@@ -66,6 +66,13 @@ STAGE_COLUMNS = tuple(c for c in COLUMNS if c not in ("synced_at", "source", "at
 _NO_RARE = (None,) * len(RARE_COLUMNS)
 #: Rows a worker binds per ``executemany``.
 _STAGE_BATCH = 4000
+#: Page cache of the importing process while it stores the chunks, KiB (our choice,
+#: measured on ``bench/sync_1m.py``'s 1 M jobs on a loaded 2-CPU VM: a 256 MiB cache, the
+#: one-process bulk load's, was the slowest in every run, 42.5-42.7 s against 35.7-37.3 s
+#: with 32 MiB in alternating runs, 8-64 MiB 25.9-33.0 s later, and held 240 MB more: with
+#: a smaller cache the rows' pages reach the WAL while the workers parse, not all at once
+#: when the index builds shrink the cache).
+STORE_CACHE_KIB = 65536
 #: Page cache while an index is built, KiB (our choice: SQLite's sorter then sorts runs that
 #: fit the CPU's caches and merges them, on the usable CPUs (``PRAGMA threads``), instead of
 #: sorting all keys in one list; on 1 M jobs a single-column index builds in 0.9 s instead
@@ -405,7 +412,7 @@ def worth_it(size: int) -> bool:
 
 
 def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: str | None = None,
-                    on_progress: Callable[[int], None] | None = None, cache_kib: int = 65536) -> bool:
+                    on_progress: Callable[[int], None] | None = None, cache_kib: int = STORE_CACHE_KIB) -> bool:
     """Import the chunks ``tasks`` (:func:`file_tasks`, or :func:`text_tasks` of ``text``)
     of one input into ``sacct_jobs``: a :class:`ChunkPool` into :func:`load_chunks`; fills ``result`` (a
     :class:`~gpuguard.reports.sync.SyncResult`) as the batched path does. ``cache_kib``:
