@@ -10,11 +10,12 @@ includes that commit.
 An input this size is parsed in worker processes (gpuguard.reports.sync_bulk), so the
 CPU figure counts every process and the wall ratio is the one to read.
 
-Measured (shared 2-CPU VM): 1 M jobs 28.7-32.4 s wall on a quiet hour, about 48 s of CPU
-over all processes; 45 s while other work loaded the VM; pandas 11.7-14.9 s. The same
-import in one process (``sync_bulk.WORKERS = 0``) took 48 s beside it. The 20 s goal is not
-met on this VM: the workers' parse and staging are about 30 s of CPU, the importing
-process's SQLite work about 20 s (the six index builds at the end 6-8 s of it).
+Measured (shared 2-CPU VM, whose speed varied by half during the day): 1 M jobs
+28.7-34.4 s wall with 2 workers (45 s while other work loaded the VM), about 48-60 s of CPU
+over all processes; pandas 11.7-17.4 s in the same runs (wall ratio 1.98-3.06). The same
+import in one process (``sync_bulk.WORKERS = 0``) took 48-52 s beside it. The 20 s goal is
+not met on this VM: the workers' parse and staging are about 30-36 s of CPU, the importing
+process's SQLite work about 20-24 s (the six index builds at the end 6-8 s of it).
 
     .venv/bin/python bench/sync_1m.py [--jobs 1000000] [--sizes 100000,1000000]
 """
