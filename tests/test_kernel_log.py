@@ -299,6 +299,41 @@ def test_journalctl_bad_cursor_reads_whole_boot(bindir):
     assert len(lines) == 2 and cur == "journal:s=1"
 
 
+# The journal vacuumed under the stored cursor: journalctl rejects it. Its t= field names
+# the realtime of the last entry read (1740823205 s = 0x62ef6f2a4b040 µs).
+VACUUMED = f"""echo "$@" >> "$0.args"
+case "$*" in
+  *after-cursor=*) echo "Failed to seek to cursor: Cannot assign requested address" >&2; exit 1;;
+  *since=@1740823205*)
+     echo '{_entry("s=2", 5_000_000, "NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.",
+                   realtime_us=1740823205_000000)}'
+     echo '{_entry("s=4", 7_000_000, "NVRM: Xid (PCI:0000:03:00): 94, pid=1, name=x, Contained ECC error.",
+                   realtime_us=1740823206_500000)}';;
+  *) echo '{_entry("s=0", 1_500_000, "NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.",
+                   realtime_us=1740823200_000000)}';;
+esac
+"""
+
+
+def test_journalctl_rejecting_the_cursor_reads_on_from_its_time_not_the_whole_boot(bindir):
+    """Re-reading the whole boot would act again on the XID 79 already acted on (a node an
+    admin resumed, drained again): only the entry after the cursor's time comes out."""
+    from gpuguard.xid.kernel_log import cursor_time_us
+
+    fake_tool(bindir, "journalctl", VACUUMED)
+    cur = f"journal:s=abc;i=2;b=def;m=4c4b40;t={1740823205_000000:x};x=99"
+    assert cursor_time_us(cur[len("journal:"):]) == 1740823205_000000
+    lines, new = read_since("journalctl", cur, 5)
+    assert lines == ["2025-03-01T10:00:06.500000+00:00 [    7.000000] NVRM: Xid (PCI:0000:03:00): 94, pid=1, "
+                     "name=x, Contained ECC error."]
+    assert new == "journal:s=4"
+    args = (bindir / "journalctl.args").read_text().splitlines()
+    assert args[-1] == "-k -o json --no-pager --since=@1740823205"
+    # a cursor naming no time: the whole boot, as before
+    lines, new = read_since("journalctl", "journal:s=abc;i=2", 5)
+    assert len(lines) == 1 and new == "journal:s=0"
+
+
 def test_journalctl_overflow_continues_from_last_entry(bindir):
     fake_tool(bindir, "journalctl", JOURNAL)
     lines, cur = read_since("journalctl", None, 5, max_bytes=200)

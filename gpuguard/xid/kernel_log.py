@@ -20,7 +20,8 @@ Sources (``source`` argument):
   ``/usr/bin:/bin``). ``-k`` implies the current boot. Only entries with
   ``_TRANSPORT=kernel`` are kept, their ``MESSAGE`` taken exactly. Cursor
   ``journal:<__CURSOR of the last entry>``. If journalctl rejects a stored cursor it is
-  run once more without it.
+  run once more from the time the cursor names (its ``t=`` field), entries up to that
+  time skipped, or without it when the cursor names no time.
 * ``"dmesg"`` -- the whole ring buffer raw (``dmesg -r``: ``<pri>[stamp] message``) every
   time; records whose facility is not kernel are dropped. Cursor
   ``dmesg:<lines seen>:<sha256 of the last line seen, 16 hex>``. The last seen line is
@@ -269,14 +270,28 @@ def read_journalctl(
     journal_cursor = cursor[len("journal:"):] if cursor and cursor.startswith("journal:") else None
     base = [exe, "-k", "-o", "json", "--no-pager"]
     argv = base + ([f"--after-cursor={journal_cursor}"] if journal_cursor else [])
+    seen_until_us = None  # entries at or before this realtime were read under the old cursor
     try:
         data, overflow, _ = _run_capped(argv, timeout_s, max_bytes)
     except KernelLogError:
         if not journal_cursor:
             raise
-        log.warning("journalctl rejected the stored cursor; reading the whole boot")
+        # The journal no longer knows the cursor (vacuumed, rotated, corrupt): re-reading
+        # the whole boot would act again on XIDs already acted on (a node an admin resumed
+        # drained again), so read on from the time the cursor names.
+        seen_until_us = cursor_time_us(journal_cursor)
+        data = None
+        if seen_until_us is not None:
+            log.warning("journalctl rejected the stored cursor; reading from its time on")
+            try:
+                data, overflow, _ = _run_capped([*base, f"--since=@{seen_until_us // 1_000_000}"], timeout_s,
+                                                max_bytes)
+            except KernelLogError:
+                seen_until_us = None
+        if data is None:
+            log.warning("journalctl rejected the stored cursor; reading the whole boot")
+            data, overflow, _ = _run_capped(base, timeout_s, max_bytes)
         journal_cursor = None
-        data, overflow, _ = _run_capped(base, timeout_s, max_bytes)
     lines: list[str] = []
     new_cursor = journal_cursor
     for raw in _complete_lines(data, overflow):
@@ -288,12 +303,36 @@ def read_journalctl(
             continue
         if isinstance(entry.get("__CURSOR"), str):
             new_cursor = entry["__CURSOR"]
-        if entry.get("_TRANSPORT") != "kernel":
+        if entry.get("_TRANSPORT") != "kernel" or _seen(entry, seen_until_us):
             continue
         lines.extend(journal_lines(entry))
     if overflow:
         log.warning("journalctl output over %d bytes; continuing from the last entry read", max_bytes)
     return lines, (f"journal:{new_cursor}" if new_cursor else None)
+
+
+def cursor_time_us(journal_cursor: str) -> int | None:
+    """The realtime a journal cursor names, µs since the epoch: its ``t=`` field, in hex
+    (``s=<seqnum id>;i=<seqnum>;b=<boot id>;m=<monotonic>;t=<realtime>;x=<xor hash>``,
+    sd_journal_get_cursor(3)); None when it has none."""
+    for part in journal_cursor.split(";"):
+        if part.startswith("t="):
+            try:
+                return int(part[2:], 16)
+            except ValueError:
+                return None
+    return None
+
+
+def _seen(entry: dict, seen_until_us: int | None) -> bool:
+    """Whether a journal entry is at or before ``seen_until_us`` (its
+    ``__REALTIME_TIMESTAMP``), so it was read before."""
+    if seen_until_us is None:
+        return False
+    try:
+        return int(entry.get("__REALTIME_TIMESTAMP")) <= seen_until_us
+    except (TypeError, ValueError):
+        return False
 
 
 # -------------------------------------------------------------------- dmesg
