@@ -163,11 +163,7 @@ def _read_rest(src: str, cursor: str | None, lines: list[str], res: Any, structu
         if nxt == cursor:
             break
         cursor = nxt
-        more = parse_log(lines, structured=structured)
-        res.events += more.events
-        for why, n in more.rejected.items():
-            res.rejected[why] = res.rejected.get(why, 0) + n
-        res.unparsed += more.unparsed
+        res.merge(parse_log(lines, structured=structured))
     return cursor
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Any
 
 #: Largest input read whole: an 8-GPU ``nvidia-smi -q`` dump is ~100 KiB, a busy kernel
 #: log a few MiB.
@@ -22,9 +23,10 @@ class InputError(Exception):
     """The input cannot be used; ``str()`` is one line naming the file."""
 
 
-def read_input(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of regular file ``path``. Raises :class:`InputError` when it is missing,
-    unreadable, not a regular file, or larger than ``max_bytes``."""
+def _open_regular(path: str) -> tuple[Any, os.stat_result]:
+    """``(binary file object, stat)`` of regular file ``path``, opened without blocking on
+    a FIFO or device. Raises :class:`InputError` when it is missing, unreadable or not a
+    regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
@@ -33,7 +35,14 @@ def read_input(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise InputError(f"{path}: not a regular file")
-    with os.fdopen(fd, "rb") as fh:
+    return os.fdopen(fd, "rb"), st
+
+
+def read_input(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of regular file ``path``. Raises :class:`InputError` when it is missing,
+    unreadable, not a regular file, or larger than ``max_bytes``."""
+    fh, st = _open_regular(path)
+    with fh:
         if st.st_size > max_bytes:
             raise InputError(f"{path}: {st.st_size} bytes, more than the {max_bytes} byte limit")
         try:
@@ -49,13 +58,8 @@ def read_head(path: str, max_bytes: int) -> bytes:
     """The first ``max_bytes`` bytes of regular file ``path``, whatever its size (to judge
     what a file is without reading all of it). Raises :class:`InputError` as
     :func:`read_input` does, except for the size."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as e:
-        raise InputError(f"{path}: cannot open: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{path}: not a regular file")
+    fh, _ = _open_regular(path)
+    with fh:
         try:
             return fh.read(max_bytes)
         except OSError as e:

@@ -29,6 +29,7 @@ import io
 import itertools
 import logging
 import multiprocessing
+import operator
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
@@ -225,7 +226,7 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     db.execute(f"CREATE TABLE staged ({', '.join(STAGE_COLUMNS)})")
     db.execute(f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(RARE_COLUMNS)})")
     insert = f"INSERT INTO staged VALUES ({', '.join('?' * len(STAGE_COLUMNS))})"
-    pick, pick_rare = _getter(STAGE_COLUMNS), _getter(RARE_COLUMNS)
+    pick, pick_rare = operator.itemgetter(*STAGE_COLUMNS), operator.itemgetter(*RARE_COLUMNS)
     admin: list[tuple[int, str]] = []
     rare: list[tuple] = []
     no_submit = False
@@ -262,12 +263,6 @@ def parse_chunk(task: ChunkTask) -> Chunk:
 
 def _parse(task: ChunkTask) -> Chunk:
     return parse_chunk(task)  # looked up when called, so a test can replace it
-
-
-def _getter(columns: tuple[str, ...]) -> Callable[[dict], tuple]:
-    import operator
-
-    return operator.itemgetter(*columns)
 
 
 def header_line(path: str) -> tuple[str, int]:

@@ -276,21 +276,7 @@ def read_journalctl(
     except KernelLogError:
         if not journal_cursor:
             raise
-        # The journal no longer knows the cursor (vacuumed, rotated, corrupt): re-reading
-        # the whole boot would act again on XIDs already acted on (a node an admin resumed
-        # drained again), so read on from the time the cursor names.
-        seen_until_us = cursor_time_us(journal_cursor)
-        data = None
-        if seen_until_us is not None:
-            log.warning("journalctl rejected the stored cursor; reading from its time on")
-            try:
-                data, overflow, _ = _run_capped([*base, f"--since=@{seen_until_us // 1_000_000}"], timeout_s,
-                                                max_bytes)
-            except KernelLogError:
-                seen_until_us = None
-        if data is None:
-            log.warning("journalctl rejected the stored cursor; reading the whole boot")
-            data, overflow, _ = _run_capped(base, timeout_s, max_bytes)
+        data, overflow, seen_until_us = _read_past_rejected(base, journal_cursor, timeout_s, max_bytes)
         journal_cursor = None
     lines: list[str] = []
     new_cursor = journal_cursor
@@ -309,6 +295,25 @@ def read_journalctl(
     if overflow:
         log.warning("journalctl output over %d bytes; continuing from the last entry read", max_bytes)
     return lines, (f"journal:{new_cursor}" if new_cursor else None)
+
+
+def _read_past_rejected(base: list[str], journal_cursor: str, timeout_s: float,
+                        max_bytes: int) -> tuple[bytes, bool, int | None]:
+    """journalctl's output when it rejected ``journal_cursor`` (vacuumed, rotated, corrupt):
+    from the time the cursor names, whose entries up to it the caller skips (the third
+    value), else the whole boot (None). Re-reading the whole boot would act again on XIDs
+    already acted on: a node an admin resumed would be drained again."""
+    seen_until_us = cursor_time_us(journal_cursor)
+    if seen_until_us is not None:
+        log.warning("journalctl rejected the stored cursor; reading from its time on")
+        try:
+            data, overflow, _ = _run_capped([*base, f"--since=@{seen_until_us // 1_000_000}"], timeout_s, max_bytes)
+            return data, overflow, seen_until_us
+        except KernelLogError:
+            pass
+    log.warning("journalctl rejected the stored cursor; reading the whole boot")
+    data, overflow, _ = _run_capped(base, timeout_s, max_bytes)
+    return data, overflow, None
 
 
 def cursor_time_us(journal_cursor: str) -> int | None:

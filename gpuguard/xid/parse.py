@@ -157,6 +157,18 @@ class ParseResult:
             self.unparsed_samples.append(text[:300])
             self.rejected_samples.append((line_no, why, text[:300]))
 
+    def merge(self, other: ParseResult) -> None:
+        """Add the result of the text that follows this one's (events in order, rejected
+        counts and samples, GPU UUIDs)."""
+        self.events += other.events
+        self.unparsed += other.unparsed
+        for why, n in other.rejected.items():
+            self.rejected[why] = self.rejected.get(why, 0) + n
+        room = MAX_UNPARSED_SAMPLES - len(self.unparsed_samples)
+        self.unparsed_samples += other.unparsed_samples[:max(0, room)]
+        self.rejected_samples += other.rejected_samples[:max(0, room)]
+        self.gpu_uuids.update(other.gpu_uuids)
+
     def rejected_summary(self) -> str:
         """``"3 (not a kernel-log prefix: 'alice:' x2; no PCI address x1)"`` or ``"0"``."""
         if not self.unparsed:
