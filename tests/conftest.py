@@ -163,3 +163,14 @@ elif a[:2] == ["show", "node"] and len(a) > 2:
 
 # Real-Slurm testbed fixtures (tests/testbed): `slurm_testbed` (session) and `slurm`.
 from testbed.fixtures import slurm, slurm_testbed  # noqa: E402, F401
+
+
+def cli_runner():
+    """A click ``CliRunner`` whose result keeps stderr apart from stdout (click < 8.2 needs
+    ``mix_stderr=False``; 8.2 always keeps them apart and has no such argument)."""
+    from click.testing import CliRunner
+
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from click.testing import CliRunner
-from conftest import DATA, node_snapshot
+from conftest import DATA, cli_runner, node_snapshot
 
 from gpuguard.cli import main
 from gpuguard.gpu.replay import ReplaySource
@@ -225,10 +225,7 @@ def test_check_with_an_unreadable_kernel_log_is_unknown_not_healthy(monkeypatch)
 
     monkeypatch.setattr(kernel_log, "read_kmsg", refused)
     healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
-    try:
-        runner = CliRunner(mix_stderr=False)
-    except TypeError:  # click >= 8.2 always keeps stderr apart
-        runner = CliRunner()
+    runner = cli_runner()
     r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", "kmsg"])
     assert (r.exit_code, r.stdout.splitlines()[-1]) == (3, "decision: proceed")
     assert r.stderr == "tool error: kernel log: cannot open /dev/kmsg: Permission denied\n"

@@ -5,22 +5,15 @@ from __future__ import annotations
 import json
 import pathlib
 
-from click.testing import CliRunner
+from conftest import cli_runner
 
 from gpuguard.xid.cli import xid
 
 DATA = pathlib.Path(__file__).parent / "data"
 
 
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # click >= 8.2 always keeps stderr apart
-        return CliRunner()
-
-
 def test_scan_table():
-    result = runner().invoke(xid, ["scan", str(DATA / "xid-79-sxid-20034-nvswitch.txt")])
+    result = cli_runner().invoke(xid, ["scan", str(DATA / "xid-79-sxid-20034-nvswitch.txt")])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["TIME", "PCI", "KIND", "XID", "NAME", "PID", "PROCESS", "ACTION", "MESSAGE"]
@@ -33,7 +26,7 @@ def test_scan_table():
 
 def test_scan_json_from_stdin():
     text = (DATA / "xid-13-109-dmesg-ctime-peermem.txt").read_text()
-    result = runner().invoke(xid, ["scan", "-", "--json"], input=text)
+    result = cli_runner().invoke(xid, ["scan", "-", "--json"], input=text)
     assert result.exit_code == 0
     rows = json.loads(result.stdout)
     assert [(r["xid"], r["pid"], r["process"], r["action"], r["severity"]) for r in rows] == [
@@ -49,7 +42,7 @@ def test_scan_json_from_stdin():
 def test_scan_counts_unparsed_on_stderr_and_truncates_message():
     text = ("NVRM: Xid (PCI:0000:01:00): abc\n"
             "NVRM: Xid (PCI:0000:01:00): 31, pid=9, name=p, " + "x" * 100 + "\n")
-    result = runner().invoke(xid, ["scan"], input=text)
+    result = cli_runner().invoke(xid, ["scan"], input=text)
     assert result.exit_code == 0
     row = result.stdout.splitlines()[2]
     assert row.endswith("x" * 57 + "...")
@@ -62,7 +55,7 @@ def test_scan_counts_unparsed_on_stderr_and_truncates_message():
 
 def test_scan_kernel_prefix_only_file_gives_seven_xid45():
     # lines pasted from a GB200 node's log whose only prefix is "kernel: "
-    result = runner().invoke(xid, ["scan", "--json", str(DATA / "xid-kernel-prefix-gb200-xid45.txt")])
+    result = cli_runner().invoke(xid, ["scan", "--json", str(DATA / "xid-kernel-prefix-gb200-xid45.txt")])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [(r["pci_bus_id"], r["xid"], r["pid"], r["action"]) for r in rows] == [
@@ -77,7 +70,7 @@ def test_scan_kernel_prefix_only_file_gives_seven_xid45():
 def test_scan_shows_spoofed_lines_with_their_reason():
     text = ("Nov 30 03:40:01 node01 alice: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, y\n"
             "Nov 30 03:40:02 node01 kernel: NVRM: Xid (PCI:0000:53:00): 48, pid=1, name=x, DBE\n")
-    result = runner().invoke(xid, ["scan", "--json"], input=text)
+    result = cli_runner().invoke(xid, ["scan", "--json"], input=text)
     assert [r["xid"] for r in json.loads(result.stdout)] == [48]
     assert result.stderr.splitlines() == [
         "unparsed NVRM lines: 1",
@@ -88,7 +81,7 @@ def test_scan_shows_spoofed_lines_with_their_reason():
 
 def test_scan_missing_file_exit_2(tmp_path):
     missing = tmp_path / "nope.log"
-    result = runner().invoke(xid, ["scan", str(missing)])
+    result = cli_runner().invoke(xid, ["scan", str(missing)])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"Error: cannot read {missing}: cannot open: No such file or directory"
 
@@ -99,7 +92,7 @@ def test_scan_reads_a_rotated_gzip_log(tmp_path):
 
     gz = tmp_path / "kern.log.2.gz"
     gz.write_bytes(gzip.compress((DATA / "xid-79-no-pid-serial-zero-595.txt").read_bytes()))
-    r = runner().invoke(xid, ["scan", "--json", str(gz)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(gz)])
     assert r.exit_code == 0
     assert [(e["xid"], e["pci_bus_id"], e["action"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00", "drain")]
 
@@ -107,7 +100,7 @@ def test_scan_reads_a_rotated_gzip_log(tmp_path):
 def test_scan_broken_gzip_is_one_line_and_nul_runs_hide_nothing(tmp_path):
     bad = tmp_path / "cut.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 12)
-    r = runner().invoke(xid, ["scan", str(bad)])
+    r = cli_runner().invoke(xid, ["scan", str(bad)])
     assert r.exit_code == 2
     assert r.stderr.strip().startswith(f"Error: cannot read {bad}: broken gzip data")
     # a syslog file after a hard reset: a zero-filled block, then the kernel's lines
@@ -115,7 +108,7 @@ def test_scan_broken_gzip_is_one_line_and_nul_runs_hide_nothing(tmp_path):
     crash.write_bytes(b"Nov 30 12:00:00 n1 systemd[1]: ok" + b"\x00" * 4096
                       + b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
                         b"name=<unknown>, GPU has fallen off the bus.\n")
-    r = runner().invoke(xid, ["scan", "--json", str(crash)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(crash)])
     assert r.exit_code == 0
     assert [(e["xid"], e["pci_bus_id"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00")]
 
@@ -129,11 +122,11 @@ def test_scan_truncated_gzip_shows_the_events_before_the_cut_and_exits_2(tmp_pat
     whole = gzip.compress(text)
     cut = tmp_path / "kern.log.3.gz"
     cut.write_bytes(whole[:len(whole) // 2])
-    r = runner().invoke(xid, ["scan", "--json", str(cut)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(cut)])
     assert r.exit_code == 2
     events = json.loads(r.stdout)
     assert events and events[0]["xid"] == 79 and events[0]["pci_bus_id"] == "0000:91:00"
-    full = json.loads(runner().invoke(xid, ["scan", "--json", str(DATA / "xid-79-sxid-20034-nvswitch.txt")]).stdout)
+    full = json.loads(cli_runner().invoke(xid, ["scan", "--json", str(DATA / "xid-79-sxid-20034-nvswitch.txt")]).stdout)
     assert len(events) < len(full)
     assert r.stderr.strip().splitlines()[-1] == (
         f"Error: {cut}: gzip data ends early (truncated file); the events before the cut are shown")
@@ -156,7 +149,7 @@ def test_scan_binary_files_are_one_line_exit_2_and_real_logs_with_bad_bytes_stil
     for name, (data, why) in cases.items():
         f = tmp_path / name
         f.write_bytes(data)
-        r = runner().invoke(xid, ["scan", str(f)])
+        r = cli_runner().invoke(xid, ["scan", str(f)])
         assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"Error: {f} {why}\n"), name
     # random bytes (no magic), also behind gzip and on stdin: counted, not "no XID events"
     (tmp_path / "blob").write_bytes(noise)
@@ -164,19 +157,19 @@ def test_scan_binary_files_are_one_line_exit_2_and_real_logs_with_bad_bytes_stil
     for args, kw, shown in ((["scan", str(tmp_path / "blob")], {}, str(tmp_path / "blob")),
                             (["scan", str(tmp_path / "blob.gz")], {}, str(tmp_path / "blob.gz")),
                             (["scan", "-"], {"input": noise}, "stdin")):
-        r = runner().invoke(xid, args, **kw)
+        r = cli_runner().invoke(xid, args, **kw)
         assert r.exit_code == 2 and r.stdout == "", args
         assert r.stderr.startswith(f"Error: {shown} is binary data, not a kernel log (") and r.stderr.count("\n") == 1
     # a real log with a few corrupt bytes (non-UTF-8, stray control characters) keeps its event
     log = (DATA / "xid-79-no-pid-serial-zero-595.txt").read_bytes()
     f = tmp_path / "kern.log"
     f.write_bytes(b"Nov 30 11:59:59 n1 kernel: junk \xff\xfe\x01\x02\x03\n" + log)
-    r = runner().invoke(xid, ["scan", "--json", str(f)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(f)])
     assert r.exit_code == 0, r.stderr
     assert [(e["xid"], e["pci_bus_id"]) for e in json.loads(r.stdout)] == [(79, "0000:06:00")]
     # an empty file is an empty log
     (tmp_path / "empty").write_bytes(b"")
-    r = runner().invoke(xid, ["scan", str(tmp_path / "empty")])
+    r = cli_runner().invoke(xid, ["scan", str(tmp_path / "empty")])
     assert (r.exit_code, r.stdout) == (0, "no XID events\n")
 
 
@@ -195,7 +188,7 @@ def test_scan_reads_a_journalctl_json_export_kernel_entries_only(tmp_path):
     for sep in ("", "\x1e"):
         path = tmp_path / f"journal{len(sep)}.json"
         path.write_text("".join(sep + json.dumps(e) + "\n" for e in entries))
-        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        result = cli_runner().invoke(xid, ["scan", str(path), "--json"])
         assert result.exit_code == 0, result.output
         rows = json.loads(result.stdout)
         assert [(r["pci_bus_id"], r["xid"], r["action"], r["line_no"], r["timestamp"], r["monotonic_s"])
@@ -215,7 +208,7 @@ def test_scan_a_line_is_what_ends_in_newline_not_a_unicode_separator(tmp_path):
     for sep in ("\u2028", "\u0085", "\x0c", "\x1c", "\x1e"):
         path = tmp_path / "syslog"
         path.write_text(f"Dec  1 03:00:00 node1 alice: hello{sep}{forged}\r\n", encoding="utf-8")
-        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        result = cli_runner().invoke(xid, ["scan", str(path), "--json"])
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout) == []
         shown = f"node1 alice: hello{sep}Dec  1 03:00:00 node1"[:37] + "..."
@@ -245,7 +238,7 @@ def test_scan_reads_journalctl_export_and_verbose_kernel_entries_only(tmp_path):
                              ("verbose", verbose, ("0000:91:00", 79, 5, None, 6781741.548779))):
         path = tmp_path / f"journal.{name}"
         path.write_text(text)
-        result = runner().invoke(xid, ["scan", str(path), "--json"])
+        result = cli_runner().invoke(xid, ["scan", str(path), "--json"])
         assert result.exit_code == 0, result.output
         assert [(r["pci_bus_id"], r["xid"], r["line_no"], r["timestamp"], r["monotonic_s"])
                 for r in json.loads(result.stdout)] == [want], name

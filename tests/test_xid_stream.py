@@ -10,7 +10,7 @@ import pathlib
 import random
 import tracemalloc
 
-from click.testing import CliRunner
+from conftest import cli_runner
 
 from gpuguard.xid import stream
 from gpuguard.xid.cli import xid
@@ -19,13 +19,6 @@ from gpuguard.xid.records import log_lines
 DATA = pathlib.Path(__file__).parent / "data"
 XID79 = (b"Nov 30 12:01:00 n1 kernel: NVRM: Xid (PCI:0000:06:00): 79, pid='<unknown>', "
          b"name=<unknown>, GPU has fallen off the bus.\n")
-
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # click >= 8.2 always keeps stderr apart
-        return CliRunner()
 
 
 def test_split_lines_equals_the_whole_text_split_for_every_chunking():
@@ -52,7 +45,7 @@ def test_scan_streams_a_file_in_constant_memory(tmp_path, monkeypatch):
             f.write(filler * 1000)
         f.write(XID79.replace(b"06:00", b"07:00"))
     tracemalloc.start()
-    r = runner().invoke(xid, ["scan", "--json", str(path)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(path)])
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert r.exit_code == 0, r.stderr
@@ -65,7 +58,7 @@ def test_scan_reads_every_member_of_a_multi_member_gzip_and_zero_padding(tmp_pat
     monkeypatch.setattr(stream, "CHUNK_BYTES", 64)  # members and padding across chunks
     path = tmp_path / "kern.log.1.gz"
     path.write_bytes(gzip.compress(XID79) + gzip.compress(XID79.replace(b"06:00", b"07:00")) + b"\x00" * 512)
-    r = runner().invoke(xid, ["scan", "--json", str(path)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(path)])
     assert r.exit_code == 0, r.stderr
     assert [(e["pci_bus_id"], e["line_no"]) for e in json.loads(r.stdout)] == [("0000:06:00", 1), ("0000:07:00", 2)]
     assert r.stderr == "unparsed NVRM lines: 0\n"
@@ -75,11 +68,11 @@ def test_scan_a_nul_run_across_chunks_is_one_line_end_and_a_long_nul_file_is_nam
     monkeypatch.setattr(stream, "CHUNK_BYTES", 7)
     path = tmp_path / "syslog"
     path.write_bytes(b"Nov 30 12:00:00 n1 systemd[1]: ok" + b"\x00" * 50 + XID79)
-    r = runner().invoke(xid, ["scan", "--json", str(path)])
+    r = cli_runner().invoke(xid, ["scan", "--json", str(path)])
     assert [(e["xid"], e["line_no"]) for e in json.loads(r.stdout)] == [(79, 2)]
     zeros = tmp_path / "zeros"
     zeros.write_bytes(b"\x00" * 100)
-    r = runner().invoke(xid, ["scan", str(zeros)])
+    r = cli_runner().invoke(xid, ["scan", str(zeros)])
     assert (r.exit_code, r.stderr) == (2, f"Error: {zeros} holds only NUL bytes (100 bytes), not a kernel log\n")
 
 
@@ -92,6 +85,6 @@ def test_scan_reads_a_utf16_copy_of_a_log(tmp_path, monkeypatch):
         path = tmp_path / f"kern-{codec}.log"
         data = text.encode(codec)
         path.write_bytes(data if codec == "utf-16" else b"\xfe\xff" + data)
-        r = runner().invoke(xid, ["scan", "--json", str(path)])
+        r = cli_runner().invoke(xid, ["scan", "--json", str(path)])
         assert r.exit_code == 0, r.stderr
         assert [(e["pci_bus_id"], e["line_no"], e["xid"]) for e in json.loads(r.stdout)] == [("0000:06:00", 2, 79)]
