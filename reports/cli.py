@@ -30,8 +30,13 @@ def parse_when(text: str, tz: tzinfo, now: float | None = None) -> float:
         return now
     m = _REL.match(t)
     if m:
-        n = float(m.group(1)) * (86400 if m.group(2) == "d" else 3600)
-        return now - n
+        from gpuguard.durations import UNIT_S, parse_duration
+
+        unit = "days" if m.group(2) == "d" else "hours"
+        try:  # finite and at most 100 years: 400 digits would be inf
+            return now - parse_duration(m.group(1), unit) * UNIT_S[unit]
+        except ValueError as e:
+            raise click.BadParameter(f"{text!r}: {e}") from None
     try:
         dt = datetime.fromisoformat(t.replace(" ", "T"))
     except ValueError:
