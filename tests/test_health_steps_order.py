@@ -131,3 +131,24 @@ def test_a_step_finding_beside_an_xid_drain_keeps_the_reason_on_the_node(hc):
     assert sorted(_rows(cfg, "select code, action from findings")) == [("nvlink.link_down", "drain"),
                                                                       ("xid.79", "drain")]
     assert hc.actions() == [("drain", "health", "done", "reboot")]
+
+
+def test_a_dry_run_drains_nothing_keeps_nothing_pending_and_moves_the_cursor(hc):
+    """[slurm] drain = false: the XID 79 is recorded and a refusal logged, no scontrol
+    update, nothing pending to fire once drains are switched on; read once only."""
+    from gpuguard import config as config_mod
+    from gpuguard.drainq import PendingDrains
+
+    hc.config()
+    path = hc.tmp / "gpuguard.toml"  # make_config's file
+    path.write_text(path.read_text().replace("[slurm]\n", "[slurm]\ndrain = false\n"))
+    hc.cfg = cfg = config_mod.load(str(path))
+    hc.kern.write_text(XID79)
+    out = hc.run()
+    assert (out.result.decision.outcome, out.result.decision.reason) == ("drain", REASON79)
+    assert hc.slurm.updates() == []
+    assert PendingDrains(cfg, None).entries() == {}
+    assert read_cursor_file(cfg) is not None
+    assert hc.actions() == [("drain", "health", "refused", "reboot")]
+    assert hc.run().result.decision.outcome == "proceed"  # the XID is not read again
+    assert _rows(cfg, "select kind, code from events") == [("xid", 79)]

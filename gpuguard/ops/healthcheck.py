@@ -110,24 +110,18 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     drained = None
     try:
         live = health_mod.judge(cfg, col, hook="health", store=None)
-        if live.decision.outcome == "drain" and not maint.active:
+        if live.decision.outcome == "drain" and not maint.active and not pend.dry_run:
             drained = drain_then_commit(cfg, pend, col, live)  # releases the lock before scontrol
         else:
             commit_cursor(cfg, col.new_cursor, live.tool_errors)
     finally:
         col.release_cursor()
-    res = live
-    if store is not None:
-        res = health_mod.judge(cfg, col, hook="health", store=store)
-        res.tool_errors += [e for e in live.tool_errors if e not in res.tool_errors]
-        try:
-            res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
-        except Exception as e:
-            res.tool_errors.append(f"store: {e}")
+    res = live if store is None else _judge_and_record(cfg, store, col, live)
     added = _run_steps(cfg, store, node, col, res, deadline, log, now=now)
-    if res.decision.outcome == "drain" and drained is None and not maint.active and not pend.dry_run:
-        if pend.add(node, res.decision.reason, decision_recovery(res.decision)):  # the history or a step: no cursor
-            drained = pend.settle(node, res.decision.reason)
+    if res.decision.outcome == "drain" and drained is None and not maint.active:
+        # the history or a step: through the pending list, no cursor; a dry run keeps
+        # nothing pending (it would fire once [slurm] drain is switched on)
+        drained = pend.drain(node, res.decision.reason, decision_recovery(res.decision))
     elif drained is not None:
         res.decision.reason = drained.reason  # what is on the node, how act_on and drain_run trace it
     if added and store is not None and res.run_id is not None:
@@ -144,6 +138,21 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
             out.tool_errors.append(f"acting: {type(e).__name__}: {e}")
     _alerts_and_metrics(cfg, store, node, res, maint, out, deadline, log)
     return out
+
+
+def _judge_and_record(cfg: Any, store: Any, col: Any, live: Any) -> Any:
+    """Judge ``col`` again with the store's history and record the run with its kernel-log
+    events (before the slow steps: a run killed in them keeps what the log showed).
+    Returns the result (with ``live``'s tool errors: the cursor's, the pending list's)."""
+    from gpuguard import health as health_mod
+
+    res = health_mod.judge(cfg, col, hook="health", store=store)
+    res.tool_errors += [e for e in live.tool_errors if e not in res.tool_errors]
+    try:
+        res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
+    except Exception as e:
+        res.tool_errors.append(f"store: {e}")
+    return res
 
 
 def _run_steps(cfg: Any, store: Any, node: str, col: Any, res: Any, deadline: float, log: Any, *,
