@@ -162,6 +162,9 @@ def parse_text(text: str) -> DiagReport:
             continue
         _other(st, line, n)
     _end_message(st)
+    if st.rep.orphans and st.rep.orphans[0].kind == "?":
+        st.rep.problems.append(f"the paste starts inside a message ({st.rep.orphans[0].text[:40]!r}...): "
+                               "the test it belongs to is not in it")
     if not st.rep.tests and not st.rep.metadata:
         st.rep.problems.insert(0, "no dcgmi diag result row could be read")
     elif not st.rep.complete:
