@@ -309,3 +309,18 @@ def test_cli_exit_codes():
     assert r.exit_code == 3 and "dcgmi health output is not read" in r.stderr
     r = run(main, ["check", "--from-file", str(TRI / "dcgmi-diag-j-4x-warn-and-fail.json")])
     assert r.exit_code == 2 and "dcgm.diag_warn" in r.output
+
+
+def test_text_around_the_table_iterations_and_dcgmi_errors():
+    table = _table(_row("Denylist", "Pass"), _row("PCIe", "Fail - GPU: 1"))
+    text = "$ dcgmi diag -r 2 -i 2\nRunning iteration 1 of 2...\n" + table + "\nRunning iteration 2 of 2...\n" \
+        + table + "user@node01:~$ \n"
+    rep = parse(text)
+    assert rep.complete and rep.problems == [] and [t.name for t in rep.tests] == ["Denylist", "PCIe"] * 2
+    assert [(f.code, f.gpu_index) for f in _triage("it", text).findings] == [("dcgm.diag_fail", 1)]
+    err = "Error: Unable to complete diagnostic for group 2. Return: (-30) The NVVS returned an error.\n"
+    assert detect(err) == "dcgmi diag"
+    res = _triage("err", err)
+    assert _found(res) == [("dcgm.diag_unreadable", "warning", None, "err: dcgmi diag output unreadable: line 1: "
+                            "dcgmi: " + err.strip())]
+    assert res.problems == ["err: line 1: dcgmi: " + err.strip(), "err: no dcgmi diag result row could be read"]

@@ -153,8 +153,10 @@ def parse_text(text: str) -> DiagReport:
             _end_message(st)
             _take_width(st, line)
             if st.in_table and (st.rep.tests or st.rep.metadata) and "=" not in line:
-                st.rep.complete = True
-            st.in_table = True
+                # the footer: what follows (a shell prompt, the next iteration's banner) is not the table
+                st.rep.complete, st.in_table, st.section, st.test = True, False, None, None
+            else:
+                st.in_table = True
             continue
         if line.startswith("|") and "|" in line[1:]:
             st.in_table = True
@@ -166,7 +168,7 @@ def parse_text(text: str) -> DiagReport:
         st.rep.problems.append(f"the paste starts inside a message ({st.rep.orphans[0].text[:40]!r}...): "
                                "the test it belongs to is not in it")
     if not st.rep.tests and not st.rep.metadata:
-        st.rep.problems.insert(0, "no dcgmi diag result row could be read")
+        st.rep.problems.append("no dcgmi diag result row could be read")
     elif not st.rep.complete:
         st.rep.problems.append("the table ends early (no closing +---+ rule): tests after the last row were not seen")
     return st.rep
@@ -182,6 +184,9 @@ def _take_width(st: _State, line: str) -> None:
 
 def _other(st: _State, line: str, n: int) -> None:
     if line.startswith("Successfully ran diagnostic"):
+        return
+    if line.startswith(("Error:", "Aborting")):  # dcgmi's own failure lines (Diag.cpp)
+        st.rep.problems.append(f"line {n}: dcgmi: {line[:200]}")
         return
     if set(line) <= {".", " ", "…"}:
         if st.msg is not None:
@@ -200,6 +205,7 @@ def _row(st: _State, line: str, n: int) -> None:
         st.rep.metadata[name] = value.strip()
         return
     if name == "Diagnostic" and value.strip() == "Result":
+        st.rep.complete = False  # a new table (dcgmi diag --iterations prints one per run)
         return
     m = _MESSAGE_NAME.match(name)
     if m:

@@ -60,7 +60,9 @@ def diag_findings(name: str, rep: DiagReport) -> list[Finding]:
     out = []
     for t in rep.tests:
         for gpu, word, via_all in _bad_results(t, every):
-            out.append(_finding(name, rep, t, gpu, f"{word} - All" if via_all else word))
+            f = _finding(name, rep, t, gpu, f"{word} - All" if via_all else word)
+            if all((f.code, f.gpu_index, f.message) != (o.code, o.gpu_index, o.message) for o in out):
+                out.append(f)  # several iterations of one run repeat the same failure
     if not any(f.code in ("dcgm.diag_fail", "dcgm.diag_setup_fail", "dcgm.diag_warn") for f in out) \
             and rep.problems:
         out.append(Finding("dcgm.diag_unreadable", "warning", f"{name}: dcgmi diag output unreadable: {rep.problems[0]}",

@@ -87,7 +87,7 @@ def _detect_dcgm(text: str) -> str | None:
         return "dcgmi diag -j" if re.search(r'"DCGM (GPU )?Diagnostic"|"iterations"\s*:', head) else None
     if re.search(r"^\s*#Entity\s+\S", head, re.M):
         return "dcgmi dmon"
-    if _DIAG_TABLE.search(text) or "Successfully ran diagnostic for group" in head:
+    if _DIAG_TABLE.search(text) or re.search(r"Successfully ran diagnostic for group|^Error: .*diagnostic", head, re.M):
         return "dcgmi diag"
     return None
 
