@@ -324,3 +324,17 @@ def test_text_around_the_table_iterations_and_dcgmi_errors():
     assert _found(res) == [("dcgm.diag_unreadable", "warning", None, "err: dcgmi diag output unreadable: line 1: "
                             "dcgmi: " + err.strip())]
     assert res.problems == ["err: line 1: dcgmi: " + err.strip(), "err: no dcgmi diag result row could be read"]
+
+
+def test_metadata_only_and_a_paste_cut_inside_a_message():
+    meta = _table("|-----  Metadata  ----------+------------------------------------------------|",
+                  _row("DCGM Version", "3.3.7"))
+    res = _triage("m", meta)
+    assert res.problems == ["m: no dcgmi diag result row could be read"]
+    assert [f.code for f in res.findings] == ["dcgm.diag_unreadable"]
+    msg = "GPU 0 Error using CUDA API cuCtxCreate Check DCGM and system logs for errors. Reset GPU. R"
+    rep = parse("\n".join([*HEAD, _row("GPU Memory", "Fail - GPU: 0"), *_wrapped("Warning", msg)]))
+    (m,) = rep.tests[0].messages
+    assert (m.text, m.truncated) == (msg, True)
+    f = _triage("c", "\n".join([*HEAD, _row("GPU Memory", "Fail - GPU: 0"), *_wrapped("Warning", msg)])).findings[0]
+    assert f.message == f"gpu0 DCGM diag GPU Memory Fail: {msg} [paste ends here]"

@@ -163,11 +163,13 @@ def parse_text(text: str) -> DiagReport:
             _row(st, line, n)
             continue
         _other(st, line, n)
-    _end_message(st)
+    # a paste that stops (no footer) on a full-width piece was cut inside the message
+    cut = not st.rep.complete and st.msg is not None and len(st.msg[-1].rstrip()) >= st.wrap - 1
+    _end_message(st, truncated=cut)
     if st.rep.orphans and st.rep.orphans[0].kind == "?":
         st.rep.problems.append(f"the paste starts inside a message ({st.rep.orphans[0].text[:40]!r}...): "
                                "the test it belongs to is not in it")
-    if not st.rep.tests and not st.rep.metadata:
+    if not st.rep.tests:
         st.rep.problems.append("no dcgmi diag result row could be read")
     elif not st.rep.complete:
         st.rep.problems.append("the table ends early (no closing +---+ rule): tests after the last row were not seen")
