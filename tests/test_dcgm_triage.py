@@ -338,3 +338,11 @@ def test_metadata_only_and_a_paste_cut_inside_a_message():
     assert (m.text, m.truncated) == (msg, True)
     f = _triage("c", "\n".join([*HEAD, _row("GPU Memory", "Fail - GPU: 0"), *_wrapped("Warning", msg)])).findings[0]
     assert f.message == f"gpu0 DCGM diag GPU Memory Fail: {msg} [paste ends here]"
+
+
+def test_a_fragment_of_messages_only_is_read_as_dcgmi_diag():
+    text = "\n".join(_wrapped("Info", "GPU 1 GPU to Host bandwidth:  12.33 GB/s, GPU 1 Host to GPU bandwidth")) + "\n"
+    assert detect(text) == "dcgmi diag"
+    res = _triage("f", text)
+    assert [f.code for f in res.findings] == ["dcgm.diag_unreadable"]
+    assert res.problems == ["f: no dcgmi diag result row could be read"]

@@ -71,9 +71,10 @@ def detect(text: str) -> str | None:
 
 
 #: dcgmi diag table structure (dcgmi/Diag.cpp stencils): the header, a section rule, or a
-#: ``| name | result |`` row / 4.x entity sub-row.
+#: ``| name | result |`` row / 4.x entity sub-row, or a ``| Warning | message`` row.
 _DIAG_TABLE = re.compile(r"^\s*\|\s*Diagnostic\s*\|\s*Result\s*\||^\s*[+|]-{3,}\s+[A-Z][A-Za-z ]+?\s+-+\+"
-                         r"|^\s*\|[^|\n]*\|\s*(?:(?:GPU|CPU)\d+:\s*)?(?:Pass|Fail|Warn|Skip|Not Run)(?:\s+-\s+(?:All|GPUs?:)|\s*\|)",
+                         r"|^\s*\|[^|\n]*\|\s*(?:(?:GPU|CPU)\d+:\s*)?(?:Pass|Fail|Warn|Skip|Not Run)(?:\s+-\s+(?:All|GPUs?:)|\s*\|)"
+                         r"|^\s*\|\s*(?:Warning|Info)(?::\s*GPU\d+)?\s+\|.{20,}",
                          re.M)
 
 
