@@ -346,3 +346,12 @@ def test_a_fragment_of_messages_only_is_read_as_dcgmi_diag():
     res = _triage("f", text)
     assert [f.code for f in res.findings] == ["dcgm.diag_unreadable"]
     assert res.problems == ["f: no dcgmi diag result row could be read"]
+
+
+def test_json_pasted_with_its_command_line():
+    text = "$ dcgmi diag -r 2 -j\n" + _read("dcgmi-diag-j-4x-warn-and-fail.json") + "$ \n"
+    assert detect(text) == "dcgmi diag -j"
+    assert [(f.code, f.gpu_index) for f in _triage("p", text).findings] == [("dcgm.diag_warn", 1),
+                                                                          ("dcgm.diag_fail", 0)]
+    with pytest.raises(TriageError, match=r"b.json: not valid JSON"):
+        _triage("b.json", '{"DCGM Diagnostic": {"test_categories": [')

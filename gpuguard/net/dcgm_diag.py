@@ -61,6 +61,8 @@ _RULE = re.compile(r"^\+[-=]+(\+[-=]+)*\+?$")
 _MESSAGE_NAME = re.compile(r"^(Warning|Info)(?:\s*:\s*([A-Za-z]+)\s?(\d+))?$")
 _DUP_PREFIX = re.compile(r"\bGPU (\d+)GPU \1(?=\D|$)")
 _GPU_IN_TEXT = re.compile(r"\bGPU\s?(\d+)\b")
+#: the top-level key of a ``-j`` document (NvvsJsonStrings.h ``NVVS_NAME``, 2.x-3.x / 4.x)
+_JSON_KEY = re.compile(r'"DCGM (?:GPU )?Diagnostic"\s*:')
 
 
 class DiagFormatError(ValueError):
@@ -120,7 +122,7 @@ def parse(text: str) -> DiagReport:
     """Parse ``dcgmi diag`` text or ``-j`` JSON. Raises :class:`DiagFormatError` for
     JSON that is not a diag document; a table that is only partly readable is returned
     with :attr:`DiagReport.problems` filled."""
-    if text.lstrip().startswith("{"):
+    if text.lstrip().startswith("{") or _JSON_KEY.search(text[:8192]):
         return parse_json(text)
     return parse_text(text)
 
@@ -314,8 +316,10 @@ def rank(word: str) -> int:
 # --- JSON (dcgmi diag -j) --------------------------------------------------------------
 def parse_json(text: str) -> DiagReport:
     """Read ``dcgmi diag -j`` output (see the module docstring for the schema)."""
+    # a paste may carry the command line before the document and a prompt after it
+    start, end = text.find("{"), text.rfind("}")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text[start:end + 1] if 0 <= start < end else text)
     except ValueError as e:
         raise DiagFormatError(f"not valid JSON ({e})") from None
     if not isinstance(doc, dict):

@@ -57,12 +57,14 @@ def diag_findings(name: str, rep: DiagReport) -> list[Finding]:
     """Findings for one parsed ``dcgmi diag`` file (see the module docstring); ``name``
     labels the file in messages."""
     every = all_gpus(rep)
-    out = []
+    out: list[Finding] = []
+    seen: set[tuple[str, int | None, str]] = set()
     for t in rep.tests:
         for gpu, word, via_all in _bad_results(t, every):
             f = _finding(name, rep, t, gpu, f"{word} - All" if via_all else word)
-            if all((f.code, f.gpu_index, f.message) != (o.code, o.gpu_index, o.message) for o in out):
-                out.append(f)  # several iterations of one run repeat the same failure
+            if (f.code, f.gpu_index, f.message) not in seen:  # iterations of one run repeat a failure
+                seen.add((f.code, f.gpu_index, f.message))
+                out.append(f)
     if not any(f.code in ("dcgm.diag_fail", "dcgm.diag_setup_fail", "dcgm.diag_warn") for f in out) \
             and rep.problems:
         out.append(Finding("dcgm.diag_unreadable", "warning", f"{name}: dcgmi diag output unreadable: {rep.problems[0]}",

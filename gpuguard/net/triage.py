@@ -84,8 +84,11 @@ def _detect_dcgm(text: str) -> str | None:
     head = text[:4096]
     if "Health Monitor Report" in head or '"Overall Health"' in head:
         return ""
+    if re.search(r'"DCGM (GPU )?Diagnostic"\s*:', head) or (head.lstrip().startswith("{")
+                                                            and re.search(r'"iterations"\s*:', head)):
+        return "dcgmi diag -j"
     if head.lstrip().startswith("{"):
-        return "dcgmi diag -j" if re.search(r'"DCGM (GPU )?Diagnostic"|"iterations"\s*:', head) else None
+        return None
     if re.search(r"^\s*#Entity\s+\S", head, re.M):
         return "dcgmi dmon"
     if _DIAG_TABLE.search(text) or re.search(r"Successfully ran diagnostic for group|^Error: .*diagnostic", head, re.M):
