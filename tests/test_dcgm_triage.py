@@ -176,11 +176,11 @@ def test_dcgm4_warn_printed_as_fail_in_entity_rows_and_named_warning_rows():
                                              "cannot be found"),
                   _row("pcie", "Fail"), _row("", "GPU0: Fail"),
                   _row("Warning: GPU0", "Bandwidth below limit"), _row("", "GPU1: Pass"),
-                  _row("", "CPU0: Pass"))
+                  _row("", "CPU0: Pass"), _row("", "GPU_I1: Pass"), _row("Warning: GPU_I1", "MIG note"))
     rep = parse(text)
     mem, pcie = rep.tests
     assert mem.per_gpu == {0: "Pass", 1: "Warn"} and pcie.per_gpu == {0: "Fail", 1: "Pass"}
-    assert pcie.entities == {"CPU0": "Pass"}
+    assert pcie.entities == {"CPU0": "Pass", "GPU_I1": "Pass"} and pcie.messages[-1].gpu is None
     assert mem.messages[0].text == ("ECC memory is not currently active on this device, so memory errors "
                                     "cannot be found") and mem.messages[0].gpu == 1
     assert [(f.code, f.gpu_index) for f in _triage("t", text).findings] == [("dcgm.diag_warn", 1),

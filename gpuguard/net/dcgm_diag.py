@@ -12,7 +12,8 @@ Format facts, with their sources:
 * Results (``HelperDisplayDiagResult``): ``Pass``, ``Fail``, ``Warn``, ``Skip``,
   ``Not Run``. DCGM 2.x/3.x print per-GPU results as ``Pass - All``, ``Fail - GPU: 0``,
   ``Pass - GPUs: 1, 2`` (more than one row per test when GPUs differ); DCGM 4.x prints
-  the test's overall result, then one sub-row per entity ``GPU0: Pass`` (also ``CPU0:``).
+  the test's overall result, then one sub-row per entity ``GPU0: Pass`` (also ``CPU0:``,
+  ``GPU_I1:``, ``Switch0:``: ``DcgmFieldsGetEntityGroupString``).
   4.x entity rows print a *Warn* as ``Fail`` (``HelperDisplayDiagResult`` default
   ``DDR_NO_DISPLAY_WARN``), so a ``Fail`` sub-row under a ``Warn`` test is read as Warn.
 * ``Warning`` / ``Info`` rows (4.x: ``Warning: GPU0``) carry DCGM's message, cut every
@@ -55,10 +56,10 @@ RESULTS = ("Pass", "Fail", "Warn", "Skip", "Not Run")
 WRAP_CHARS = 45
 
 _RESULT_CELL = re.compile(r"^(Pass|Fail|Warn|Skip|Not Run)(?:\s*-\s*(?:(All)|GPUs?\s*:\s*([\d,\s]+?)))?\s*$")
-_ENTITY_CELL = re.compile(r"^([A-Za-z]+)\s?(\d+)\s*:\s*(Pass|Fail|Warn|Skip|Not Run)\s*$")
+_ENTITY_CELL = re.compile(r"^([A-Za-z][A-Za-z_]*)\s?(\d+)\s*:\s*(Pass|Fail|Warn|Skip|Not Run)\s*$")
 _SECTION = re.compile(r"^[+|]-{2,}\s+([A-Za-z][A-Za-z ]*?)\s+-*\+-*[+|]?$")
 _RULE = re.compile(r"^\+[-=]+(\+[-=]+)*\+?$")
-_MESSAGE_NAME = re.compile(r"^(Warning|Info)(?:\s*:\s*([A-Za-z]+)\s?(\d+))?$")
+_MESSAGE_NAME = re.compile(r"^(Warning|Info)(?:\s*:\s*([A-Za-z][A-Za-z_]*)\s?(\d+))?$")
 _DUP_PREFIX = re.compile(r"\bGPU (\d+)GPU \1(?=\D|$)")
 _GPU_IN_TEXT = re.compile(r"\bGPU\s?(\d+)\b")
 #: the top-level key of a ``-j`` document (NvvsJsonStrings.h ``NVVS_NAME``, 2.x-3.x / 4.x)
