@@ -273,8 +273,15 @@ def test_hostile_tables():
 def test_other_kinds_are_not_taken():
     for name in ("ibstat-hdr-port-down-rate-degraded.txt", "nvsmi-nvlink-s-a100-sxm4-80gb-12links.txt",
                  "nvsmi-topo-m-dgxa100-gpu3-nv8.txt", "nccl-allreduce-h100-a3mega-16rank-2.2x.txt",
-                 "perfquery-saturated.txt", "nvsmi-q-h100x8-535.183.01-full.txt"):
+                 "perfquery-saturated.txt", "nvsmi-q-h100x8-535.183.01-full.txt",
+                 "nvsmi-default-v100-inforom-corrupt.txt", "dcgmi-nvlink-link-status-all-down-3.3.7.txt"):
         assert detect(_read(name)) not in ("dcgmi diag", "dcgmi diag -j", "dcgmi dmon"), name
+    # dcgmi nvlink -e (error counters) is a +---+ table too, with no result word in it
+    nvlink_e = ("+----------------------------------+------------------+\n| NVLINK Error Counts               "
+                "                  |\n| GPU 0                            |                  |\n"
+                "+==================================+==================+\n| Link 0                           | "
+                "CRC FLIT Error => 0 |\n")
+    assert detect(nvlink_e) is None
 
 
 def test_dmon_last_xid_is_the_catalogs_xid_finding():

@@ -28,7 +28,9 @@ Format facts, with their sources:
 * Pastes are often partial (corpus INDEX.md section 5): a head without the footer, a
   fragment starting mid-message, a last wrapped row without its closing ``|``, a
   ``...`` elision. Each is reported in :attr:`DiagReport.problems`; text before the
-  first test is kept in :attr:`DiagReport.orphans`.
+  first test is kept in :attr:`DiagReport.orphans`. A run that failed prints dcgmi's
+  ``Error: ...`` line instead of a table (``HelperDisplayFailureMessage``): kept as the
+  reason.
 * JSON (``dcgmi diag -j``; keys from ``nvvs/include/NvvsJsonStrings.h`` and
   ``testing/python3/dcgm_diag_schema.json``): 2.x/3.x ``{"DCGM GPU Diagnostic":
   {"test_categories": [{"category", "tests": [{"name", "results": [{"gpu_id": "0",
