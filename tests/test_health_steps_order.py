@@ -20,6 +20,7 @@ LINK_DOWN = "gpuguard: nvlink.link_down probe: link 3 down"
 
 @pytest.fixture
 def hc(tmp_path, make_config, write_replay, monkeypatch):
+    steps.load_steps()  # the shipped steps register in the real registry, not in this test's
     monkeypatch.setattr(steps, "STEPS", {})
     return H(tmp_path, make_config, write_replay)
 
