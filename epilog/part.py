@@ -310,7 +310,12 @@ def decode_part(blob: bytes) -> dict[str, Any]:
     anything else."""
     from gpuguard.epilog import part_codec
 
-    return part_codec.decode(blob)
+    try:
+        return part_codec.decode(blob)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        # a version-1 JSON part is free-form: a field of another type than written fails
+        # in the conversion; one line like every other unreadable part, never a crash
+        raise SpoolError(f"malformed part: {type(e).__name__}: {e}") from None
 
 
 def part_node(name: str) -> str | None:
@@ -327,7 +332,11 @@ def part_node(name: str) -> str | None:
 def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[str, Any]]:
     """``node -> part`` for every readable part of the job now in the spool (a node's
     version-2 part wins over a version-1 one). Unreadable, foreign, oversized or
-    mismatched files are skipped (one line each in ``log`` when given)."""
+    mismatched files, and parts whose fields are not what build_part writes
+    (:func:`gpuguard.epilog.part_check.check_part`), are skipped (one line each in
+    ``log`` when given)."""
+    from gpuguard.epilog.part_check import check_part
+
     d = job_dir(spool_dir, job_id)
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -343,8 +352,7 @@ def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[s
             if blob is None:
                 raise SpoolError("not a regular file, a symlink, or over the size bound")
             doc = decode_part(blob)
-            if doc.get("node") != node or str(doc.get("job_id")) != str(job_id):
-                raise SpoolError(f"names job {doc.get('job_id')!r} node {doc.get('node')!r}")
+            check_part(doc, str(job_id), node)
         except SpoolError as e:
             if log is not None:
                 log.warning("spool: %s skipped: %s", os.path.join(d, n), e)
