@@ -61,7 +61,7 @@ from typing import Any
 
 from gpuguard.epilog.jobdata import SERIES_ATTR, GpuSeries, JobData, StepRec
 from gpuguard.epilog.part_codec import FORMAT, SUFFIX, V1_SUFFIX, VERSION
-from gpuguard.epilog.spool import SpoolError, check_name
+from gpuguard.epilog.spool import SpoolError, check_job_dir, check_name
 
 #: Size cap of one encoded part (the issue's bound for a 24 h job on one node: 1 MB).
 MAX_PART_BYTES = 1_000_000
@@ -245,9 +245,11 @@ def spool_owner(spool_dir: str) -> tuple[int, int] | None:
 
 def job_dir(spool_dir: str, job_id: str, *, create: bool = False) -> str:
     """``{spool_dir}/{job_id}``; with ``create`` made mode 0755 and, when we are root,
-    owned like ``spool_dir``. Raises :class:`SpoolError` for an unsafe job id."""
+    owned like ``spool_dir``. Raises :class:`SpoolError` for an unsafe job id, and when
+    the path is there but is a symlink, not a directory, or owned by another user than
+    root, the spool's owner or us (:func:`gpuguard.epilog.spool.check_job_dir`)."""
     d = os.path.join(spool_dir, check_name("job id", str(job_id)))
-    if create and not os.path.isdir(d):
+    if create and not os.path.lexists(d):
         os.makedirs(d, mode=0o755, exist_ok=True)
         owner = spool_owner(spool_dir)
         if owner and os.geteuid() == 0 and owner[0] != 0:
@@ -255,6 +257,7 @@ def job_dir(spool_dir: str, job_id: str, *, create: bool = False) -> str:
                 os.chown(d, *owner, follow_symlinks=False)
             except OSError:
                 pass  # the controller then cannot clean up; the part itself is still readable
+    check_job_dir(spool_dir, d)
     return d
 
 

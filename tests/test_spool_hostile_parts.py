@@ -128,3 +128,24 @@ def test_ingest_goes_on_after_a_job_whose_judgment_raises(ctld, monkeypatch):  #
         assert store.query("select job_id from verdicts") == [{"job_id": "94"}]
     finally:
         store.close()
+
+
+def test_a_symlinked_or_foreign_job_directory_is_never_written_or_read(ctld, tmp_path):  # noqa: F811
+    """A job directory planted in the spool as a symlink (or owned by a user) before the
+    job's Epilog runs: root's part never lands where it points, the reader refuses it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(ctld["spool"], "96"))
+    with pytest.raises(part.SpoolError, match=r"spool job directory .*/96 is not a directory \(a symlink or a "
+                                              r"file\): not used$"):
+        part.write_part(ctld["spool"], "96", "n1", b"x")
+    with pytest.raises(part.SpoolError, match="is not a directory"):
+        part.read_parts(ctld["spool"], "96")
+    assert os.listdir(elsewhere) == []
+    d = os.path.join(ctld["spool"], "97")
+    os.mkdir(d)
+    os.chown(d, 4242, 4242)
+    with pytest.raises(part.SpoolError, match=r"spool job directory .*/97 belongs to uid 4242, not root or the "
+                                              r"spool's owner: not used$"):
+        part.write_part(ctld["spool"], "97", "n1", b"x")
+    assert os.listdir(d) == []
