@@ -523,6 +523,17 @@ def _policy_from(body: dict[str, Any], where: str) -> tuple[dict[str, str], dict
             continue
         _check_action(action, f"policy.{code}", where)
         policy[code] = action
+    if policy:
+        from gpuguard.policy import is_known_code, known_codes
+
+        unknown = sorted(c for c in policy if not is_known_code(c))
+        if unknown:
+            fams = sorted({c.split(".", 1)[0] for c in known_codes()})
+            near = sorted(c for c in known_codes() if c.split(".", 1)[0] == unknown[0].split(".", 1)[0])
+            raise ConfigError(f"{where}: policy.{unknown[0]}: unknown finding code; "
+                              + (f"known in {unknown[0].split('.', 1)[0]}: {', '.join(near)}" if near else
+                                 f"families: {', '.join(fams)}, xid.N, sxid.N")
+                              )
     return policy, xid_policy
 
 

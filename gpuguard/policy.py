@@ -32,6 +32,25 @@ def default_actions() -> dict[str, tuple[str, str]]:
     return {c.code: (c.action, c.source) for c in FINDING_CODES.values()}
 
 
+def known_codes() -> set[str]:
+    """Every finding code a ``[policy]`` key may name: the declared codes of every family
+    (hardware checks, NCCL probe, verdict), loaded here. ``xid.N``/``sxid.N`` are keyed by
+    number instead (:func:`is_known_code`)."""
+    import gpuguard.epilog.finding_codes  # declares verdict.*
+    import gpuguard.net.nccl_check  # noqa: F401  (declares nccl.*)
+
+    return set(default_actions())
+
+
+def is_known_code(code: str) -> bool:
+    """Whether ``code`` is a finding code gpuguard can raise (:func:`known_codes`, or
+    ``xid.N``/``sxid.N``): a ``[policy]`` override of any other name would never apply, so a
+    typo such as ``pcie.width_degrade = "drain"`` would leave a degraded node in service."""
+    import re
+
+    return bool(re.fullmatch(r"s?xid\.[0-9]{1,6}", code)) or code in known_codes()
+
+
 def __getattr__(name: str) -> Any:
     # DEFAULT_ACTIONS is computed from the declarations, so that a family imported later
     # (a stage) is in it too.
