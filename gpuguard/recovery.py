@@ -59,6 +59,7 @@ FINDING_RECOVERY: dict[str, tuple[str, str]] = {
     "gpu.recovery_action.node_reboot": ("reboot", "NVML GPU recovery action 2: the driver asks for a node reboot"),
     "gpu.recovery_action.drain_and_reset": ("reset", "NVML GPU recovery action 4: drain, then reset the GPU"),
     "nccl.busbw_low": ("auto", "the NCCL probe re-measures every [nccl] interval_s and its low reading stands until a probe passes"),
+    "dcgm.diag_fail": ("manual", "a failed DCGM diagnostic's message decides (reset and rerun, field diagnostic, RMA): NVIDIA DCGM diagnostics guide"),
     "nccl.errors": ("manual", "wrong all-reduce results are data corruption somewhere on the GPU/NVLink/NIC path: find it first"),
     "manual": ("manual", "drained by hand: a human resumes it"),
 }

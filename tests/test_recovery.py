@@ -9,6 +9,7 @@ from gpuguard.recovery import FINDING_RECOVERY, RECOVERY_KINDS, XID_RECOVERY, re
 
 def _declared():
     import gpuguard.epilog.finding_codes
+    import gpuguard.net.dcgm_triage  # DCGM diag codes
     import gpuguard.net.nccl_check  # noqa: F401  (NCCL probe codes)
     from gpuguard.checks import load_all
     from gpuguard.model import FINDING_CODES
@@ -36,7 +37,7 @@ def test_kinds_and_sources():
 @pytest.mark.parametrize("code, kind", [
     ("xid.79", "reboot"), ("xid.64", "rma"), ("xid.48", "reset"), ("ecc.row_remap_failure", "rma"),
     ("ecc.row_remap_pending", "reset"), ("throttle.hw_slowdown_idle", "auto"), ("sxid.20034", "manual"),
-    ("xid.999", "manual"), ("xid.x", "manual"), ("verdict.straggler_gpu", "manual"), ("nccl.busbw_low", "auto"),
+    ("xid.999", "manual"), ("xid.x", "manual"), ("dcgm.diag_fail", "manual"), ("verdict.straggler_gpu", "manual"), ("nccl.busbw_low", "auto"),
 ])
 def test_recovery_of(code, kind):
     assert recovery_of(code)[0] == kind

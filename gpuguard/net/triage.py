@@ -3,7 +3,8 @@ readers would give (``gpuguard check --from-file``).
 
 Formats are told apart by content (:func:`detect`): nccl-tests logs, ``ibstat``,
 ``ibv_devinfo -v``, ``perfquery [-x]``, ``nvidia-smi nvlink -s`` / ``-e``,
-``dcgmi nvlink --link-status``, ``nvidia-smi topo -m``. Outputs of one node are merged:
+``dcgmi nvlink --link-status``, ``nvidia-smi topo -m``, ``dcgmi diag`` (table or ``-j``
+JSON) and ``dcgmi dmon -e 230`` (:mod:`gpuguard.net.dcgm_triage`). Outputs of one node are merged:
 NVLink status and error counters by GPU index, perfquery counters onto the
 ``ibstat``/``ibv_devinfo`` port with the same LID. The same judges run as on a live node,
 with no previous reading (a paste has no history): growth cannot be seen, saturated
@@ -25,7 +26,7 @@ from typing import Any
 from gpuguard.model import Finding, GpuState, NodeSnapshot
 
 KINDS = ("nccl-tests", "ibstat", "ibv_devinfo", "perfquery", "nvidia-smi nvlink -s", "nvidia-smi nvlink -e",
-         "dcgmi nvlink --link-status", "nvidia-smi topo -m")
+         "dcgmi nvlink --link-status", "nvidia-smi topo -m", "dcgmi diag", "dcgmi diag -j", "dcgmi dmon")
 
 
 class TriageError(ValueError):
@@ -42,7 +43,11 @@ class Triage:
 
 
 def detect(text: str) -> str | None:
-    """The format of ``text`` (one of :data:`KINDS`) or None."""
+    """The format of ``text`` (one of :data:`KINDS`) or None. ``dcgmi health`` (text or
+    JSON, ``Health Monitor Report`` / ``Overall Health``) is none of them."""
+    dcgm = _detect_dcgm(text)
+    if dcgm is not None:
+        return dcgm or None
     if re.search(r"^\s*CA\s+'[^']+'", text, re.M):
         return "ibstat"
     if re.search(r"^\s*hca_id:", text, re.M):
@@ -65,13 +70,39 @@ def detect(text: str) -> str | None:
     return None
 
 
+#: dcgmi diag table structure (dcgmi/Diag.cpp stencils): the header, a section rule, or a
+#: ``| name | result |`` row / 4.x entity sub-row, or a ``| Warning | message`` row.
+_DIAG_TABLE = re.compile(r"^\s*\|\s*Diagnostic\s*\|\s*Result\s*\||^\s*[+|]-{3,}\s+[A-Z][A-Za-z ]+?\s+-+\+"
+                         r"|^\s*\|[^|\n]*\|\s*(?:(?:GPU|CPU)\d+:\s*)?(?:Pass|Fail|Warn|Skip|Not Run)(?:\s+-\s+(?:All|GPUs?:)|\s*\|)"
+                         r"|^\s*\|\s*(?:Warning|Info)(?::\s*GPU\d+)?\s+\|.{20,}",
+                         re.M)
+
+
+def _detect_dcgm(text: str) -> str | None:
+    """A DCGM kind, ``""`` for DCGM output gpuguard does not read (``dcgmi health``), or
+    None for anything else."""
+    head = text[:4096]
+    if "Health Monitor Report" in head or '"Overall Health"' in head:
+        return ""
+    if re.search(r'"DCGM (GPU )?Diagnostic"\s*:', head) or (head.lstrip().startswith("{")
+                                                            and re.search(r'"iterations"\s*:', head)):
+        return "dcgmi diag -j"
+    if head.lstrip().startswith("{"):
+        return None
+    if re.search(r"^\s*#Entity\s+\S", head, re.M):
+        return "dcgmi dmon"
+    if _DIAG_TABLE.search(text) or re.search(r"Successfully ran diagnostic for group|^Error: .*diagnostic", head, re.M):
+        return "dcgmi diag"
+    return None
+
+
 _NCCL_ROW = re.compile(r"^\s*\d+\s+\d+\s+[a-z][a-z0-9_]*(?:\s+\S+){8,}\s*$", re.M)
 
 
 def triage(files: list[tuple[str, str]], cfg: Any) -> Triage:
     """Judge ``[(name, text), ...]``. Raises :class:`TriageError` for an empty or
     unrecognised file."""
-    from gpuguard.net import ib_text, nvlink_text
+    from gpuguard.net import dcgm_diag, ib_text, nvlink_text
 
     out = Triage()
     gpus: dict[int, nvlink_text.GpuLinks] = {}
@@ -82,11 +113,17 @@ def triage(files: list[tuple[str, str]], cfg: Any) -> Triage:
         if not text.strip():
             raise TriageError(f"{name}: empty (nvidia-smi nvlink -s prints nothing on GPUs without NVLink); nothing to judge")
         kind = detect(text)
+        if kind is None and _detect_dcgm(text) == "":
+            raise TriageError(f"{name}: dcgmi health output is not read (its Healthy/Warning/Failure summary is "
+                              "DCGM's own verdict); paste dcgmi diag -r 2 or dcgmi dmon -e 230 output")
         if kind is None:
             raise TriageError(f"{name}: not a format gpuguard reads ({', '.join(KINDS)})")
         try:
             if kind == "nccl-tests":
                 _nccl(name, text, out)
+                continue
+            if kind.startswith("dcgmi d"):
+                _dcgm(name, kind, text, out)
                 continue
             if kind in ("ibstat", "ibv_devinfo", "perfquery"):
                 parse = {"ibstat": ib_text.parse_ibstat, "ibv_devinfo": ib_text.parse_ibv_devinfo,
@@ -105,7 +142,7 @@ def triage(files: list[tuple[str, str]], cfg: Any) -> Triage:
                      "nvidia-smi nvlink -e": nvlink_text.parse_nvlink_errors,
                      "dcgmi nvlink --link-status": nvlink_text.parse_dcgmi_link_status}[kind]
             found, probs = parse(text)
-        except (ib_text.TextFormatError, nvlink_text.NvlinkTextError) as e:
+        except (ib_text.TextFormatError, nvlink_text.NvlinkTextError, dcgm_diag.DiagFormatError) as e:
             raise TriageError(f"{name}: {e}") from None
         out.problems += [f"{name}: {p}" for p in probs]
         _merge_gpus(gpus, found)
@@ -189,6 +226,21 @@ def _nccl(name: str, text: str, out: Triage) -> None:
         line += f", {log.elided_lines} elided line(s)"
     out.summary.append(line)
     out.problems += [f"{name}: line {n}: {p}" for n, p in log.problems] + [f"{name}: {x}" for x in log.incomplete]
+
+
+def _dcgm(name: str, kind: str, text: str, out: Triage) -> None:
+    from gpuguard.net import dcgm_diag, dcgm_triage
+
+    if kind == "dcgmi dmon":
+        reading = dcgm_triage.parse_dmon(text)
+        out.findings += dcgm_triage.dmon_xid_findings(name, reading)
+        out.summary.append(dcgm_triage.dmon_summary(name, reading))
+        out.problems += [f"{name}: {p}" for p in reading.problems]
+        return
+    rep = dcgm_diag.parse(text)
+    out.findings += dcgm_triage.diag_findings(name, rep)
+    out.summary.append(dcgm_triage.diag_summary(name, kind, rep))
+    out.problems += [f"{name}: {p}" for p in rep.problems]
 
 
 def topo_findings(matrix: dict[int, dict[int, str]]) -> list[Finding]:
