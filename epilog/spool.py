@@ -38,13 +38,13 @@ def check_job_dir(spool_dir: str, d: str) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        raise SpoolError(f"spool job directory {d}: {e.strerror or e}") from None
+        raise SpoolError(f"spool directory {d}: {e.strerror or e}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise SpoolError(f"spool job directory {d} is not a directory (a symlink or a file): not used")
+        raise SpoolError(f"spool directory {d} is not a directory (a symlink or a file): not used")
     try:
         owner = os.stat(spool_dir).st_uid
     except OSError:
         owner = 0
     if st.st_uid not in {0, os.geteuid(), owner}:
-        raise SpoolError(f"spool job directory {d} belongs to uid {st.st_uid}, not root or the spool's owner: "
+        raise SpoolError(f"spool directory {d} belongs to uid {st.st_uid}, not root or the spool's owner: "
                          "not used")

@@ -136,7 +136,7 @@ def test_a_symlinked_or_foreign_job_directory_is_never_written_or_read(ctld, tmp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     os.symlink(elsewhere, os.path.join(ctld["spool"], "96"))
-    with pytest.raises(part.SpoolError, match=r"spool job directory .*/96 is not a directory \(a symlink or a "
+    with pytest.raises(part.SpoolError, match=r"spool directory .*/96 is not a directory \(a symlink or a "
                                               r"file\): not used$"):
         part.write_part(ctld["spool"], "96", "n1", b"x")
     with pytest.raises(part.SpoolError, match="is not a directory"):
@@ -145,7 +145,24 @@ def test_a_symlinked_or_foreign_job_directory_is_never_written_or_read(ctld, tmp
     d = os.path.join(ctld["spool"], "97")
     os.mkdir(d)
     os.chown(d, 4242, 4242)
-    with pytest.raises(part.SpoolError, match=r"spool job directory .*/97 belongs to uid 4242, not root or the "
+    with pytest.raises(part.SpoolError, match=r"spool directory .*/97 belongs to uid 4242, not root or the "
                                               r"spool's owner: not used$"):
         part.write_part(ctld["spool"], "97", "n1", b"x")
     assert os.listdir(d) == []
+
+
+def test_a_symlinked_nccl_probe_directory_is_never_written(tmp_path):
+    """``{spool}/nccl`` planted as a symlink: root's probe file never lands where it points."""
+    from gpuguard import config as config_mod
+    from gpuguard.net.nccl_spool import SUBDIR, spool_probe
+
+    spool, elsewhere = tmp_path / "spool", tmp_path / "elsewhere"
+    spool.mkdir()
+    elsewhere.mkdir()
+    os.symlink(elsewhere, spool / SUBDIR)
+    cfg = config_mod.from_dict({"paths": {"store": str(tmp_path / "n1" / "node.db"),
+                                          "cluster_store": str(tmp_path / "cluster.db"), "spool_dir": str(spool)}})
+    row = {"node": "n1", "config_key": "k", "at": 1767225600.0}
+    with pytest.raises(OSError, match=r"spool directory .*/nccl is not a directory \(a symlink or a file\)"):
+        spool_probe(cfg, row, {1048576: 100.0}, {})
+    assert os.listdir(elsewhere) == []
