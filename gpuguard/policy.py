@@ -132,6 +132,11 @@ def decide(findings: Iterable[Finding], policy: dict[str, str] | None = None,
     return Decision("proceed", "", acts)
 
 
+def _control(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 127 <= o <= 159 or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069
+
+
 def format_reason(hits: list[Finding]) -> str:
     """``gpuguard: CODE MESSAGE [(+N more)]`` cut to :data:`REASON_MAX` characters.
 
@@ -140,9 +145,11 @@ def format_reason(hits: list[Finding]) -> str:
     first = hits[0]
     more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
     text = f"gpuguard: {first.code} {first.message}"
-    # Control characters (NUL, ESC...) could come from a replay file or a kernel line;
-    # NUL would even make the scontrol argv invalid and lose the drain.
-    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
+    # Control characters (NUL, ESC, C1 such as CSI U+009B, bidi overrides) could come from
+    # a replay file or a kernel line (an XID's process name is the user's); NUL would even
+    # make the scontrol argv invalid and lose the drain, the others drive or reorder the
+    # terminal of the admin reading sinfo -R.
+    text = "".join(" " if _control(c) else c for c in text)
     text = " ".join(text.replace('"', "'").split())
     if len(text) + len(more) > REASON_MAX:
         text = text[: REASON_MAX - len(more) - 3] + "..."

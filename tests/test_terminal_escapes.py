@@ -34,3 +34,11 @@ def test_job_show_prints_a_hostile_job_name_escaped(big):  # noqa: F811
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0].startswith(f'Job 4242 "{SHOWN}"')
     assert "\x1b" not in r.output and "\u202e" not in r.output and "\x9b" not in r.output
+
+
+def test_drain_reasons_carry_no_control_character():
+    from gpuguard.model import Finding
+    from gpuguard.policy import format_reason
+
+    f = Finding("xid.13", "critical", "XID 13 Graphics Engine Exception pid=42, name=ev\x1b[2Jil\x9b31m\u202eexe\x00")
+    assert format_reason([f]) == "gpuguard: xid.13 XID 13 Graphics Engine Exception pid=42, name=ev [2Jil 31m exe"
