@@ -166,3 +166,4 @@ def test_a_symlinked_nccl_probe_directory_is_never_written(tmp_path):
     with pytest.raises(OSError, match=r"spool directory .*/nccl is not a directory \(a symlink or a file\)"):
         spool_probe(cfg, row, {1048576: 100.0}, {})
     assert os.listdir(elsewhere) == []
+
