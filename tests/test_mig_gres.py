@@ -34,3 +34,38 @@ def test_without_mig_a_missing_job_gpu_still_drains():
     [f] = [f for f in _run(snap, [1]) if f.code == "gpu.count_mismatch"]
     assert (f.severity, f.message) == ("critical", "job's GPU(s) 1 not visible (1 GPUs visible)")
     assert decide([f]).outcome == "drain"
+
+
+def _with(snap, **kw):
+    return dataclasses.replace(snap, gpus=[dataclasses.replace(g, **kw) for g in snap.gpus])
+
+
+def test_a_busy_mig_gpu_with_unknown_utilisation_is_not_judged_idle():
+    """NVML gives no utilisation for a MIG-enabled GPU (the dump: `N/A`); its other
+    instances may be running other jobs at full power, so a HW slowdown or the SW thermal
+    slowdown seen then is no idle reading."""
+    snap = _with(load_nvidia_smi(DUMP), clock_event_reasons=["hw_slowdown", "sw_thermal_slowdown"])
+    assert [g.gpu_util_pct for g in snap.gpus] == [None]
+    findings = _run(snap, None)
+    assert [f.code for f in findings if f.code.startswith("throttle.")] == []
+    assert decide(findings).outcome == "proceed"
+    # without MIG an unknown utilisation still counts as idle: the drain stays
+    plain = _with(snap, mig_mode=False)
+    assert [(f.code, f.severity) for f in _run(plain, None) if f.code.startswith("throttle.")] == [
+        ("throttle.hw_slowdown_idle", "critical"), ("throttle.sw_thermal_idle", "warning")]
+
+
+def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
+    from gpuguard.checks.idle import idle_findings
+    from gpuguard.config import from_dict
+    from gpuguard.store import open_store
+
+    snap = load_nvidia_smi(DUMP)
+    store = open_store(str(tmp_path / "node.db"))
+    try:
+        values = from_dict({}).values
+        assert idle_findings(store, "n1", snap, values, now=1767225600.0) == ([], [])
+        findings, rows = idle_findings(store, "n1", _with(snap, mig_mode=False), values, now=1767225600.0)
+        assert (findings, [(r["node"], r["gpu_index"], r["flagged"]) for r in rows]) == ([], [("n1", 0, 0)])
+    finally:
+        store.close()
