@@ -511,6 +511,21 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
             v = values.get(sec, {}).get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{where}: {sec}.{key} must be a finite number >= 0, got {v}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            # a percentage above 100 makes every GPU "idle" (the idle checks then judge
+            # GPUs under load); a share is a fraction; an interval, timeout or budget of 0
+            # spins (the collector sampling in a busy loop on every node) or never runs
+            if key.endswith("_pct") and v > 100:
+                raise ConfigError(f"{where}: {sec}.{key} is a percentage: 0 to 100, got {v}")
+            if key.endswith("_share") and not 0 < v <= 1:
+                raise ConfigError(f"{where}: {sec}.{key} is a share: above 0, at most 1, got {v}")
+            if (key.endswith(("interval_s", "timeout_s", "time_budget_s")) or key in _WINDOWS) and v == 0:
+                raise ConfigError(f"{where}: {sec}.{key} must be > 0")
+
+
+#: Window widths the verdict divides by (``floor(t / short_window_s)``): never 0.
+_WINDOWS = ("long_window_s", "short_window_s")
 
 
 def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
