@@ -145,6 +145,9 @@ def test_a_symlinked_or_foreign_job_directory_is_never_written_or_read(ctld, tmp
     d = os.path.join(ctld["spool"], "97")
     os.mkdir(d)
     os.chown(d, 4242, 4242)
+    os.chmod(ctld["spool"], 0o755)  # only its owner writes the spool: any owner is trusted
+    assert part.read_parts(ctld["spool"], "97") == {}
+    os.chmod(ctld["spool"], 0o1777)  # anyone may make entries: only root's, ours or the owner's count
     with pytest.raises(part.SpoolError, match=r"spool directory .*/97 belongs to uid 4242, not root or the "
                                               r"spool's owner: not used$"):
         part.write_part(ctld["spool"], "97", "n1", b"x")
