@@ -32,13 +32,20 @@ def default_actions() -> dict[str, tuple[str, str]]:
     return {c.code: (c.action, c.source) for c in FINDING_CODES.values()}
 
 
+#: Modules declaring finding codes outside ``gpuguard.checks`` (which :func:`default_actions`
+#: loads itself); tests/test_config_hostile.py fails when a ``declare_codes`` call lives in
+#: a module not listed here (its codes could not be named in ``[policy]``).
+CODE_MODULES = ("gpuguard.epilog.finding_codes", "gpuguard.net.nccl_check", "gpuguard.net.dcgm_triage")
+
+
 def known_codes() -> set[str]:
     """Every finding code a ``[policy]`` key may name: the declared codes of every family
-    (hardware checks, NCCL probe, verdict), loaded here. ``xid.N``/``sxid.N`` are keyed by
+    (hardware checks, and :data:`CODE_MODULES`: verdict, NCCL probe, DCGM triage), loaded here. ``xid.N``/``sxid.N`` are keyed by
     number instead (:func:`is_known_code`)."""
-    import gpuguard.epilog.finding_codes  # declares verdict.*
-    import gpuguard.net.nccl_check  # noqa: F401  (declares nccl.*)
+    import importlib
 
+    for mod in CODE_MODULES:
+        importlib.import_module(mod)
     return set(default_actions())
 
 

@@ -19,9 +19,9 @@ def load_text(text: str, path: str):
 @pytest.mark.parametrize(("key", "msg"), [
     ('"pcie.width_degrade"', "c.toml: policy.pcie.width_degrade: unknown finding code; known in pcie: "
                              "pcie.gen_degraded, pcie.replay_growth, pcie.width_degraded"),
-    ('"nonexistent.code"', "c.toml: policy.nonexistent.code: unknown finding code; families: baseline, config, "
+    ('"nonexistent.code"', "c.toml: policy.nonexistent.code: unknown finding code; families: baseline, config, dcgm, "
                            "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
-    ('"xid.79x"', "c.toml: policy.xid.79x: unknown finding code; families: baseline, config, "
+    ('"xid.79x"', "c.toml: policy.xid.79x: unknown finding code; families: baseline, config, dcgm, "
                   "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
 ])
 def test_unknown_policy_code_is_one_line_config_error(key, msg):
@@ -65,3 +65,23 @@ def test_config_show_names_what_only_the_epilog_would_refuse(tmp_path):
     r = CliRunner().invoke(main, ["--config", str(p), "config", "show"])
     assert r.exit_code == 2
     assert r.output == f"Error: {p}: baseline.runs must be >= baseline.min_runs >= 1\n"
+
+
+def test_every_module_declaring_finding_codes_is_known_to_the_policy_check():
+    import pathlib
+    import re
+
+    from gpuguard.policy import CODE_MODULES
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pkg = {"gpuguard": "gpuguard", "epilog": "gpuguard.epilog", "prolog": "gpuguard.prolog",
+           "collector": "gpuguard.collector", "reports": "gpuguard.reports"}
+    declaring = set()
+    for top, name in pkg.items():
+        for f in (root / top).rglob("*.py"):
+            if re.search(r"^CODES = declare_codes\(", f.read_text(), re.M):
+                declaring.add(".".join([name, *f.relative_to(root / top).with_suffix("").parts]))
+    checks = {m for m in declaring if m.startswith("gpuguard.checks.")}
+    assert declaring - checks == set(CODE_MODULES)
+    assert load_text('[policy]\n"dcgm.diag_unreadable" = "record"\n', "c.toml").policy == {
+        "dcgm.diag_unreadable": "record"}
