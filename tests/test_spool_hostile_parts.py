@@ -170,3 +170,27 @@ def test_a_symlinked_nccl_probe_directory_is_never_written(tmp_path):
         spool_probe(cfg, row, {1048576: 100.0}, {})
     assert os.listdir(elsewhere) == []
 
+
+
+def test_two_cluster_ingests_at_once_judge_nothing_twice(ctld):  # noqa: F811
+    """A pass run by hand while the timer's pass runs: the second does nothing."""
+    import fcntl
+
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main as cli
+
+    _spool_job(ctld, "98")
+    time.sleep(0.35)
+    fd = os.open(str(ctld["tmp"] / "cluster.db.ingest.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = CliRunner().invoke(cli, ["cluster", "ingest", "--json"])
+        assert r.exit_code == 0
+        assert f"another cluster ingest holds {ctld['tmp']}/cluster.db.ingest.lock: nothing done" in r.output
+        assert ctld["calls"]() == []
+    finally:
+        os.close(fd)
+    r = CliRunner().invoke(cli, ["cluster", "ingest", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["judged"] == 1
+    assert len(ctld["calls"]()) == 1
