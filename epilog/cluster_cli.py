@@ -25,8 +25,9 @@ def _fail(msg: str) -> None:
 def _ingest_lock(store_path: str) -> int | None:
     """An exclusive ``flock`` on ``{store_path}.ingest.lock`` (held until exit), or None
     when another ``cluster ingest`` holds it. Two passes at once (the timer's and one run
-    by hand) would both find a job unjudged and judge it twice: two sacctmgr calls and the
-    run counted twice in its template's baseline. A lock file that cannot be opened is no
+    by hand) would both find a job unjudged and judge it twice: two sacctmgr calls, and
+    both could pass the once-per-(job, node) drain check before either records its drain.
+    A lock file that cannot be opened is no
     reason not to ingest (the store's own checks follow): the pass runs unlocked."""
     import fcntl
 
