@@ -6,8 +6,8 @@ the rest of a part (``meta``: ``job``, ``summary``, ``window_s``, ``checkpoints_
 the ranks' ``rank``) is JSON that the judge, the reports and the AdminComment read as the
 types :func:`gpuguard.epilog.part.build_part` writes. A part from another release, a
 truncated rewrite or a hand-made file may carry other types or name another job or node;
-read as it is, one such part raised ``TypeError``/``AttributeError`` deep in the judge, and
-since ``cluster ingest`` takes the spool in job order, it stopped every pass at that job.
+read as it is, such a part raises ``TypeError``/``AttributeError`` deep in the judge, or
+writes its summary over another job's.
 
 :func:`check_part` refuses such a part as a whole (:class:`SpoolError`, one line, logged by
 :func:`gpuguard.epilog.part.read_parts`): the job is then judged with that node *missing*,

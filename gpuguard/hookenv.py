@@ -74,8 +74,8 @@ def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     replaced by U+FFFD. Slurm passes job names, comments and accounts as the user's bytes;
     Python decodes the environment with ``surrogateescape``, and such a string cannot be
     written to SQLite or encoded as UTF-8 at all: a job named in a Latin-1 terminal
-    (``caf\\xe9``) was never judged (the cluster store's write raised). Every hook reads its
-    environment through this."""
+    (``caf\\xe9``) would never be judged (the cluster store's write raises). Every hook
+    reads its environment through this."""
     out: dict[str, str] = {}
     for k, v in env.items():
         if isinstance(v, str) and not v.isascii():
