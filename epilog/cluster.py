@@ -101,12 +101,59 @@ def _parts_of_job_nodes(parts: dict[str, dict[str, Any]], meta: dict[str, Any], 
     return {n: p for n, p in parts.items() if n in nodes}
 
 
+#: Held (``flock``) by whoever judges a job from the spool: the EpilogSlurmctld worker, or
+#: ``cluster ingest`` once the worker's wait is over. A worker slowed past that wait (a
+#: slurmdbd that does not answer its sacctmgr retries) would otherwise be judging the same
+#: job as the ingest. A name starting with ``.`` is no part (:func:`part.part_node`).
+JUDGE_LOCK = ".judge.lock"
+
+
+def _judge_lock(spool_dir: str, job_id: str) -> int | None:
+    """The job's judge lock taken (a descriptor to close), -1 when it cannot be opened (no
+    job directory: judged unlocked), None when another judge holds it."""
+    import fcntl
+
+    from gpuguard.epilog.part import job_dir
+
+    try:
+        fd = os.open(os.path.join(job_dir(spool_dir, job_id), JUDGE_LOCK),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        pass  # a filesystem without locks: judged unlocked
+    return fd
+
+
 def judge_from_spool(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
                      parts: dict[str, dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
                      retries: int = 3, retry_sleep_s: float = 2.0) -> Any:
     """Judge one job from what the spool holds (or the ``parts``/``meta`` given), then
     remove its spool directory when it was judged complete with its AdminComment set.
-    Returns the :class:`gpuguard.epilog.judge.JudgeResult`, or None without any part."""
+    Returns the :class:`gpuguard.epilog.judge.JudgeResult`, or None without any part or
+    while another judge holds the job (:data:`JUDGE_LOCK`)."""
+    spool = cfg.get("paths", "spool_dir")
+    lock = _judge_lock(spool, job_id)
+    if lock is None:
+        log.info("job %s: another judge is at it; left to it", job_id)
+        return None
+    try:
+        return _judge_locked(cfg, store, job_id, log=log, slurm=slurm, parts=parts, meta=meta, retries=retries,
+                             retry_sleep_s=retry_sleep_s)
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _judge_locked(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
+                  parts: dict[str, dict[str, Any]] | None, meta: dict[str, Any] | None,
+                  retries: int, retry_sleep_s: float) -> Any:
+    """:func:`judge_from_spool` under the job's judge lock."""
     from gpuguard.epilog.judge import judge_parts, meta_from_parts
     from gpuguard.epilog.part import read_parts
 

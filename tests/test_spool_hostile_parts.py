@@ -194,3 +194,31 @@ def test_two_cluster_ingests_at_once_judge_nothing_twice(ctld):  # noqa: F811
     r = CliRunner().invoke(cli, ["cluster", "ingest", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["judged"] == 1
     assert len(ctld["calls"]()) == 1
+
+
+def test_a_job_another_judge_holds_is_left_to_it(ctld):  # noqa: F811
+    """The worker slowed past its wait (sacctmgr retries against a silent slurmdbd) still
+    holds the job when cluster ingest comes: ingest leaves it alone."""
+    import fcntl
+
+    _spool_job(ctld, "99")
+    time.sleep(0.35)
+    fd = os.open(os.path.join(ctld["spool"], "99", cluster.JUDGE_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    store = open_store(str(ctld["tmp"] / "cluster.db"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        res = cluster.ingest(ctld["cfg"], store, log=logging.getLogger("t"), slurm=SlurmCli(ctld["calls"].bindir),
+                             retry_sleep_s=0, now=time.time() + 3600)  # past the worker's wait
+        assert (res.judged, res.unchanged, res.errors) == (0, 1, [])
+        assert ctld["calls"]() == [] and store.query("select job_id from verdicts") == []
+        os.close(fd)
+        fd = -1
+        res = cluster.ingest(ctld["cfg"], store, log=logging.getLogger("t"), slurm=SlurmCli(ctld["calls"].bindir),
+                             retry_sleep_s=0, now=time.time() + 3600)
+        assert (res.judged, res.errors) == (1, [])
+        assert store.query("select job_id from verdicts") == [{"job_id": "99"}]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        store.close()
+    assert not os.path.exists(os.path.join(ctld["spool"], "99"))  # judged complete: removed, lock and all
