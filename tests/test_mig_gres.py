@@ -69,3 +69,21 @@ def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
         assert (findings, [(r["node"], r["gpu_index"], r["flagged"]) for r in rows]) == ([], [("n1", 0, 0)])
     finally:
         store.close()
+
+
+def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
+    """CUDA_VISIBLE_DEVICES holds MIG UUIDs on a MIG node: no NVML GPU index or GPU-UUID is
+    named, so nothing is sampled; one warning says so (it used to be silent)."""
+    import logging
+
+    from gpuguard.collector.host import HostSampler
+    from gpuguard.collector.run import Collector
+
+    spec = "MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f"
+    with caplog.at_level(logging.WARNING, logger="t"):
+        c = Collector(job_id="1", node="n1", source=None, gpus=spec, host=HostSampler("1", "n1"),
+                      liveness=None, open_store=lambda: None, interval_s=1, flush_s=1, log=logging.getLogger("t"))
+    assert (c.indices, c.uuids) == ([], [])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"job GPU list '{spec}' names no GPU index or GPU-UUID (MIG instances are not sampled): "
+        "no GPU metrics for this job"]
