@@ -334,7 +334,18 @@ def config_group() -> None:
 @output_options()
 @click.pass_obj
 def config_show(obj: _Obj, fmt: str) -> None:
-    """Print the effective configuration and where each value came from."""
+    """Print the effective configuration and where each value came from. Also checks
+    what only the Epilog reads, across keys (``[baseline] runs >= min_runs``, the verdict's
+    windows): a config the Epilog would refuse exits 2 here with its one line, rather than
+    leaving every job unjudged with a tool error in the node logs."""
+    from gpuguard.epilog.baseline import BaselineSettings
+    from gpuguard.epilog.compare import Settings
+
+    try:
+        BaselineSettings.from_config(obj.cfg)
+        Settings.from_config(obj.cfg)
+    except config_mod.ConfigError as e:
+        _fail(str(e))
     rows = [{"key": k, "value": v, "origin": o} for k, v, o in config_mod.describe(obj.cfg)]
     if fmt != "text":
         emit(fmt, rows, headers=["key", "value", "origin"])
