@@ -111,23 +111,10 @@ JUDGE_LOCK = ".judge.lock"
 def _judge_lock(spool_dir: str, job_id: str) -> int | None:
     """The job's judge lock taken (a descriptor to close), -1 when it cannot be opened (no
     job directory: judged unlocked), None when another judge holds it."""
-    import fcntl
-
     from gpuguard.epilog.part import job_dir
+    from gpuguard.flock import try_flock
 
-    try:
-        fd = os.open(os.path.join(job_dir(spool_dir, job_id), JUDGE_LOCK),
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return -1
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except OSError:
-        pass  # a filesystem without locks: judged unlocked
-    return fd
+    return try_flock(os.path.join(job_dir(spool_dir, job_id), JUDGE_LOCK), 0o644)
 
 
 def judge_from_spool(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,

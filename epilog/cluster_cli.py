@@ -29,20 +29,9 @@ def _ingest_lock(store_path: str) -> int | None:
     both could pass the once-per-(job, node) drain check before either records its drain.
     A lock file that cannot be opened is no
     reason not to ingest (the store's own checks follow): the pass runs unlocked."""
-    import fcntl
+    from gpuguard.flock import try_flock
 
-    try:
-        fd = os.open(f"{store_path}.ingest.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return -1
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except OSError:
-        return fd
-    return fd
+    return try_flock(f"{store_path}.ingest.lock")
 
 
 @click.group("cluster")
