@@ -204,3 +204,83 @@ def test_wrong_printed_in_exponent_form_is_a_count():
     text = _a3().replace("  338.82      0    47743", "  338.82  1.23457e+06    47743")
     log = parse(text)
     assert log.readable and log.rows[-1].out_of_place.wrong == 1234570 and log.has_errors
+
+
+# NET/IB completion errors in every layout NCCL printed (transport/net_ib WARN format).
+@pytest.mark.parametrize("name, expected", [
+    # NCCL 2.21+: "with status=12 opcode=0 len=0 vendor err 129 (Recv)" (NVIDIA/nccl#1405)
+    ("nccl-ib-completion-status-eq-2.2x.txt", [
+        {"peer": "10.0.210.236<54862>", "wc_status": 12, "wc_status_name": "IBV_WC_RETRY_EXC_ERR",
+         "opcode": 0, "vendor_err": 129, "direction": "Recv"},
+        {"peer": "10.0.210.236<54862>", "wc_status": 12, "wc_status_name": "IBV_WC_RETRY_EXC_ERR",
+         "opcode": 32616, "vendor_err": 129, "direction": "Recv"}]),
+    # the same on RoCE (localGid/remoteGids trail the message; NVIDIA/nccl#1814)
+    ("nccl-ib-completion-status-eq-roce-2.2x.txt", [
+        {"peer": "172.36.143.59<44206>", "wc_status": 12, "wc_status_name": "IBV_WC_RETRY_EXC_ERR",
+         "opcode": 129, "vendor_err": 129, "direction": "Recv"},
+        {"peer": "172.36.143.59<44206>", "wc_status": 5, "wc_status_name": "IBV_WC_WR_FLUSH_ERR",
+         "opcode": 32656, "vendor_err": 249, "direction": "Recv"}]),
+    # NCCL <= 2.11: no peer, no direction (NVIDIA/nccl#426, NCCL 2.8.3)
+    ("nccl-ib-completion-no-peer-2.8.3-title.txt", [
+        {"peer": None, "wc_status": 12, "wc_status_name": "IBV_WC_RETRY_EXC_ERR",
+         "opcode": 0, "vendor_err": 129, "direction": None}]),
+])
+def test_ib_completion_error_every_nccl_layout(name, expected):
+    log = parse(_read(name))
+    assert log.ib_errors == expected
+    assert log.has_errors and len(log.warnings) == len(expected)
+
+
+def test_ib_completion_error_nccl_2_28_named_status():
+    # NCCL 2.28+ printf (src/transport/net_ib/p2p.cc ncclIbLogCompletionWithError): names and codes
+    line = ("node-1:1:2 [0] NCCL WARN NET/IB: Got completion from peer 10.0.0.2<41234> with "
+            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RECV(128) vendor_err=129  hca mlx5_3")
+    assert parse(line).ib_errors == [{"peer": "10.0.0.2<41234>", "wc_status": 12,
+                                      "wc_status_name": "IBV_WC_RETRY_EXC_ERR", "opcode": 128,
+                                      "vendor_err": 129, "direction": None}]
+
+
+_TABLE_2_18 = """\
+# nccl-tests version 2.18.3 nccl-headers=23003 nccl-library=23003
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 1024 maxBytes 2048 step: 2(factor) warmup iters: 1 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0
+#
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)
+        1024           256     float     sum      -1    38.67    0.03    0.05       0    32.09    0.03    0.06       0
+        2048           512     float     sum      -1    35.10    0.06    0.10       0    32.68    0.06    0.11       0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 0.08
+#
+# Collective test concluded: all_reduce_perf
+"""
+
+
+def test_last_error_line_of_nccl_tests_2_17_is_a_warning():
+    # nccl-tests 2.17+ writeErrors(): "# error: <ncclGetLastError()>" closes the output; with
+    # NCCL_DEBUG unset it is the only trace of the WARN
+    err = ("NET/IB : Got completion from peer 10.0.0.2<41234> with status=12 opcode=0 len=0 "
+           "vendor err 129 (Recv) localGid ::ffff:10.0.0.1 remoteGids::ffff:10.0.0.2")
+    log = parse(_TABLE_2_18 + f"# error: {err}\n#\n")
+    assert log.readable and len(log.rows) == 2
+    assert log.warnings == [err]
+    assert [(e["wc_status"], e["vendor_err"], e["direction"]) for e in log.ib_errors] == [(12, 129, "Recv")]
+    clean = parse(_TABLE_2_18 + "\n#\n")  # no error recorded: writeErrors prints an empty line
+    assert clean.warnings == [] and not clean.has_errors
+
+
+def test_bare_last_error_of_nccl_tests_2_13_to_2_16_is_read():
+    # 2.13-2.16 print ncclGetLastError() bare after the footer (common.cu: PRINT("%s\n", ...))
+    err = "NET/IB : Got completion from peer 10.0.0.2<41234> with error 12, opcode 0, len 0, vendor err 129 (Recv)"
+    log = parse(_TABLE_2_18 + err + "\n")
+    assert log.readable and log.warnings == [err]
+    assert [(e["peer"], e["wc_status"]) for e in log.ib_errors] == [("10.0.0.2<41234>", 12)]
+
+
+def test_readable_run_with_ib_completion_error_gets_a_finding():
+    from gpuguard.net.nccl_check import errors_finding
+
+    err = "NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129"
+    f = errors_finding(parse(_TABLE_2_18 + f"# error: {err}\n"), what="saved log")
+    assert (f.code, f.severity) == ("nccl.failure", "warning")
+    assert f.message == "saved log: IB completion error IBV_WC_RETRY_EXC_ERR (vendor err 129)"

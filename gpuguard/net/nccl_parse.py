@@ -161,8 +161,18 @@ _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _WARN = re.compile(r"NCCL WARN\s*(.*?)\s*$")
 _FAILURE = re.compile(r"(?:(\S+?):\s+)?Test ((?:NCCL|CUDA) failure\s+.*?)\s*$")
-_IB = re.compile(r"Got completion from peer (\S+) with error (\d+), opcode (\d+), len (\d+), vendor err (\d+)"
-                 r"(?: \((\w+)\))?")
+#: NET/IB completion error, every layout NCCL has printed (``transport/net_ib``):
+#: <= 2.11 ``Got completion with error 12, opcode 0, len 0, vendor err 129`` (no peer);
+#: 2.12-2.20 ``... from peer <addr> with error 12, opcode 0, len 0, vendor err 129 (Recv)``;
+#: 2.21-2.27 ``... with status=12 opcode=0 len=0 vendor err 129 (Recv)``;
+#: 2.28+ ``... with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RECV(128) vendor_err=129``.
+_IB = re.compile(r"Got completion (?:from peer (?P<peer>\S+) )?with "
+                 r"(?:error (?P<status>\d+),?|status=(?:\w+\()?(?P<status_eq>\d+)\)?)\s*"
+                 r"opcode[= ](?:\w+\()?(?P<opcode>\d+)\)?,?\s*(?:len[= ]-?\d+,?\s*)?"
+                 r"vendor[ _]err[= ](?P<vendor_err>\d+)(?: \((?P<direction>\w+)\))?")
+#: nccl-tests 2.17+ ends its output with ``# error: <ncclGetLastError()>`` (the text of
+#: NCCL's last WARN) when NCCL recorded one (``writeErrors`` in ``src/util.cu``).
+_LAST_ERROR = re.compile(r"^#\s*error:\s*(.*?)\s*$")
 _MPI_ABORT = re.compile(r"mpirun detected that one or more processes exited with non-zero status|"
                         r"MPI_ABORT was invoked|mpirun noticed that process .* exited on signal")
 _VERSION = re.compile(r"NCCL version (\S+)")
@@ -293,6 +303,8 @@ class _Reader:
             cur.ngpus, cur.min_bytes, cur.max_bytes = int(m.group(2)), int(m.group(3)), int(m.group(4))
         elif m := _DEVICE.match(line):
             cur.devices.append((int(m.group(1)), m.group(2), int(m.group(3)), m.group(4), m.group(5)))
+        elif m := _LAST_ERROR.match(line):
+            self.last_error(m.group(1))
         elif m := _OOB.match(line):
             cur.out_of_bounds = int(m.group(1))
         elif m := _AVG.match(line):
@@ -310,17 +322,34 @@ class _Reader:
             return False
         return True
 
+    def last_error(self, text: str) -> None:
+        """nccl-tests' closing report of NCCL's last WARN (``# error: ...`` from 2.17; a
+        bare line in 2.13-2.16, read by :meth:`message` when it is an IB completion
+        error): with ``NCCL_DEBUG`` unset it is the only trace of that WARN."""
+        if text:
+            self.log.warnings.append(text)
+            self.ib_error(text)
+
+    def ib_error(self, line: str) -> bool:
+        """Record a NET/IB completion error (:data:`_IB`) found in ``line``."""
+        ib = _IB.search(line)
+        if ib is None:
+            return False
+        status = int(ib.group("status") or ib.group("status_eq"))
+        self.log.ib_errors.append({"peer": ib.group("peer"), "wc_status": status,
+                                   "wc_status_name": IBV_WC_STATUS.get(status, "unknown"),
+                                   "opcode": int(ib.group("opcode")), "vendor_err": int(ib.group("vendor_err")),
+                                   "direction": ib.group("direction")})
+        return True
+
     def message(self, line: str) -> bool:
         """NCCL WARN/INFO lines, test failures, MPI aborts, the NCCL version."""
         log = self.log
         if m := _WARN.search(line):
             log.warnings.append(m.group(1))
-            if ib := _IB.search(line):
-                status = int(ib.group(2))
-                log.ib_errors.append({"peer": ib.group(1), "wc_status": status,
-                                      "wc_status_name": IBV_WC_STATUS.get(status, "unknown"),
-                                      "opcode": int(ib.group(3)), "vendor_err": int(ib.group(5)),
-                                      "direction": ib.group(6)})
+            self.ib_error(line)
+        elif self.ib_error(line):  # nccl-tests 2.13-2.16 print NCCL's last WARN bare, at the end
+            log.warnings.append(line)
         elif m := _FAILURE.search(line):
             if not line.startswith(".."):  # " .. host: Test failure" lines are the call chain
                 log.failures.append(f"{m.group(1)}: {m.group(2)}" if m.group(1) else m.group(2))
