@@ -61,6 +61,10 @@ class SlurmCli:
         cmd = [exe, *args]
         env = dict(os.environ)
         env.setdefault("PATH", f"{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
+        # Every time the parsers read is YYYY-MM-DDTHH:MM:SS; an operator's SLURM_TIME_FORMAT
+        # (``relative``: "Tomorr 12:00", or any strftime format) would turn them into text
+        # no parser can place in a year. "standard" is Slurm's default (slurm_time.c).
+        env["SLURM_TIME_FORMAT"] = "standard"
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
                                env=env, stdin=subprocess.DEVNULL)
