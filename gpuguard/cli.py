@@ -108,7 +108,8 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @main.command(cls=_CheckCommand)
 @output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
-              help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
+              help="judge a saved `nvidia-smi -q` or `-q -x` dump, or `--query-gpu` CSV with its header, "
+                   "instead of the live GPUs")
 @click.option("--gpu-source", type=click.Choice(["nvml", "replay"]), help="override [gpu] source")
 @click.option("--replay", "replay_path", metavar="FILE", help="replay file (with --gpu-source replay)")
 @click.option("--kernel-log", metavar="SRC", help="kernel log to scan for XIDs: auto|kmsg|journalctl|dmesg|FILE|none "

@@ -189,8 +189,9 @@ def reject_other_formats(text: str, where: str) -> None:
         )
     if "," in first and " : " not in first and not is_xml(text):
         raise NvsmiParseError(
-            f"{where}: this is comma-separated output (nvidia-smi --query-gpu --format=csv?); "
-            "use nvidia-smi -q (or nvidia-smi -q -x)"
+            f"{where}: this is comma-separated output without a header line of --query-gpu property names "
+            "(--format=csv,noheader?) or with no column to judge: keep the header, or use nvidia-smi -q "
+            "(or nvidia-smi -q -x)"
         )
 
 
