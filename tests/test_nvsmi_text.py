@@ -427,3 +427,26 @@ def test_a_dump_cut_short_is_marked_incomplete_and_check_cannot_pass_it(tmp_path
     r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(path)])
     assert r.exit_code == 3
     assert r.output.splitlines()[-1] == f"incomplete: {path}: the last line has no newline (the dump is cut short)"
+
+
+def test_v100_570_average_power_na_falls_back_to_instantaneous():
+    # R545+ on a GPU without averaged power (Volta): "Average Power Draw : N/A" first, the
+    # reading is "Instantaneous Power Draw"; 570 also adds GPU Reset Status "deprecated" lines
+    snap = load_nvidia_smi(DATA / "nvsmi-q-v100-570.124.06-avg-power-na.txt")
+    [g] = snap.gpus
+    assert (g.power_w, g.power_limit_w) == (24.07, 250.0)
+    assert (g.pci_bus_id, g.name, g.driver_version, g.recovery_action) == (
+        "0001:00:00.0", "Tesla V100-PCIE-16GB", "570.124.06", 0)
+    assert (g.ecc_volatile_uncorrected, g.retired_pages_dbe, g.retired_pages_pending, g.remapped_rows_pending) == (
+        0, 0, False, None)
+    assert (g.temp_c, g.temp_slowdown_c, g.temp_shutdown_c, g.clock_event_reasons) == (29.0, 87.0, 90.0, ["gpu_idle"])
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_replay_count) == (3, 3, 16, 0)
+    assert g.read_errors == {}
+
+
+def test_xml_average_power_na_falls_back_to_instantaneous():
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000001:00:00.0"><gpu_power_readings>'
+           '<average_power_draw>N/A</average_power_draw><instant_power_draw>24.07 W</instant_power_draw>'
+           '<current_power_limit>250.00 W</current_power_limit></gpu_power_readings></gpu></nvidia_smi_log>\n')
+    g = parse_nvidia_smi(xml).gpus[0]
+    assert (g.power_w, g.power_limit_w) == (24.07, 250.0)

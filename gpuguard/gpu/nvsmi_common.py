@@ -68,6 +68,20 @@ def clean_value(raw: str | None) -> str | None:
     return s
 
 
+def first_available(raws: Iterable[str | None]) -> str | None:
+    """Of the raw values of one quantity under its successive names (``Power Draw``,
+    ``Average Power Draw``, ``Instantaneous Power Draw``), the first that is present and
+    not a *not available* sentinel; else the first present one (its ``N/A`` then reads as
+    ``None``); ``None`` when none is present. R545+ drivers print ``Average Power Draw :
+    N/A`` on GPUs without averaged power (Volta, Turing) next to the instantaneous reading."""
+    present = [r for r in raws if r is not None]
+    for r in present:
+        v = clean_value(r)
+        if v is not None and v.lower() not in _NOT_AVAILABLE:
+            return r
+    return present[0] if present else None
+
+
 class ValueReader:
     """Converts one GPU's raw nvidia-smi strings to typed values.
 
