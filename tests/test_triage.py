@@ -183,3 +183,18 @@ def test_cli_from_file_exit_codes():
     assert r.exit_code == 3 and r.output.startswith("Error: ") and "empty" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", "/nonexistent/ibstat.txt"])
     assert r.exit_code == 3 and "cannot open" in r.output
+
+
+def test_ibstat_with_umad_debug_lines_and_fabric_port_selection():
+    # rdma-core PR #847: ibstat run with umad debug (ibwarn: lines) after `ibportstate ... disable`
+    name = "ibstat-mlx4-ibwarn-debug-port1-disabled.txt"
+    p1, p2 = parse_ibstat(_t(name))
+    assert (p1.name, p1.state, p1.phys_state, p1.rate_gbps, p1.lid, p1.link_layer, p1.hca_type, p1.problems) == (
+        "mlx4_0/1", "DOWN", "Disabled", 10.0, 38, "InfiniBand", "MT4099", [])
+    assert (p2.name, p2.state, p2.phys_state, p2.rate_gbps) == ("mlx4_0/2", "ACTIVE", "LinkUp", 56.0)
+    codes, _ = _codes([name])
+    assert codes == [("ib.port_down", "mlx4_0/1 port DOWN, physical state Disabled")]
+    # the live check's port selection applies to a pasted output too
+    for fabric in ({"ports": ["mlx4_0/2"]}, {"ignore_link_layers": ["InfiniBand"]}):
+        res = triage([(name, _t(name))], config_mod.from_dict({"fabric": fabric}))
+        assert res.findings == []

@@ -197,8 +197,12 @@ def _nvlink(gpus: list[Any], cfg: Any, out: Triage) -> None:
 
 
 def _ib(ports: list[Any], cfg: Any, out: Triage) -> None:
+    from gpuguard.net.fabric import select_ports
     from gpuguard.net.ib_judge import judge_ports
 
+    # the same ports as the live check: an unused Ethernet port or a port left out of
+    # [fabric] ports is Down on a healthy node
+    ports = select_ports(ports, cfg)
     out.findings += judge_ports(ports, {}, time.time(), float(cfg.get("fabric", "expected_rate_gbps")))
 
 
