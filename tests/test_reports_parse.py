@@ -511,3 +511,12 @@ def test_json_string_status_success_is_unknown_whatever_the_meta():
     jobs = jobs_of(list(iter_json(doc)))
     assert (jobs[301]["exit_code"], jobs[301]["exit_signal"]) == (None, None)
     assert (jobs[302]["exit_code"], jobs[302]["exit_signal"]) == (0, 9)
+
+
+@pytest.mark.parametrize("first", ["4242|4242|gpu|train|alice", "123_4|123_4|x", "77+0|x|y"])
+def test_header_less_output_is_named_as_such(first):
+    # sacct -n (as in UCloud's `sacct --format="elapsed" -s cd -n -X -P -j ...`) prints rows only
+    with pytest.raises(SacctParseError, match=r"^f\.txt:1: no header line \(saved with sacct -n\?\)"):
+        list(iter_pipe(io.StringIO(first + "\n"), conv=UTC, source="f.txt"))
+    with pytest.raises(SacctParseError, match="header has no JobID or JobIDRaw field"):
+        list(iter_pipe(io.StringIO("User|Account\nalice|a\n"), conv=UTC, source="f.txt"))
