@@ -318,7 +318,7 @@ def test_array_task_without_jobidraw_is_malformed():
 
 
 def test_no_header_is_refused():
-    with pytest.raises(SacctParseError, match=r"^f:1: header has no JobID or JobIDRaw field"):
+    with pytest.raises(SacctParseError, match=r"^f:1: no header line"):
         list(iter_pipe(io.StringIO("1|2|3\n"), conv=UTC, source="f"))
 
 
