@@ -284,3 +284,17 @@ def test_readable_run_with_ib_completion_error_gets_a_finding():
     f = errors_finding(parse(_TABLE_2_18 + f"# error: {err}\n"), what="saved log")
     assert (f.code, f.severity) == ("nccl.failure", "warning")
     assert f.message == "saved log: IB completion error IBV_WC_RETRY_EXC_ERR (vendor err 129)"
+
+
+def test_srun_label_padded_for_16_tasks_and_validation_off():
+    # srun --label pads the task id to the width of the largest (" 0: " with 16 tasks);
+    # -c 0 prints N/A in #wrong (NVIDIA/nccl-tests#290, two H100 nodes)
+    log = parse(_read("nccl-allreduce-srun-label-padded-2node-h100.txt"))
+    assert log.readable and not log.has_errors and log.problems == [] and log.incomplete == []
+    (t,) = log.tables
+    assert (t.ngpus, t.min_bytes, t.max_bytes, t.avg_busbw_gbs, t.out_of_bounds) == (1, 8388608, 8589934592, 142.735, 0)
+    assert len(t.devices) == 16 and t.devices[10] == (10, "node007", 2, "0x97", "NVIDIA H100 80GB HBM3")
+    assert [r.size_b for r in t.rows] == [8388608 << i for i in range(11)]
+    last = t.rows[-1]
+    assert (last.out_of_place.time_us, last.out_of_place.busbw_gbs, last.out_of_place.wrong) == (103530.0, 155.57, None)
+    assert (last.in_place.algbw_gbs, last.in_place.busbw_gbs) == (82.96, 155.56)

@@ -150,7 +150,11 @@ class NcclLog:
 
 
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\]\s*")
-_RANK_LABEL = re.compile(r"^(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{1,5}:\s+)")
+#: Rank labels: Open MPI ``--tag-output`` (``[1,0]<stdout>:``), MPICH ``-prepend-rank``
+#: (``[0]``), srun ``--label`` (``0:``; padded to the width of the largest task id,
+#: `` 0:`` from 10 tasks on: Slurm write_labelled_message.c ``"%*d: "``; a label alone
+#: on a line when the rank printed an empty line).
+_RANK_LABEL = re.compile(r"^\s*(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{1,5}:(?:\s+|$))")
 _ELISION = {"...", "[...]", "<snip>", "\u2026", "[snip]", "(...)"}
 _NTHREAD = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
