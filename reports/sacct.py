@@ -81,6 +81,7 @@ from gpuguard.reports.sacct_fields import (
     _finish,
     _int_or_none,
     check_column,
+    check_header,
     derive_usage,
     _js1_gpus,
     check_int,
@@ -135,8 +136,6 @@ __all__ = [
 
 # --- sacct -P / -p ----------------------------------------------------------------------
 _FIELD_ALIASES = {"ncpus": "alloccpus", "jobidraw": "jobidraw"}
-#: A JobID/JobIDRaw value (``123``, ``123_4``, ``123+0``, ``123.batch``): never a field name.
-_JOB_ID_START = re.compile(r"^\d+(?:[_+.][\w\[\]%,-]*)?$", re.ASCII)
 
 
 def pipe_row_to_job(rec: dict[str, str], conv: TimeConverter, cluster: str) -> tuple[dict | None, bool]:
@@ -465,12 +464,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     # Without a free-text column a row with one empty field too many can only be -p
     # (sacct -P output saved with -p rows, or -n -p): take it as before.
     lenient = not any(n in FREE_TEXT_FIELDS for n in names)
-    if "jobid" not in names and "jobidraw" not in names:
-        if fields is None and names and _JOB_ID_START.match(names[0]):
-            # sacct -n prints no header: its first line is a job's row
-            raise SacctParseError(f"{source}:1: no header line (saved with sacct -n?): save sacct -P output "
-                                  "with its header line")
-        raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
+    check_header(names, fields is None, source)
     header_len = len(names)
     parse = PipeRowParser(names, conv, cluster)
     split = split_record

@@ -38,6 +38,7 @@ from gpuguard.reports.sacct import (
     resolve_timezone,
     sniff_format,
 )
+from gpuguard.reports.sacct_fields import headerless_fields
 from gpuguard.reports.sync_result import SyncResult, Tally
 from gpuguard.store import Store, StoreError
 
@@ -269,8 +270,9 @@ class _CountingLines:
 
 def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: str = "",
                 on_progress: Callable[[int], None] | None = None, synced_at: float | None = None) -> SyncResult:
-    """Import saved ``sacct -P``/``-p`` output (header line required) or ``sacct --json``
-    output from ``path``. ``tz``: the zone the ``-P`` times were printed in (default: as
+    """Import saved ``sacct -P``/``-p`` output (with its header line, or ``-P -n`` output of
+    :data:`~gpuguard.reports.sacct.SACCT_FIELDS`: :func:`~gpuguard.reports.sacct_fields.headerless_fields`)
+    or ``sacct --json`` output from ``path``. ``tz``: the zone the ``-P`` times were printed in (default: as
     :func:`~gpuguard.reports.sacct.resolve_timezone`). ``cluster``: for ``-P`` input
     without a Cluster field. ``on_progress(n)``: characters read since the last call.
 
@@ -298,16 +300,21 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
             return result
         conv = TimeConverter(tz or resolve_timezone())
         lines = fh if on_progress is None else _CountingLines(fh, on_progress)
-        rows = iter_pipe(lines, conv=conv, cluster=cluster, source=path)
+        # saved with -n: read as the live sync's field list when its rows have that shape
+        fields = headerless_fields(io.StringIO(head, newline="").readline())
+        rows = iter_pipe(lines, conv=conv, cluster=cluster, fields=fields, source=path)
         # the file's size over the head's line length: an estimate, enough to choose the load
         size = os.fstat(fh.fileno()).st_size
         expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
         from gpuguard.reports import sync_bulk
 
-        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
-                store, sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno()), now=now, result=result,
-                on_progress=on_progress):
-            return result
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
+            tasks = sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno())
+            if fields is not None:  # no header line to put in front of each chunk
+                for t in tasks:
+                    t.fields, t.header = fields, None
+            if sync_bulk.import_parallel(store, tasks, now=now, result=result, on_progress=on_progress):
+                return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
 
