@@ -450,3 +450,19 @@ def test_xml_average_power_na_falls_back_to_instantaneous():
            '<current_power_limit>250.00 W</current_power_limit></gpu_power_readings></gpu></nvidia_smi_log>\n')
     g = parse_nvidia_smi(xml).gpus[0]
     assert (g.power_w, g.power_limit_w) == (24.07, 250.0)
+
+
+def test_xml_after_blank_lines_is_read():
+    # the head of Checkmk's nvidia_smi agent test (tests/unit-shell/agents/plugins/test_nvidia_smi.sh,
+    # 535.54.03, DTD v12), which echoes the dump after a newline as a pasted dump often starts
+    xml = ('\n\n<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n'
+           '<nvidia_smi_log>\n    <timestamp>Fri Aug  4 11:44:30 2023</timestamp>\n'
+           '    <driver_version>535.54.03</driver_version>\n    <cuda_version>12.2</cuda_version>\n'
+           '    <gpu id="00000000:01:00.0">\n        <product_name>NVIDIA A100-SXM4-80GB</product_name>\n'
+           '        <gpu_power_readings>\n            <power_state>P0</power_state>\n'
+           '            <power_draw>67.03 W</power_draw>\n            <current_power_limit>500.00 W</current_power_limit>\n'
+           '        </gpu_power_readings>\n    </gpu>\n</nvidia_smi_log>\n')
+    snap = parse_nvidia_smi(xml)
+    [g] = snap.gpus
+    assert (snap.driver_version, g.name, g.pci_bus_id, g.power_w, g.power_limit_w) == (
+        "535.54.03", "NVIDIA A100-SXM4-80GB", "0000:01:00.0", 67.03, 500.0)

@@ -267,7 +267,8 @@ def parse_nvsmi_xml(
             f"{where}: XML declares entities (<!ENTITY); refused for safety"
         )
     try:
-        root = ET.fromstring(text.lstrip("\ufeff"))
+        # the XML declaration must open the document: a paste often starts with blank lines
+        root = ET.fromstring(text.lstrip("\ufeff \t\r\n"))
     except ET.ParseError as e:
         raise NvsmiParseError(f"{where}: malformed XML: {e}") from None
     if root.tag != "nvidia_smi_log":
