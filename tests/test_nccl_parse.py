@@ -298,3 +298,15 @@ def test_srun_label_padded_for_16_tasks_and_validation_off():
     last = t.rows[-1]
     assert (last.out_of_place.time_us, last.out_of_place.busbw_gbs, last.out_of_place.wrong) == (103530.0, 155.57, None)
     assert (last.in_place.algbw_gbs, last.in_place.busbw_gbs) == (82.96, 155.56)
+
+
+def test_nccl_failure_quoting_the_last_ib_warn_is_a_failure_and_an_ib_error():
+    # nccl-tests 2.13+ NCCLCHECK: "%s: Test NCCL failure %s:%d '%s / %s'" (error string / ncclGetLastError)
+    line = ("node-1: Test NCCL failure common.cu:1005 'remote process exited or there was a network error / "
+            "NET/IB : Got completion from peer 10.0.0.2<41234> with status=12 opcode=0 len=0 vendor err 129 (Recv)'")
+    log = parse(line + "\n .. node-1 pid 4242: Test failure common.cu:1054\n")
+    assert log.failures == ["node-1: NCCL failure common.cu:1005 'remote process exited or there was a network "
+                            "error / NET/IB : Got completion from peer 10.0.0.2<41234> with status=12 opcode=0 "
+                            "len=0 vendor err 129 (Recv)'"]
+    assert [(e["wc_status"], e["vendor_err"], e["direction"]) for e in log.ib_errors] == [(12, 129, "Recv")]
+    assert log.warnings == []

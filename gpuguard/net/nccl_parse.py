@@ -352,11 +352,12 @@ class _Reader:
         if m := _WARN.search(line):
             log.warnings.append(m.group(1))
             self.ib_error(line)
-        elif self.ib_error(line):  # nccl-tests 2.13-2.16 print NCCL's last WARN bare, at the end
-            log.warnings.append(line)
         elif m := _FAILURE.search(line):
             if not line.startswith(".."):  # " .. host: Test failure" lines are the call chain
                 log.failures.append(f"{m.group(1)}: {m.group(2)}" if m.group(1) else m.group(2))
+            self.ib_error(line)  # from 2.13 the failure quotes NCCL's last WARN: '<error> / <last WARN>'
+        elif self.ib_error(line):  # nccl-tests 2.13-2.16 print NCCL's last WARN bare, at the end
+            log.warnings.append(line)
         elif _MPI_ABORT.search(line):
             log.failures.append("mpirun: a rank exited with a non-zero status or was killed")
         elif m := _VERSION.match(line):
