@@ -198,3 +198,15 @@ def test_ibstat_with_umad_debug_lines_and_fabric_port_selection():
     for fabric in ({"ports": ["mlx4_0/2"]}, {"ignore_link_layers": ["InfiniBand"]}):
         res = triage([(name, _t(name))], config_mod.from_dict({"fabric": fabric}))
         assert res.findings == []
+
+
+def test_ibstat_stopped_by_ibpanic_leaves_the_device_unknown():
+    # leptonai/gpud#752: ibstat lists mlx5_7 then dies on mlx5_8 (and lists nothing after it)
+    name = "ibstat-ibpanic-device-stat-failed.txt"
+    p7, p8 = parse_ibstat(_t(name))
+    assert (p7.name, p7.state, p7.rate_gbps, p7.lid) == ("mlx5_7/1", "ACTIVE", 200.0, 13305)
+    assert (p8.name, p8.state, p8.problems) == (
+        "mlx5_8/0", None, ["ibstat stopped: stat of IB device 'mlx5_8' failed: No such file or directory"])
+    codes, _ = _codes([name])
+    assert codes == [("ib.unreadable", "mlx5_8/0 state unknown: ibstat stopped: stat of IB device 'mlx5_8' failed: "
+                                        "No such file or directory")]

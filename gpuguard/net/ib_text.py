@@ -5,6 +5,8 @@ Formats (rdma-core / infiniband-diags as printed since ~2015):
 
 * ``ibstat``: ``CA 'mlx5_0'`` then ``Port 1:`` blocks of ``State: Active``,
   ``Physical state: LinkUp``, ``Rate: 200``, ``Base lid: 425``, ``Link layer: InfiniBand``.
+  libibumad's debug lines (``ibwarn: ...``) are skipped; its fatal ``ibpanic: ...`` ends
+  the listing, so the device it names (port 0: CA-level) is a port whose state is unknown.
 * ``ibv_devinfo -v``: ``hca_id: mlx5_0`` then ``port: 1`` blocks of
   ``state: PORT_ACTIVE (4)``, ``phys_state: LINK_UP (5)``, ``active_width: 4X (2)``,
   ``active_speed: 50.0 Gbps (64)``, ``link_layer: InfiniBand``; the rate is width x lane
@@ -44,6 +46,10 @@ _LANE_SPEED_NAMES = {2.5: "SDR", 5.0: "DDR", 10.0: "QDR", 14.0: "FDR", 25.0: "ED
 _IBSTAT_STATE = {"active": "ACTIVE", "down": "DOWN", "initializing": "INIT", "init": "INIT", "armed": "ARMED"}
 
 
+#: libibumad's fatal message (``ibpanic: [pid] func: text``), naming the device when it has one.
+_IBPANIC = re.compile(r"^ibpanic:\s*(?:\[\d+\]\s*)?(?:\w+:\s*)?(.*?)\s*$")
+
+
 class TextFormatError(ValueError):
     """The text is not the named tool's output (one line, names the format)."""
 
@@ -57,6 +63,14 @@ def parse_ibstat(text: str) -> list[IbPort]:
         line = raw.strip()
         if m := re.match(r"^CA\s+'([^']+)'", line):
             dev, hca, cur = m.group(1), None, None
+            continue
+        if m := _IBPANIC.match(line):
+            # ibstat stops at a device it cannot read (libibumad's umad_get_ca failing,
+            # e.g. a device gone from sysfs): that device, and any listed after it, unknown
+            named = re.search(r"device '([^']+)'", m.group(1))
+            gone = IbPort(named.group(1) if named else "ibstat", 0)
+            gone.problems.append(f"ibstat stopped: {m.group(1)}")
+            ports.append(gone)
             continue
         if dev is None or ":" not in line:
             continue
