@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,62 @@ def test_nccl_failure_quoting_the_last_ib_warn_is_a_failure_and_an_ib_error():
                             "len=0 vendor err 129 (Recv)'"]
     assert [(e["wc_status"], e["vendor_err"], e["direction"]) for e in log.ib_errors] == [(12, 129, "Recv")]
     assert log.warnings == []
+
+
+def _json_report(**over):
+    # the key order and shapes of nccl-tests 2.17+ -J output (src/util.cu jsonOutputInit,
+    # writeResultHeader, writeBenchmarkLine*, writeResultFooter, writeErrors)
+    doc = {"version": 1, "start_time": "2026-01-05 10:00:00", "args": ["./build/all_reduce_perf", "-b", "1G", "-J",
+                                                                       "r.json"],
+           "env": ["NCCL_DEBUG=WARN"], "nccl_version": 22703,
+           "config": {"nthreads": 1, "ngpus": 1, "minimum_bytes": 1073741824, "maximum_bytes": 2147483648},
+           "devices": [{"rank": 0, "group": 0, "pid": 4242, "hostname": "node005", "device": 0,
+                        "device_hex": "0000:18:00", "device_info": "NVIDIA H100 80GB HBM3"}],
+           "results": [
+               {"size": 1073741824, "count": 268435456, "type": "float", "redop": "sum", "root": "    -1",
+                "out_of_place": {"time": 4038.8, "alg_bw": 265.85, "bus_bw": 465.25, "nwrong": 0.0},
+                "in_place": {"time": 4043.6, "alg_bw": 265.54, "bus_bw": 464.7, "nwrong": 0.0},
+                "actual_iterations": 20, "experiment_name": "all_reduce_perf"},
+               {"size": 2147483648, "count": 536870912, "type": "float", "redop": "sum", "root": "    -1",
+                "out_of_place": {"time": 8020.3, "alg_bw": 267.76, "bus_bw": 468.57, "nwrong": 3.0},
+                "in_place": {"time": 8002.1, "alg_bw": 268.36, "bus_bw": 469.64, "nwrong": None},
+                "actual_iterations": 20, "experiment_name": "all_reduce_perf"}],
+           "out_of_bounds": {"count": 3, "okay": False},
+           "average_bus_bandwidth": {"bandwidth": 466.54, "okay": "unchecked"},
+           "errors": [], "end_time": "2026-01-05 10:00:09"}
+    doc.update(over)
+    return json.dumps(doc, indent=1)
+
+
+def test_json_report_of_nccl_tests_2_17():
+    log = parse(_json_report())
+    assert log.readable and log.has_errors and log.nccl_version == "2.27.3"
+    (t,) = log.tables
+    assert (t.test, t.ngpus, t.min_bytes, t.max_bytes, t.out_of_bounds, t.avg_busbw_gbs) == (
+        "all_reduce_perf", 1, 1073741824, 2147483648, 3, 466.54)
+    assert t.devices == [(0, "node005", 0, "0000:18:00", "NVIDIA H100 80GB HBM3")]
+    a, b = t.rows
+    assert (a.size_b, a.count, a.dtype, a.redop, a.root, a.out_of_place.busbw_gbs, a.in_place.time_us) == (
+        1073741824, 268435456, "float", "sum", -1, 465.25, 4043.6)
+    assert (b.out_of_place.wrong, b.in_place.wrong, log.wrong_total) == (3, None, 3)
+
+
+def test_json_report_errors_are_nccls_last_warn():
+    err = "NET/IB : Got completion from peer 10.0.0.2<41234> with status=12 opcode=0 len=0 vendor err 129 (Recv)"
+    log = parse(_json_report(errors=[err], results=[]))
+    assert log.warnings == [err] and [e["wc_status"] for e in log.ib_errors] == [12]
+    assert not log.readable and log.incomplete == ["all_reduce_perf: no results (output ends early)"]
+    bad = parse(_json_report(results=[{"size": 8, "count": 2, "type": "float", "redop": "sum", "root": "-1",
+                                       "out_of_place": {"time": "nan", "alg_bw": 0, "bus_bw": 0, "nwrong": 0},
+                                       "in_place": None}]))
+    assert bad.problems == [(1, "results[0] not understood: non-finite value 'nan'")] and not bad.readable
+
+
+def test_json_report_is_triaged_as_nccl_tests():
+    from gpuguard import config as config_mod
+    from gpuguard.net.triage import detect, triage
+
+    text = _json_report()
+    assert detect(text) == "nccl-tests"
+    res = triage([("r.json", text)], config_mod.from_dict({}))
+    assert [(f.code, f.message) for f in res.findings] == [("nccl.errors", "r.json: #wrong 3; 3 out-of-bounds values")]
