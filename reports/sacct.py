@@ -444,7 +444,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     """
     numbered = enumerate(lines, 1)
     if fields is None:
-        first = next(numbered, None)
+        first = next((x for x in numbered if x[1].strip()), None)  # a paste may start with blank lines
         if first is None:
             return
         header = split_record(first[1], delimiter)

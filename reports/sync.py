@@ -301,7 +301,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
             return result
         conv = TimeConverter(tz or resolve_timezone())
         lines = fh if on_progress is None else _CountingLines(fh, on_progress)
-        first = io.StringIO(head, newline="").readline()
+        first = next((ln for ln in io.StringIO(head, newline="") if ln.strip()), "")
         delimiter = sniff_delimiter(first)
         if delimiter == ",":
             raise SacctParseError(f"{path}:1: fields separated by ',' (sacct --delimiter=,): AllocTRES and "

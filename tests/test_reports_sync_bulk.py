@@ -296,3 +296,15 @@ def test_comma_delimited_file_is_refused_as_such(tmp_path):
     store = next(cache_store(tmp_path / "s"))
     with pytest.raises(SacctParseError, match=r"c\.csv:1: fields separated by ','.*AllocTRES and ReqTRES hold commas"):
         import_file(store, str(f), tz=UTC, synced_at=1.0)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_paste_starting_with_blank_lines(tmp_path, monkeypatch, bulk):
+    if bulk:
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+    f = tmp_path / "p.txt"
+    f.write_text("\n  \n" + HANDMADE.read_text())
+    res = import_file(next(cache_store(tmp_path / "s")), str(f), tz=UTC, synced_at=1.0)
+    assert (res.jobs, res.malformed) == (14, [])
