@@ -90,3 +90,11 @@ def test_bad_rows_are_one_line_errors(text, msg):
     with pytest.raises(NvsmiParseError, match=msg) as e:
         parse_nvidia_smi(text, where="q.csv")
     assert str(e.value).count("row 1") == 1 and "\n" not in str(e.value)
+
+
+def test_alias_names_print_as_canonical_header_576():
+    # `nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv` on 576.88, pasted
+    # after a blank line (a Korean blog post quoting the console, found by the public-code search)
+    text = "\nclocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W]\n2827 MHz, 14001 MHz, 46.83 W\n"
+    [g] = parse_nvidia_smi(text).gpus
+    assert (g.index, g.sm_clock_mhz, g.mem_clock_mhz, g.power_w) == (0, 2827.0, 14001.0, 46.83)
