@@ -13,6 +13,8 @@ import sys
 import threading
 from typing import Any
 
+from gpuguard.durations import argparse_type
+
 #: Hard cap on a collector's lifetime (s; our choice: 30 days, beyond Slurm's usual MaxTime).
 DEFAULT_MAX_RUNTIME_S = 30 * 86400.0
 
@@ -26,16 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uid", type=int, default=None, help="job user's uid (for the /proc fallback)")
     p.add_argument("--node", default=None, help="node name (default: from the config)")
     p.add_argument("--config", default=None, help="gpuguard.toml (default: the usual search)")
-    p.add_argument("--interval-s", type=float, default=None, help="override [collector] interval_s")
-    p.add_argument("--flush-s", type=float, default=None, help="override [collector] flush_s")
-    p.add_argument("--liveness-s", type=float, default=15.0, help="seconds between job-liveness checks")
-    p.add_argument("--startup-grace-s", type=float, default=120.0,
+    positive_s, seconds = argparse_type("seconds", positive=True), argparse_type("seconds")  # finite, in range
+    p.add_argument("--interval-s", type=positive_s, default=None, help="override [collector] interval_s")
+    p.add_argument("--flush-s", type=positive_s, default=None, help="override [collector] flush_s")
+    p.add_argument("--liveness-s", type=positive_s, default=15.0, help="seconds between job-liveness checks")
+    p.add_argument("--startup-grace-s", type=seconds, default=120.0,
                    help="how long no job process/cgroup is tolerated at the start")
-    p.add_argument("--scontrol-every-s", type=float, default=30.0, help="at most one scontrol call per this")
+    p.add_argument("--scontrol-every-s", type=seconds, default=30.0, help="at most one scontrol call per this")
     p.add_argument("--no-scontrol", action="store_true", help="never ask scontrol")
-    p.add_argument("--no-evidence-s", type=float, default=600.0,
+    p.add_argument("--no-evidence-s", type=positive_s, default=600.0,
                    help="exit when no probe has shown the job alive for this long")
-    p.add_argument("--max-runtime-s", type=float, default=DEFAULT_MAX_RUNTIME_S, help="hard cap on the lifetime")
+    p.add_argument("--max-runtime-s", type=positive_s, default=DEFAULT_MAX_RUNTIME_S, help="hard cap on the lifetime")
     p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount root")
     p.add_argument("--job-cgroup", action="append", default=None,
                    help="the job's cgroup directory (repeatable; skips discovery)")

@@ -5,7 +5,8 @@ into. Without a cap, one job filling it fills the filesystem it lives on, and if
 the store's, every other job on the node loses its samples and summary. So the collector
 checks the directory's size every liveness period (:func:`enforce_cap`): when the regular
 files in it hold more than ``[paths] job_dir_max_mib`` on disk, each file is cut so that
-the total stays at the cap (in name order: the first ranks keep their records). Symlinks,
+the total stays at the cap (in name order: the first ranks keep their records). Only
+files owned by the directory's owner (the job's user) count and are cut; symlinks,
 FIFOs and other non-regular entries are skipped (never followed: the directory is opened
 with ``O_NOFOLLOW`` and files relative to it).
 
@@ -39,13 +40,17 @@ def enforce_cap(job_dir: str, max_bytes: int) -> tuple[int, list[str]]:
     except OSError:
         return 0, []
     try:
+        # only the job user's own files: the collector is root, and a hard link the user
+        # made to a file of someone else's (a root file where fs.protected_hardlinks is 0)
+        # must never be cut
+        owner = os.fstat(dfd).st_uid
         sizes: list[tuple[str, int]] = []
         for name in sorted(os.listdir(dfd)):
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode) and st.st_uid == owner:
                 # bytes on disk: a released (hole-punched) prefix holds none
                 sizes.append((name, st.st_size, min(st.st_size, st.st_blocks * 512)))
         total = sum(used for _, _, used in sizes)
@@ -60,7 +65,8 @@ def enforce_cap(job_dir: str, max_bytes: int) -> tuple[int, list[str]]:
                 try:
                     fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
                     try:
-                        if stat.S_ISREG(os.fstat(fd).st_mode):
+                        fst = os.fstat(fd)
+                        if stat.S_ISREG(fst.st_mode) and fst.st_uid == owner:
                             os.ftruncate(fd, size - used + keep)  # after the released prefix
                             cut.append(name)
                     finally:

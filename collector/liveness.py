@@ -23,8 +23,9 @@ def scontrol_job_state(scontrol: str, job_id: str, timeout_s: float = 5.0) -> st
     slurmctld no longer knows it (``Invalid job id``); ``None`` when scontrol cannot answer
     (missing, slurmctld down, timeout)."""
     try:
+        # errors="replace": a job name that is not UTF-8 must not crash the collector
         p = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+                           encoding="utf-8", errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     out = p.stdout + p.stderr

@@ -148,6 +148,11 @@ class Collector:
         self.record_ingest = record_ingest
         #: where rows the store did not take at exit go (a locked store), for the epilog
         self.spill_path = spill_path
+        if gpus and gpus.strip() and not (self.indices or self.uuids):
+            # e.g. CUDA_VISIBLE_DEVICES=MIG-<uuid> or NoDevFiles: a job with GPUs that we
+            # cannot name would otherwise end with no GPU metrics and no word why
+            self.log.warning("job GPU list %r names no GPU index or GPU-UUID (MIG instances are not sampled): "
+                             "no GPU metrics for this job", gpus[:200])
 
     # -- pieces --
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:

@@ -228,7 +228,9 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
             _fail(str(e))
         click.echo(f"wrote {output}", err=True)
     else:
-        click.echo(text)
+        from gpuguard.output import printable
+
+        click.echo(printable(text) if fmt == "text" else text)
 
 
 def _job_show_config(obj: Any, store_path: str | None) -> Any:

@@ -85,12 +85,75 @@ def remove_job(spool_dir: str, job_id: str, log: Any = None) -> bool:
         return False
 
 
+def _parts_of_job_nodes(parts: dict[str, dict[str, Any]], meta: dict[str, Any], job_id: str,
+                        log: Any) -> dict[str, dict[str, Any]]:
+    """``parts`` less those of nodes the manifest does not list (when it lists any): a part
+    left by an earlier attempt of a requeued job on other nodes, or written for a job its
+    node did not run, is not this job's data; judged with it, the verdict could name (and
+    escalation drain) a node the job never ran on."""
+    nodes = meta.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        return parts
+    foreign = sorted(n for n in parts if n not in nodes)
+    if foreign:
+        log.warning("job %s: part(s) of %s left out: not among the job's nodes %s", job_id, ",".join(foreign),
+                    ",".join(str(n) for n in nodes))
+    return {n: p for n, p in parts.items() if n in nodes}
+
+
+#: Held (``flock``) by whoever judges a job from the spool: the EpilogSlurmctld worker, or
+#: ``cluster ingest`` once the worker's wait is over. A worker slowed past that wait (a
+#: slurmdbd that does not answer its sacctmgr retries) would otherwise be judging the same
+#: job as the ingest. A name starting with ``.`` is no part (:func:`part.part_node`).
+JUDGE_LOCK = ".judge.lock"
+
+
+def _judge_lock(spool_dir: str, job_id: str) -> int | None:
+    """The job's judge lock taken (a descriptor to close), -1 when it cannot be opened (no
+    job directory: judged unlocked), None when another judge holds it."""
+    import fcntl
+
+    from gpuguard.epilog.part import job_dir
+
+    try:
+        fd = os.open(os.path.join(job_dir(spool_dir, job_id), JUDGE_LOCK),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        pass  # a filesystem without locks: judged unlocked
+    return fd
+
+
 def judge_from_spool(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
                      parts: dict[str, dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
                      retries: int = 3, retry_sleep_s: float = 2.0) -> Any:
     """Judge one job from what the spool holds (or the ``parts``/``meta`` given), then
     remove its spool directory when it was judged complete with its AdminComment set.
-    Returns the :class:`gpuguard.epilog.judge.JudgeResult`, or None without any part."""
+    Returns the :class:`gpuguard.epilog.judge.JudgeResult`, or None without any part or
+    while another judge holds the job (:data:`JUDGE_LOCK`)."""
+    spool = cfg.get("paths", "spool_dir")
+    lock = _judge_lock(spool, job_id)
+    if lock is None:
+        log.info("job %s: another judge is at it; left to it", job_id)
+        return None
+    try:
+        return _judge_locked(cfg, store, job_id, log=log, slurm=slurm, parts=parts, meta=meta, retries=retries,
+                             retry_sleep_s=retry_sleep_s)
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _judge_locked(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
+                  parts: dict[str, dict[str, Any]] | None, meta: dict[str, Any] | None,
+                  retries: int, retry_sleep_s: float) -> Any:
+    """:func:`judge_from_spool` under the job's judge lock."""
     from gpuguard.epilog.judge import judge_parts, meta_from_parts
     from gpuguard.epilog.part import read_parts
 
@@ -99,6 +162,9 @@ def judge_from_spool(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
     if not parts:
         return None
     meta = meta or read_manifest(spool, job_id) or meta_from_parts(job_id, parts)
+    parts = _parts_of_job_nodes(parts, meta, job_id, log)
+    if not parts:
+        return None
     res = judge_parts(store, job_id, parts, cfg=cfg, meta=meta, slurm=slurm, log=log,
                       set_comment=bool(cfg.get("cluster", "admin_comment")), retries=retries,
                       retry_sleep_s=retry_sleep_s)
@@ -151,7 +217,9 @@ def ingest(cfg: Any, store: Any, *, log: Any, slurm: Any, now: float | None = No
     worker's own wait is over (``[epilog] slurmctld_wait_s`` + ``[cluster]
     ingest_grace_s`` after the newest file of the job), so worker and ingest never judge
     the same job at the same time. Removes job directories older than ``[cluster]
-    spool_keep_days``. ``max_jobs`` > 0 bounds the jobs judged in one pass."""
+    spool_keep_days``. ``max_jobs`` > 0 bounds the jobs judged in one pass. A job whose
+    judgment raises is counted in ``errors`` and the pass goes on with the next job (the
+    spool is taken in job order: one such job would otherwise hold up every later one)."""
     from gpuguard.hookrun import is_job_id
     from gpuguard.store import StoreError
 
@@ -180,6 +248,10 @@ def ingest(cfg: Any, store: Any, *, log: Any, slurm: Any, now: float | None = No
         except (StoreError, OSError, ValueError) as e:
             res.errors.append(f"job {name}: {e}")
             log.error("tool error: cluster ingest: job %s: %s", name, e)
+            continue
+        except Exception as e:  # a fault of ours in one job's judgment never stops the jobs after it
+            res.errors.append(f"job {name}: {type(e).__name__}: {e}")
+            log.exception("tool error: cluster ingest: job %s: %s: %s", name, type(e).__name__, e)
             continue
         if r is None or r.skipped:
             res.unchanged += 1

@@ -22,6 +22,29 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
+def _ingest_lock(store_path: str) -> int | None:
+    """An exclusive ``flock`` on ``{store_path}.ingest.lock`` (held until exit), or None
+    when another ``cluster ingest`` holds it. Two passes at once (the timer's and one run
+    by hand) would both find a job unjudged and judge it twice: two sacctmgr calls, and
+    both could pass the once-per-(job, node) drain check before either records its drain.
+    A lock file that cannot be opened is no
+    reason not to ingest (the store's own checks follow): the pass runs unlocked."""
+    import fcntl
+
+    try:
+        fd = os.open(f"{store_path}.ingest.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        return fd
+    return fd
+
+
 @click.group("cluster")
 def cluster() -> None:
     """Cluster mode: the job judge on the controller."""
@@ -39,7 +62,8 @@ def ingest_cmd(obj: Any, max_jobs: int, fmt: str) -> None:
     into the cluster store (:mod:`gpuguard.net.nccl_spool`: the fleet median).
 
     Must run as the owner of the cluster store, or of its directory before it exists
-    (SlurmUser): a root-owned store or WAL file would lock the worker out. Exit 0; 2 for
+    (SlurmUser): a root-owned store or WAL file would lock the worker out. One pass at a
+    time (a lock beside the store): a second exits 0 at once. Exit 0; 2 for
     a bad config, a missing spool_dir, the wrong user or a store that cannot be
     written; 1 when a job could not be judged or a probe file not read."""
     cfg = obj.cfg
@@ -65,11 +89,25 @@ def ingest_cmd(obj: Any, max_jobs: int, fmt: str) -> None:
         _fail(f"cluster store {path} belongs to {name}: run cluster ingest as that user "
               f"(e.g. runuser -u {name} -- gpuguard cluster ingest)")
     from gpuguard import log as log_mod
+
+    log = log_mod.setup(cfg.get("paths", "log_file"), "cluster-ingest")
+    lock = _ingest_lock(path)
+    if lock is None:
+        click.echo(f"another cluster ingest holds {path}.ingest.lock: nothing done", err=True)
+        sys.exit(0)
+    try:
+        _ingest_pass(cfg, path, spool, log, max_jobs, fmt)
+    finally:
+        if lock >= 0:
+            os.close(lock)  # released here, not only at exit: a caller may run twice in one process
+
+
+def _ingest_pass(cfg: Any, path: str, spool: str, log: Any, max_jobs: int, fmt: str) -> None:
+    """One ingest pass under the lock (:func:`ingest_cmd`); exits like it."""
     from gpuguard.epilog.cluster import ingest
     from gpuguard.slurm import SlurmCli
     from gpuguard.store import StoreError, open_store
 
-    log = log_mod.setup(cfg.get("paths", "log_file"), "cluster-ingest")
     try:
         store = open_store(path)
     except StoreError as e:

@@ -138,9 +138,10 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     """The epilog's work (module docstring); returns the exit status, always 0.
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result when the caller already read
     the config. Used by :func:`main` and the tests."""
-    env = dict(os.environ if env is None else env)
+    from gpuguard.hookenv import clean_env, read_hook_env
+
+    env = clean_env(os.environ if env is None else env)
     from gpuguard import log as log_mod
-    from gpuguard.hookenv import read_hook_env
     from gpuguard.hookrun import load_config
 
     started = time.monotonic()

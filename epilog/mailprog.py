@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (``gpuguard-mail``): see the module docstring. Returns the mailer's exit
     status (127 when it cannot be run)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    body = sys.stdin.read(MAX_BODY) if not sys.stdin.isatty() else ""
+    # bytes, decoded with surrogateescape: a body that is not UTF-8 goes out unchanged
+    body = sys.stdin.buffer.read(MAX_BODY).decode("utf-8", "surrogateescape") if not sys.stdin.isatty() else ""
     subject, _to = parse_args(args)
     options = [a for a in _without_subject(args) if a.startswith("-")]
     if options:
@@ -120,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gpuguard-mail: job {jid}: no job page added: {e}", file=sys.stderr)
     mailer = _mailer()
     try:
-        return subprocess.run([mailer, *args], input=body, text=True, check=False).returncode
+        # surrogateescape: Slurm's body bytes go out as they came, UTF-8 or not
+        return subprocess.run([mailer, *args], input=body, text=True, encoding="utf-8", errors="surrogateescape",
+                              check=False).returncode
     except OSError as e:
         print(f"gpuguard-mail: cannot run {mailer}: {e.strerror or e}", file=sys.stderr)
         return 127

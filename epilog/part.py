@@ -61,7 +61,7 @@ from typing import Any
 
 from gpuguard.epilog.jobdata import SERIES_ATTR, GpuSeries, JobData, StepRec
 from gpuguard.epilog.part_codec import FORMAT, SUFFIX, V1_SUFFIX, VERSION
-from gpuguard.epilog.spool import SpoolError, check_name
+from gpuguard.epilog.spool import SpoolError, check_job_dir, check_name
 
 #: Size cap of one encoded part (the issue's bound for a 24 h job on one node: 1 MB).
 MAX_PART_BYTES = 1_000_000
@@ -245,9 +245,11 @@ def spool_owner(spool_dir: str) -> tuple[int, int] | None:
 
 def job_dir(spool_dir: str, job_id: str, *, create: bool = False) -> str:
     """``{spool_dir}/{job_id}``; with ``create`` made mode 0755 and, when we are root,
-    owned like ``spool_dir``. Raises :class:`SpoolError` for an unsafe job id."""
+    owned like ``spool_dir``. Raises :class:`SpoolError` for an unsafe job id, and when
+    the path is there but is a symlink, not a directory, or owned by another user than
+    root, the spool's owner or us (:func:`gpuguard.epilog.spool.check_job_dir`)."""
     d = os.path.join(spool_dir, check_name("job id", str(job_id)))
-    if create and not os.path.isdir(d):
+    if create and not os.path.lexists(d):
         os.makedirs(d, mode=0o755, exist_ok=True)
         owner = spool_owner(spool_dir)
         if owner and os.geteuid() == 0 and owner[0] != 0:
@@ -255,6 +257,7 @@ def job_dir(spool_dir: str, job_id: str, *, create: bool = False) -> str:
                 os.chown(d, *owner, follow_symlinks=False)
             except OSError:
                 pass  # the controller then cannot clean up; the part itself is still readable
+    check_job_dir(spool_dir, d)
     return d
 
 
@@ -310,7 +313,12 @@ def decode_part(blob: bytes) -> dict[str, Any]:
     anything else."""
     from gpuguard.epilog import part_codec
 
-    return part_codec.decode(blob)
+    try:
+        return part_codec.decode(blob)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        # a version-1 JSON part is free-form: a field of another type than written fails
+        # in the conversion; one line like every other unreadable part, never a crash
+        raise SpoolError(f"malformed part: {type(e).__name__}: {e}") from None
 
 
 def part_node(name: str) -> str | None:
@@ -327,7 +335,11 @@ def part_node(name: str) -> str | None:
 def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[str, Any]]:
     """``node -> part`` for every readable part of the job now in the spool (a node's
     version-2 part wins over a version-1 one). Unreadable, foreign, oversized or
-    mismatched files are skipped (one line each in ``log`` when given)."""
+    mismatched files, and parts whose fields are not what build_part writes
+    (:func:`gpuguard.epilog.part_check.check_part`), are skipped (one line each in
+    ``log`` when given)."""
+    from gpuguard.epilog.part_check import check_part
+
     d = job_dir(spool_dir, job_id)
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -343,8 +355,7 @@ def read_parts(spool_dir: str, job_id: str, log: Any = None) -> dict[str, dict[s
             if blob is None:
                 raise SpoolError("not a regular file, a symlink, or over the size bound")
             doc = decode_part(blob)
-            if doc.get("node") != node or str(doc.get("job_id")) != str(job_id):
-                raise SpoolError(f"names job {doc.get('job_id')!r} node {doc.get('node')!r}")
+            check_part(doc, str(job_id), node)
         except SpoolError as e:
             if log is not None:
                 log.warning("spool: %s skipped: %s", os.path.join(d, n), e)

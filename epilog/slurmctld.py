@@ -44,7 +44,9 @@ def run(env: dict[str, str] | None = None, retries: int = 3, retry_sleep_s: floa
         loaded: tuple | None = None) -> int:
     """The worker's work for ``SLURM_JOB_ID`` (module docstring); returns 0.
     ``loaded``: :func:`gpuguard.hookrun.load_config`'s result if already read."""
-    env = dict(os.environ) if env is None else env
+    from gpuguard.hookenv import clean_env
+
+    env = clean_env(os.environ if env is None else env)
     from gpuguard import log as log_mod
     from gpuguard.hookrun import load_config
 

@@ -128,7 +128,10 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
     Exit status: 0 healthy (info only), 1 warnings, 2 critical findings, 3 could not
     check (a file that is missing, unreadable or not the format named, a bad option or
     config, no GPU source readable; one line on stderr; also when nothing worse was found
-    but the kernel log to scan could not be read, its tool error on stderr): the monitoring-plugin convention
+    but the kernel log to scan could not be read, its tool error on stderr, or it holds
+    lines with an XID/SXid marker that were not accepted — not parseable, or not the
+    kernel's own, such as a forged `logger` line — one line per reason on stderr: such
+    a line may be the XID the check is for): the monitoring-plugin convention
     (Nagios plugin guidelines: 3 UNKNOWN). Reads the node store for history but writes
     nothing unless --record is given.
     """
@@ -185,6 +188,7 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
         doc["tool_errors"] = res.tool_errors
         doc["gpus"] = len(res.snapshot.gpus)
         doc["incomplete"] = res.snapshot.incomplete
+        doc["xid_rejected"] = res.xid_rejected
         emit(fmt, doc)
     elif fmt == "csv":
         emit(fmt, rows, headers=["severity", "action", "code", "gpu", "message"])
@@ -195,18 +199,27 @@ def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay
         else:
             click.echo("no findings")
         click.echo(f"decision: {res.decision.outcome}" + (f" ({res.decision.reason})" if res.decision.reason else ""))
-    for e in res.tool_errors if fmt != "json" else []:
-        click.echo(f"tool error: {e}", err=True)
     sys.exit(_check_status(res, fmt))
 
 
 def _check_status(res: Any, fmt: str) -> int:
-    """``gpuguard check``'s exit status for a health result (its docstring)."""
+    """``gpuguard check``'s exit status for a health result (its docstring); prints the
+    tool errors on stderr (text and CSV; JSON has them in the document), the XID/SXid
+    lines not accepted as one line per reason."""
+    from gpuguard.health import REJECTED_ERROR
+
+    for e in res.tool_errors if fmt != "json" else []:
+        if not e.startswith(REJECTED_ERROR):  # said one reason a line below
+            click.echo(f"tool error: {e}", err=True)
+    for why, n in sorted(res.xid_rejected.items(), key=lambda kv: (-kv[1], kv[0])) if fmt != "json" else []:
+        click.echo(f"kernel log: {n} XID/SXid line(s) not accepted: {why}", err=True)
     worst = res.worst_severity
     if res.snapshot.incomplete and fmt != "json":
         click.echo(f"incomplete: {res.snapshot.incomplete}", err=True)
-    if worst not in ("critical", "warning") and (not res.kernel_log_read or res.snapshot.incomplete):
-        # the XID scan did not happen, or the dump was cut: "healthy" would be a pass on an unread input
+    if worst not in ("critical", "warning") and (not res.kernel_log_read or res.snapshot.incomplete
+                                                 or res.xid_rejected):
+        # the XID scan did not happen, an XID line could not be judged, or the dump was
+        # cut: "healthy" would be a pass on an unread input
         return CHECK_UNKNOWN
     return {"critical": 2, "warning": 1}.get(worst or "", 0)
 
@@ -322,7 +335,18 @@ def config_group() -> None:
 @output_options()
 @click.pass_obj
 def config_show(obj: _Obj, fmt: str) -> None:
-    """Print the effective configuration and where each value came from."""
+    """Print the effective configuration and where each value came from. Also checks
+    what only the Epilog reads, across keys (``[baseline] runs >= min_runs``, the verdict's
+    windows): a config the Epilog would refuse exits 2 here with its one line, rather than
+    leaving every job unjudged with a tool error in the node logs."""
+    from gpuguard.epilog.baseline import BaselineSettings
+    from gpuguard.epilog.compare import Settings
+
+    try:
+        BaselineSettings.from_config(obj.cfg)
+        Settings.from_config(obj.cfg)
+    except config_mod.ConfigError as e:
+        _fail(str(e))
     rows = [{"key": k, "value": v, "origin": o} for k, v, o in config_mod.describe(obj.cfg)]
     if fmt != "text":
         emit(fmt, rows, headers=["key", "value", "origin"])

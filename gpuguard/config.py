@@ -396,7 +396,8 @@ def load(explicit: str | None = None, *, require: bool = False) -> Config:
     """Load the effective configuration (see the module docstring for the search order).
 
     Raises :class:`ConfigError` for an unreadable file, a dangling symlink, bad TOML, an
-    unknown section or key, a wrong type, or an unknown policy action; with ``require``
+    unknown section or key, a wrong type, or an unknown policy action, and, run as root,
+    for a file another user could have written (:func:`_check_owner`); with ``require``
     (the hooks) also when no file is found at all, naming every place looked at.
     """
     path, _required = find_config_path(explicit)
@@ -409,6 +410,7 @@ def load(explicit: str | None = None, *, require: bool = False) -> Config:
             raise ConfigError(f"{path}: dangling symlink to {os.readlink(path)}")
         try:
             with open(path, "rb") as fh:
+                _check_owner(path, os.fstat(fh.fileno()))
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
@@ -423,6 +425,24 @@ def load(explicit: str | None = None, *, require: bool = False) -> Config:
         except OSError as e:
             raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
     return from_dict(data, path)
+
+
+def _check_owner(path: str, st: os.stat_result) -> None:
+    """Run as root, refuse a config that another user could have written: it names
+    programs root runs (``[nccl] binary``/``command``, ``[alerts] mail_program``), files
+    root writes and the drain policy. It must belong to root (or to us) and be writable by
+    no group but root's and not by others (sudo's rule for sudoers; OpenSSH's
+    ``StrictModes``). Raises :class:`ConfigError`."""
+    import stat
+
+    if os.geteuid() != 0 or stat.S_ISCHR(st.st_mode):  # --config /dev/null: nothing to read
+        return
+    if st.st_uid not in (0, os.geteuid()):
+        raise ConfigError(f"{path}: belongs to uid {st.st_uid}, not root: not read by a hook running as root "
+                          "(chown root)")
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0):
+        raise ConfigError(f"{path}: writable by {'others' if st.st_mode & stat.S_IWOTH else f'group {st.st_gid}'} "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}): not read by a hook running as root (chmod go-w)")
 
 
 def from_dict(data: dict[str, Any], path: str | None = None) -> Config:
@@ -491,6 +511,21 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
             v = values.get(sec, {}).get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{where}: {sec}.{key} must be a finite number >= 0, got {v}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            # a percentage above 100 makes every GPU "idle" (the idle checks then judge
+            # GPUs under load); a share is a fraction; an interval, timeout or budget of 0
+            # spins (the collector sampling in a busy loop on every node) or never runs
+            if key.endswith("_pct") and v > 100:
+                raise ConfigError(f"{where}: {sec}.{key} is a percentage: 0 to 100, got {v}")
+            if key.endswith("_share") and not 0 < v <= 1:
+                raise ConfigError(f"{where}: {sec}.{key} is a share: above 0, at most 1, got {v}")
+            if (key.endswith(("interval_s", "timeout_s", "time_budget_s")) or key in _WINDOWS) and v == 0:
+                raise ConfigError(f"{where}: {sec}.{key} must be > 0")
+
+
+#: Window widths the verdict divides by (``floor(t / short_window_s)``): never 0.
+_WINDOWS = ("long_window_s", "short_window_s")
 
 
 def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
@@ -523,6 +558,17 @@ def _policy_from(body: dict[str, Any], where: str) -> tuple[dict[str, str], dict
             continue
         _check_action(action, f"policy.{code}", where)
         policy[code] = action
+    if policy:
+        from gpuguard.policy import is_known_code, known_codes
+
+        unknown = sorted(c for c in policy if not is_known_code(c))
+        if unknown:
+            fams = sorted({c.split(".", 1)[0] for c in known_codes()})
+            near = sorted(c for c in known_codes() if c.split(".", 1)[0] == unknown[0].split(".", 1)[0])
+            raise ConfigError(f"{where}: policy.{unknown[0]}: unknown finding code; "
+                              + (f"known in {unknown[0].split('.', 1)[0]}: {', '.join(near)}" if near else
+                                 f"families: {', '.join(fams)}, xid.N, sxid.N")
+                              )
     return policy, xid_policy
 
 

@@ -18,6 +18,16 @@ One entry per node (a second decision for a node already pending keeps the first
 reason and counts the repeats). Entries older than :data:`MAX_AGE_S` are dropped with an
 error: by then a human has looked at the node.
 
+Ages. Each entry keeps the boot it was last written in (:data:`BOOT_ID_FILE`) and the
+boot clock (``CLOCK_BOOTTIME``: counts from boot, suspend included, and never steps) at
+its ``since`` and ``seen``; within that boot every age is measured on the boot clock, so
+an NTP step after boot on a node with a bad RTC, or a VM restored from a snapshot, neither
+drops a real drain as "a week old" nor keeps one forever. Read first in a later boot (or
+written by a version without these fields), an entry's ages are taken once from the wall
+clock (a time in the future counts as age 0, never as old), and the entry is re-anchored on
+this boot's clock; "booted since the evidence was seen" is then known from the boot id, not
+from comparing wall-clock times.
+
 Stale evidence. Each entry keeps the recovery kind of its findings
 (:mod:`gpuguard.recovery`) and when its evidence was last seen; an entry fires only on
 evidence that still stands:
@@ -78,6 +88,9 @@ RETRY_SHARE = 0.5
 #: drained because of our own Prolog/Epilog exit, so a pending drain counts as done.
 SLURM_HOOK_REASONS = ("Prolog error", "Epilog error")
 
+#: This boot's id: a random UUID the kernel makes at every boot (random(4), proc(5)).
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
 #: Lock file beside :data:`FILE`: hooks that start together settle one drain at a time,
 #: so the second reads the first's reason back and confirms instead of draining again.
 LOCK_FILE = "pending_drains.lock"
@@ -116,7 +129,10 @@ class PendingDrains:
 
     # -- the list ---------------------------------------------------------------------
     def entries(self) -> dict[str, dict[str, Any]]:
-        """``node -> {"reason", "since", "attempts", "repeats", "last_error"}``."""
+        """``node -> {"reason", "since", "seen", "recovery", "attempts", "repeats",
+        "last_error"}`` (``since``/``seen``: UTC epoch s), plus the boot fields of the
+        module docstring, "Ages": ``boot_id``, ``since_boot_s``, ``seen_boot_s``,
+        ``booted`` (absent in entries written before they were kept)."""
         value, _ = durable.read(self.dirs, FILE)
         return value if isinstance(value, dict) else {}
 
@@ -138,20 +154,23 @@ class PendingDrains:
 
         recovery = recovery if recovery in RECOVERY_KINDS else reason_recovery(reason)
         entries = self.entries()
-        now = time.time()
+        clk = Clock.read()
+        now = clk.wall
         if node in entries:
             e = entries[node]
+            anchor(e, clk)
             e["repeats"] = int(e.get("repeats", 0)) + 1
-            e["seen"] = now
+            e.update(seen=now, seen_boot_s=clk.boot_s, booted=False)
             old = _kind(e)
             if worst([old, recovery]) != old or old == "auto":  # fresh evidence replaces stale
                 e["reason"], e["recovery"] = reason, worst([old, recovery])
         else:
             if len(entries) >= MAX_ENTRIES:
-                oldest = min(entries, key=lambda n: entries[n].get("since", 0))
+                oldest = max(entries, key=lambda n: age_s(entries[n], "since", clk))
                 entries.pop(oldest)
             entries[node] = {"reason": reason, "since": now, "seen": now, "recovery": recovery, "attempts": 0,
-                             "repeats": 0, "last_error": ""}
+                             "repeats": 0, "last_error": "", "boot_id": clk.boot_id, "since_boot_s": clk.boot_s,
+                             "seen_boot_s": clk.boot_s, "booted": False}
         return self._save(entries)
 
     # -- acting ---------------------------------------------------------------------------
@@ -234,14 +253,20 @@ class PendingDrains:
 
     def _retry(self, entries: dict[str, dict[str, Any]]) -> list[Outcome]:
         out = []
-        for node in sorted(entries, key=lambda n: entries[n].get("since", 0)):
+        clk = Clock.read()
+        if [anchor(e, clk) for e in entries.values() if isinstance(e, dict)].count(True):
+            self._save(entries)  # ages on this boot's clock from now on
+        entries = {n: e for n, e in entries.items() if isinstance(e, dict)}
+        for node in sorted(entries, key=lambda n: -age_s(entries[n], "since", clk)):
             e = entries[node]
-            if time.time() - float(e.get("since", 0)) > MAX_AGE_S:
-                self.log.error("tool error: pending drain of %s dropped after %.0f days unconfirmed: %s",
-                               node, MAX_AGE_S / 86400, e.get("reason"))
+            age = age_s(e, "since", clk)
+            if age > MAX_AGE_S:
+                why = f"unconfirmed for {age / 86400:.1f} days (limit {MAX_AGE_S / 86400:.0f})"
+                self.log.error("tool error: pending drain of %s dropped, %s: %s", node, why, e.get("reason"))
                 self._forget(node)
+                out.append(Outcome(node, str(e.get("reason", "")), "dropped", why))
                 continue
-            stale = _stale(e)
+            stale = _stale(e, clk)
             if stale:
                 self.log.warning("pending drain of %s dropped, not fired: %s: %s", node, stale, e.get("reason"))
                 self._forget(node)
@@ -335,18 +360,91 @@ def boot_time() -> float | None:
     return None
 
 
-def _stale(entry: dict[str, Any], now: float | None = None) -> str:
+def boot_id() -> str | None:
+    """This boot's id (:data:`BOOT_ID_FILE`), or None when it cannot be read."""
+    try:
+        with open(BOOT_ID_FILE, encoding="ascii") as fh:
+            return fh.read(100).strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def boot_clock() -> float:
+    """Seconds since boot on ``CLOCK_BOOTTIME`` (clock_gettime(2): includes suspend, is
+    never stepped by ``settimeofday`` or NTP)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass(frozen=True)
+class Clock:
+    """One reading of the clocks: ``wall`` (UTC epoch s), ``boot_id`` (None: unknown)
+    and ``boot_s`` (:func:`boot_clock`)."""
+
+    wall: float
+    boot_id: str | None
+    boot_s: float
+
+    @classmethod
+    def read(cls) -> Clock:
+        return cls(time.time(), boot_id(), boot_clock())
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and abs(f) != float("inf") else None
+
+
+def age_s(entry: dict[str, Any], key: str, clk: Clock) -> float:
+    """Seconds since ``entry[key]`` (``since`` or ``seen``; ``seen`` falls back to
+    ``since``): on the boot clock when the entry is anchored to this boot, else on the
+    wall clock, where a time in the future is age 0 (module docstring, "Ages")."""
+    bt = _num(entry.get(f"{key}_boot_s"))
+    if clk.boot_id and entry.get("boot_id") == clk.boot_id and bt is not None:
+        return max(0.0, clk.boot_s - bt)
+    wall = _num(entry.get(key)) if entry.get(key) is not None else _num(entry.get("since"))
+    return max(0.0, clk.wall - (wall or 0.0))
+
+
+def anchor(entry: dict[str, Any], clk: Clock) -> bool:
+    """Tie ``entry``'s ages to this boot's clock when it was written in another boot or
+    without the boot fields: ages taken from the wall clock once, ``booted`` set when
+    the node has booted since the evidence was seen (a different boot id; for an entry
+    without one, ``btime`` of ``/proc/stat`` after ``seen``, the only evidence there is).
+    Returns whether ``entry`` changed (nothing changes when the boot id is unknown)."""
+    if not clk.boot_id or entry.get("boot_id") == clk.boot_id:
+        return False
+    since, seen = age_s(entry, "since", clk), age_s(entry, "seen", clk)
+    booted = bool(entry.get("boot_id")) or bool(entry.get("booted")) or _booted_by_wall(entry)
+    entry.update(boot_id=clk.boot_id, since_boot_s=clk.boot_s - since, seen_boot_s=clk.boot_s - seen,
+                 booted=booted)
+    return True
+
+
+def _booted_by_wall(entry: dict[str, Any]) -> bool:
+    """Booted after ``entry``'s evidence was seen, by the wall clock (``btime`` against
+    ``seen``): for an entry without a boot id, the only evidence there is."""
+    btime, seen = boot_time(), _num(entry.get("seen")) or _num(entry.get("since")) or 0.0
+    return btime is not None and btime > seen
+
+
+def _stale(entry: dict[str, Any], clk: Clock | None = None) -> str:
     """Why ``entry``'s evidence no longer stands (module docstring, "Stale evidence"), or
-    "" when it may fire."""
-    now = time.time() if now is None else now
+    "" when it may fire. Ages as :func:`age_s`."""
+    clk = clk or Clock.read()
     kind = _kind(entry)
-    seen = float(entry.get("seen") or entry.get("since") or 0)
-    if kind == "auto" and now - seen > AUTO_STALE_S:
-        return (f"its evidence (recovery kind auto) was last seen {now - seen:.0f} s ago; the checks read that "
+    seen = age_s(entry, "seen", clk)
+    if kind == "auto" and seen > AUTO_STALE_S:
+        return (f"its evidence (recovery kind auto) was last seen {seen:.0f} s ago; the checks read that "
                 "state again")
     if kind in CLEARED_BY_REBOOT and not entry.get("applied_at"):
-        booted = boot_time()
-        if booted is not None and booted > seen:
+        if clk.boot_id and entry.get("boot_id") == clk.boot_id:
+            booted = bool(entry.get("booted"))
+        else:
+            booted = _booted_by_wall(entry)
+        if booted:
             return f"the node has booted since its evidence was seen (recovery kind {kind}: a reboot resets the GPUs)"
     return ""
 

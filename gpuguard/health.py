@@ -43,6 +43,10 @@ class HealthResult:
     #: False when the kernel log was to be scanned but could not be read (unreadable
     #: source, failed tool, cursor lock held): no XID finding means nothing then
     kernel_log_read: bool = True
+    #: reason -> number of kernel-log lines with an XID/SXid marker that were not
+    #: accepted (not parseable, or not the kernel's own: a forged ``logger`` line); their
+    #: summary is also in ``tool_errors`` (:data:`REJECTED_ERROR`)
+    xid_rejected: dict[str, int] = field(default_factory=dict)
 
     @property
     def worst_severity(self) -> str | None:
@@ -80,11 +84,25 @@ def take_snapshot(cfg: Config, *, budget_s: float | None = None,
     return snap, []
 
 
+#: Start of the tool error that sums up the kernel-log lines with an XID/SXid marker
+#: that were not accepted (followed by :meth:`gpuguard.xid.parse.ParseResult.rejected_summary`).
+REJECTED_ERROR = "kernel log: XID/SXid line(s) not accepted: "
+
+
 def scan_kernel_log(cfg: Config, store: Any, source: str | None = None, timeout_s: float = 5.0,
                     read_all_s: float | None = None) -> tuple[list[Any], str | None, list[str]]:
+    """:func:`scan_kernel_log_rejected` without the rejected lines' reasons."""
+    events, cursor, errors, _rejected = scan_kernel_log_rejected(cfg, store, source, timeout_s, read_all_s)
+    return events, cursor, errors
+
+
+def scan_kernel_log_rejected(cfg: Config, store: Any, source: str | None = None, timeout_s: float = 5.0,
+                             read_all_s: float | None = None
+                             ) -> tuple[list[Any], str | None, list[str], dict[str, int]]:
     """Read the kernel log since the stored cursor and parse XID/SXid events.
 
-    Returns ``(events, new_cursor, tool_errors)``. The caller stores the cursor only after
+    Returns ``(events, new_cursor, tool_errors, rejected)``; ``rejected``: reason ->
+    number of lines with an XID/SXid marker that were not accepted. The caller stores the cursor only after
     the events are stored, so a failed write re-reads them next time instead of losing
     them. The first scan (no cursor yet) follows ``xid.first_scan_lookback``: ``"boot"``
     reads a text file from the current boot's first kernel line
@@ -128,18 +146,18 @@ def scan_kernel_log(cfg: Config, store: Any, source: str | None = None, timeout_
     try:
         lines, new_cursor = read_since(src, cursor, timeout_s)
     except KernelLogError as e:
-        return [], None, [*errors, f"kernel log: {e}"]
+        return [], None, [*errors, f"kernel log: {e}"], {}
     if first and lookback == "none":
-        return [], new_cursor, errors
+        return [], new_cursor, errors, {}
     res = parse_log(lines, structured=structured)
     if read_all_s is not None:
         new_cursor = _read_rest(src, new_cursor, lines, res, structured, time.monotonic() + read_all_s, errors)
     if res.unparsed:
-        errors.append(f"kernel log: XID/SXid line(s) not accepted: {res.rejected_summary()}")
+        errors.append(REJECTED_ERROR + res.rejected_summary())
     if not trusted:
         for ev in res.events:
             ev.untrusted_source = src
-    return res.events, new_cursor, errors
+    return res.events, new_cursor, errors, dict(res.rejected)
 
 
 def _read_rest(src: str, cursor: str | None, lines: list[str], res: Any, structured: bool, deadline: float,
@@ -211,6 +229,8 @@ class Collected:
     new_cursor: str | None
     tool_errors: list[str]
     cursor_lock: Any = None
+    #: reason -> count of XID/SXid-marked lines not accepted (:attr:`HealthResult.xid_rejected`)
+    xid_rejected: dict[str, int] = field(default_factory=dict)
 
     def release_cursor(self) -> None:
         """Release the kernel-log cursor lock (:mod:`gpuguard.cursorlock`) once the
@@ -246,6 +266,7 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
     events: list[Any] = []
     new_cursor = None
     lock = None
+    rejected: dict[str, int] = {}
     if scan_xid and lock_cursor:
         from gpuguard import cursorlock
 
@@ -260,13 +281,14 @@ def collect(cfg: Config, *, budget_s: float | None = None, nvidia_smi_file: str 
         try:
             # an explicit source (check/health --kernel-log) is the operator's: read to its end
             read_all = None if kernel_log is None else (budget_s if budget_s is not None else READ_ALL_S)
-            events, new_cursor, errs = scan_kernel_log(cfg, store, kernel_log, read_all_s=read_all)
+            events, new_cursor, errs, rejected = scan_kernel_log_rejected(cfg, store, kernel_log,
+                                                                          read_all_s=read_all)
         except BaseException:
             if lock is not None:
                 lock.release()
             raise
         errors += errs
-    return Collected(started, snap, events, new_cursor, errors, lock)
+    return Collected(started, snap, events, new_cursor, errors, lock, rejected)
 
 
 def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: str | None = None,
@@ -305,7 +327,8 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
     tool_errors += errs
     findings += extra_findings or []  # found before this run (the Prolog's NCCL probe)
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
-    return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records)
+    return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records,
+                        xid_rejected=dict(col.xid_rejected))
 
 
 def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None = None,

@@ -69,6 +69,27 @@ def parse_job_gpus(value: str | None) -> list[int] | None:
     return [int(x) for x in digits] or None
 
 
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` in which every value that is not valid UTF-8 has its bad bytes
+    replaced by U+FFFD. Slurm passes job names, comments and accounts as the user's bytes;
+    Python decodes the environment with ``surrogateescape``, and such a string cannot be
+    written to SQLite or encoded as UTF-8 at all: a job named in a Latin-1 terminal
+    (``caf\\xe9``) would never be judged (the cluster store's write raises). Every hook
+    reads its environment through this."""
+    out: dict[str, str] = {}
+    for k, v in env.items():
+        if isinstance(v, str) and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                try:
+                    v = v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+                    v = v.encode("utf-8", "replace").decode("utf-8")
+        out[k] = v
+    return out
+
+
 def _name(value: str | None) -> str | None:
     if not value or len(value) > NAME_MAX or not value.isprintable() or any(c.isspace() for c in value):
         return None
@@ -110,7 +131,7 @@ class HookEnv:
 
 def read_hook_env(env: Mapping[str, str] | None = None) -> HookEnv:
     """Read and check the Slurm hook variables of ``env`` (default ``os.environ``)."""
-    env = os.environ if env is None else env
+    env = clean_env(os.environ if env is None else env)
     problems: list[str] = []
 
     def checked(name: str, ok: object, what: str) -> None:

@@ -14,6 +14,8 @@
   splits a still too wide table into parts that repeat its label columns, so the table
   fits the terminal (``$COLUMNS``, else the terminal's width when stdout is one;
   piped output is not wrapped, so ``grep``/``awk`` see whole rows).
+* **Text** shows terminal control characters (ESC, C1, bidi overrides) in user-written
+  values as escapes (:func:`printable`): a job name never drives the admin's terminal.
 * **CSV cells** a spreadsheet would run as formulas are prefixed with ``'`` (OWASP "CSV
   Injection"): account, user and job names come from users.
 """
@@ -83,7 +85,7 @@ def emit(fmt: str, data: Any, *, rows: list[dict[str, Any]] | None = None, heade
     if fmt == "csv":
         click.echo(to_csv(rows, headers), nl=False)
     elif text is not None:
-        click.echo(text())
+        click.echo(printable(text()))
     else:
         click.echo(table([[r.get(h) for h in headers] for r in rows], [h.upper() for h in headers]))
 
@@ -252,7 +254,8 @@ def human_number(v: float | int) -> str:
 
 def cell(v: Any, tz: tzinfo | None = None) -> str:
     """A value as a text-table cell: None ``-``, bools ``yes``/``no``, numbers
-    :func:`human_number`, lists comma-joined, everything else ``str()``."""
+    :func:`human_number`, lists comma-joined, everything else ``str()`` (control
+    characters are escaped by :func:`table`, :func:`printable`)."""
     if v is None:
         return "-"
     if isinstance(v, (bool, int, float)):
@@ -260,6 +263,23 @@ def cell(v: Any, tz: tzinfo | None = None) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(cell(x, tz) for x in v) or "-"
     return str(v)
+
+
+#: Characters a terminal acts on rather than shows: C0 controls, DEL, C1 controls (ECMA-48:
+#: ESC/CSI/OSC sequences set colours and titles, move the cursor, write the clipboard) and
+#: the bidirectional overrides and isolates (Unicode TR #9; "Trojan Source", CVE-2021-42574)
+#: that reorder what an admin reads.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep: str = "\n\t") -> str:
+    """``text`` with every terminal control character (:data:`_UNPRINTABLE`) but those in
+    ``keep`` shown as a Python escape (``\\x1b``, ``\\u202e``), so a job name, comment or
+    file name a user chose prints as what it is and never drives the admin's terminal."""
+    def esc(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return c if c in keep else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return _UNPRINTABLE.sub(esc, text)
 
 
 def terminal_width() -> int | None:
@@ -285,9 +305,10 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], *, right: Seque
     down to 12 characters, and a table still too wide is split into parts, one under the
     other, each repeating the leading label (non-numeric) columns. ``total``: a last row
     set off by a dashed line."""
-    body = [[c if isinstance(c, str) else cell(c, tz) for c in r] for r in rows]
+    body = [[printable(c if isinstance(c, str) else cell(c, tz), keep="") for c in r] for r in rows]
     if total is not None:
-        body.append([c if isinstance(c, str) else cell(c, tz) for c in total])
+        body.append([printable(c if isinstance(c, str) else cell(c, tz), keep="") for c in total])
+    headers = [printable(h, keep="") for h in headers]
     ncol = len(headers)
     if right is None:
         right = [all(_numeric(r[i]) for r in rows if r[i] is not None) and any(r[i] is not None for r in rows)

@@ -32,6 +32,32 @@ def default_actions() -> dict[str, tuple[str, str]]:
     return {c.code: (c.action, c.source) for c in FINDING_CODES.values()}
 
 
+#: Modules declaring finding codes outside ``gpuguard.checks`` (which :func:`default_actions`
+#: loads itself); tests/test_config_hostile.py fails when a ``declare_codes`` call lives in
+#: a module not listed here (its codes could not be named in ``[policy]``).
+CODE_MODULES = ("gpuguard.epilog.finding_codes", "gpuguard.net.nccl_check", "gpuguard.net.dcgm_triage")
+
+
+def known_codes() -> set[str]:
+    """Every finding code a ``[policy]`` key may name: the declared codes of every family
+    (hardware checks, and :data:`CODE_MODULES`: verdict, NCCL probe, DCGM triage), loaded here. ``xid.N``/``sxid.N`` are keyed by
+    number instead (:func:`is_known_code`)."""
+    import importlib
+
+    for mod in CODE_MODULES:
+        importlib.import_module(mod)
+    return set(default_actions())
+
+
+def is_known_code(code: str) -> bool:
+    """Whether ``code`` is a finding code gpuguard can raise (:func:`known_codes`, or
+    ``xid.N``/``sxid.N``): a ``[policy]`` override of any other name would never apply, so a
+    typo such as ``pcie.width_degrade = "drain"`` would leave a degraded node in service."""
+    import re
+
+    return bool(re.fullmatch(r"s?xid\.[0-9]{1,6}", code)) or code in known_codes()
+
+
 def __getattr__(name: str) -> Any:
     # DEFAULT_ACTIONS is computed from the declarations, so that a family imported later
     # (a stage) is in it too.
@@ -113,6 +139,11 @@ def decide(findings: Iterable[Finding], policy: dict[str, str] | None = None,
     return Decision("proceed", "", acts)
 
 
+def _control(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 127 <= o <= 159 or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069
+
+
 def format_reason(hits: list[Finding]) -> str:
     """``gpuguard: CODE MESSAGE [(+N more)]`` cut to :data:`REASON_MAX` characters.
 
@@ -121,9 +152,11 @@ def format_reason(hits: list[Finding]) -> str:
     first = hits[0]
     more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
     text = f"gpuguard: {first.code} {first.message}"
-    # Control characters (NUL, ESC...) could come from a replay file or a kernel line;
-    # NUL would even make the scontrol argv invalid and lose the drain.
-    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
+    # Control characters (NUL, ESC, C1 such as CSI U+009B, bidi overrides) could come from
+    # a replay file or a kernel line (an XID's process name is the user's); NUL would even
+    # make the scontrol argv invalid and lose the drain, the others drive or reorder the
+    # terminal of the admin reading sinfo -R.
+    text = "".join(" " if _control(c) else c for c in text)
     text = " ".join(text.replace('"', "'").split())
     if len(text) + len(more) > REASON_MAX:
         text = text[: REASON_MAX - len(more) - 3] + "..."

@@ -66,8 +66,10 @@ class SlurmCli:
         # no parser can place in a year. "standard" is Slurm's default (slurm_time.c).
         env["SLURM_TIME_FORMAT"] = "standard"
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
-                               env=env, stdin=subprocess.DEVNULL)
+            # job names, comments and paths in Slurm's output are the users' bytes: one that
+            # is not UTF-8 (a Latin-1 terminal) must not fail the whole sacct/scontrol call
+            p = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                               timeout=limit, env=env, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SlurmError(f"{exe}: not found (set [slurm] bin_dir)") from None
         except (OSError, ValueError) as e:  # e.g. an argument with a NUL byte

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from gpuguard.clitypes import DAYS
 from gpuguard.output import emit, output_options
 
 
@@ -14,22 +15,15 @@ def store_group() -> None:
     """Node store maintenance."""
 
 
-def _not_nan(_ctx: Any, param: Any, value: float | None) -> float | None:
-    """click's FloatRange lets NaN through (every comparison with it is false)."""
-    if value is not None and value != value:
-        raise click.BadParameter("nan is not a number of days", param=param)
-    return value
-
-
 @store_group.command("prune")
 @click.option("--store", "store_path", metavar="FILE", help="store file (default: [paths] store)")
-@click.option("--raw-days", type=click.FloatRange(min=0), default=None, callback=_not_nan,
+@click.option("--raw-days", type=DAYS, default=None,
               help="keep raw samples this many days (default: [store] raw_days)")
-@click.option("--minutes-days", type=click.FloatRange(min=0), default=None, callback=_not_nan,
+@click.option("--minutes-days", type=DAYS, default=None,
               help="keep per-minute aggregates this many days (default: [store] minutes_days)")
-@click.option("--summaries-days", type=click.FloatRange(min=0), default=None, callback=_not_nan,
+@click.option("--summaries-days", type=DAYS, default=None,
               help="also delete job summaries, verdicts and comparisons older than this (default: keep)")
-@click.option("--events-days", type=click.FloatRange(min=0), default=None, callback=_not_nan,
+@click.option("--events-days", type=DAYS, default=None,
               help="also delete events and findings older than this (default: keep)")
 @output_options()
 @click.pass_obj

@@ -60,7 +60,9 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     :func:`gpuguard.hookrun.load_config` when the caller already read the config. Used by
     :func:`main` and the tests."""
     started = time.monotonic()
-    env = dict(os.environ) if env is None else env
+    from gpuguard.hookenv import clean_env
+
+    env = clean_env(os.environ if env is None else env)
     cfg, config_error, henv, log = _start(env, loaded)
     deadline = started + float(cfg.get("prolog", "time_budget_s")) * DEADLINE_SHARE
     job_id = henv.job_id

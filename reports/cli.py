@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, tzinfo
 
 import click
 
-from gpuguard.output import ZoneError, display_tz, output_options, resolve_zone
+from gpuguard.output import ZoneError, display_tz, output_options, printable, resolve_zone
 
 DATE_HELP = "YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], 'now' or -Nd (N days ago), in the report timezone"
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([dh])$")
@@ -30,8 +30,13 @@ def parse_when(text: str, tz: tzinfo, now: float | None = None) -> float:
         return now
     m = _REL.match(t)
     if m:
-        n = float(m.group(1)) * (86400 if m.group(2) == "d" else 3600)
-        return now - n
+        from gpuguard.durations import UNIT_S, parse_duration
+
+        unit = "days" if m.group(2) == "d" else "hours"
+        try:  # finite and at most 100 years: 400 digits would be inf
+            return now - parse_duration(m.group(1), unit) * UNIT_S[unit]
+        except ValueError as e:
+            raise click.BadParameter(f"{text!r}: {e}") from None
     try:
         dt = datetime.fromisoformat(t.replace(" ", "T"))
     except ValueError:
@@ -129,9 +134,9 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
     finally:
         store.close()
     for line, msg in res.notes[:20]:
-        click.echo(f"{res.source}:{line}: note: {msg}", err=True)
+        click.echo(printable(f"{res.source}:{line}: note: {msg}"), err=True)
     for line, msg in res.malformed[:20]:
-        click.echo(f"{res.source}:{line}: skipped malformed row: {msg}", err=True)
+        click.echo(printable(f"{res.source}:{line}: skipped malformed row: {msg}"), err=True)
     if len(res.malformed) > 20:
         click.echo(f"{res.source}: ... and {len(res.malformed) - 20} more malformed rows", err=True)
     click.echo(res.summary())

@@ -257,3 +257,37 @@ def test_check_reads_a_named_kernel_log_to_its_end(tmp_path, monkeypatch):
     r = invoke("check", "--from-nvidia-smi", healthy, "--kernel-log", str(log))
     assert r.exit_code == 3
     assert f"tool error: kernel log: {log} not read to its end within the time limit" in r.output
+
+
+FORGED = ("Nov 30 03:40:01 n1 alice: NVRM: Xid (PCI:0000:3a:00): 79, pid=1, name=x, spoof\n"
+          "Nov 30 03:40:02 n1 alice: NVRM: Xid (PCI:0000:3a:00): 79, pid=1, name=x, spoof\n"
+          "Nov 30 03:40:03 n1 kernel: NVRM: Xid (PCI:0000:3a:00): garbage\n")
+REJECTED = ["kernel log: 2 XID/SXid line(s) not accepted: not a kernel-log prefix: 'n1 alice:'",
+            "kernel log: 1 XID/SXid line(s) not accepted: no '(PCI:...): <code>' after the Xid marker"]
+
+
+def test_check_with_xid_lines_it_could_not_accept_is_unknown_not_healthy(tmp_path):
+    """XID-marked lines `check --kernel-log FILE` did not accept (a forged `logger` line, an
+    unparseable one) may be the XID it is for: with nothing worse found it exits 3 (could
+    not check), one line per reason on stderr; a critical finding still exits 2."""
+    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
+    log = tmp_path / "kern.log"
+    log.write_text("Nov 30 03:39:00 n1 kernel: usb 1-1: new high-speed USB device\n" + FORGED)
+    runner = cli_runner()
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", str(log)])
+    assert (r.exit_code, r.stdout.splitlines()[-2:]) == (3, ["no findings", "decision: proceed"])
+    assert r.stderr.splitlines() == REJECTED
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--json", "--from-nvidia-smi", healthy,
+                             "--kernel-log", str(log)])
+    doc = json.loads(r.stdout)
+    assert (r.exit_code, doc["outcome"], doc["xid_rejected"]) == (
+        3, "proceed", {"not a kernel-log prefix: 'n1 alice:'": 2, "no '(PCI:...): <code>' after the Xid marker": 1})
+    assert doc["tool_errors"] == ["kernel log: XID/SXid line(s) not accepted: 3 (not a kernel-log prefix: "
+                                  "'n1 alice:' x2; no '(PCI:...): <code>' after the Xid marker x1)"]
+    log.write_text(FORGED + "Nov 30 03:40:04 n1 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, "
+                            "GPU has fallen off the bus.\n")
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", str(log)])
+    assert (r.exit_code, r.stderr.splitlines()) == (2, REJECTED)
+    log.write_text("Nov 30 03:39:00 n1 kernel: usb 1-1: new high-speed USB device\n")
+    r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", str(log)])
+    assert (r.exit_code, r.stderr) == (0, "")

@@ -28,7 +28,7 @@ def _doc(node="n1", job_id="5", windows=4):
     ts = [T0 + 60 * i + 30 for i in range(windows)]
     return {
         "format": "gpuguard-part", "v": 2, "job_id": job_id, "node": node, "written_at": T0, "window_s": 60.0,
-        "job": {"comment": "gpuguard:template=t"}, "summary": {"node": node},
+        "job": {"comment": "gpuguard:template=t"}, "summary": {"job_id": job_id, "node": node},
         "gpus": [{"index": 0, "uuid": "GPU-a", "name": "NVIDIA H100 80GB HBM3", "mem_total_mib": None,
                   "t": ts, "util": [97.5, None, 98.0, 96.0], "mem": [1000.0, 1001.0, 1002.0, 1003.0],
                   "power": [500.0] * 4, "temp": [60.0] * 4, "clock": [1755.0, 1740.0, None, 1755.0],
@@ -52,7 +52,7 @@ def test_v2_round_trip_keeps_every_value_and_none_as_nan():
     assert blob[:4] == b"PK\x03\x04"
     p = part.decode_part(blob)
     assert (p["format"], p["v"], p["job_id"], p["node"], p["window_s"], p["summary"]) == (
-        "gpuguard-part", 2, "5", "n1", 60.0, {"node": "n1"})
+        "gpuguard-part", 2, "5", "n1", 60.0, {"job_id": "5", "node": "n1"})
     g = p["gpus"][0]
     assert (g["index"], g["uuid"], g["name"]) == (0, "GPU-a", "NVIDIA H100 80GB HBM3")
     assert np.array_equal(g["util"], [97.5, np.nan, 98.0, 96.0], equal_nan=True)

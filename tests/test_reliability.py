@@ -170,8 +170,7 @@ def test_reboot_after_the_evidence_drops_a_reset_or_reboot_drain(cfg, monkeypatc
     slurm.reasons["n1"] = "memory test by alice"
     PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: xid.48 x", "reset")
     slurm.reasons.clear()
-    seen = PendingDrains(cfg, None).entries()["n1"]["seen"]
-    monkeypatch.setattr(drainq, "boot_time", lambda: seen + 1.0)  # the admin rebooted it after the XID
+    monkeypatch.setattr(drainq, "boot_id", lambda: "another-boot")  # the admin rebooted it after the XID
     [out] = PendingDrains(cfg, Actuator(slurm)).retry()
     assert (out.status, out.why) == (
         "dropped", "the node has booted since its evidence was seen (recovery kind reset: a reboot resets the GPUs)")
@@ -186,8 +185,7 @@ def test_rma_drain_survives_a_reboot_and_fires_after_the_resume(cfg, monkeypatch
     slurm.reasons["n1"] = "memory test by alice"
     PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: ecc.row_remap_failure x", "rma")
     slurm.reasons.clear()
-    seen = PendingDrains(cfg, None).entries()["n1"]["seen"]
-    monkeypatch.setattr(drainq, "boot_time", lambda: seen + 1.0)
+    monkeypatch.setattr(drainq, "boot_id", lambda: "another-boot")
     [out] = PendingDrains(cfg, Actuator(slurm)).retry()
     assert out.status == "confirmed" and slurm.reasons["n1"].startswith("gpuguard: ecc.row_remap_failure")
 
@@ -197,8 +195,8 @@ def test_auto_drain_not_seen_again_within_the_stale_limit_is_dropped(cfg, monkey
 
     slurm = FakeSlurm(fail_drains=1)  # slurmctld down: the drain stays pending
     assert PendingDrains(cfg, Actuator(slurm)).drain("n1", "gpuguard: ib.port_down mlx5_0/1", "auto").status == "pending"
-    real, before = time.time, len(slurm.calls)
-    monkeypatch.setattr(drainq.time, "time", lambda: real() + drainq.AUTO_STALE_S + 60)
+    real, before = drainq.boot_clock, len(slurm.calls)
+    monkeypatch.setattr(drainq, "boot_clock", lambda: real() + drainq.AUTO_STALE_S + 60)
     [out] = PendingDrains(cfg, Actuator(slurm)).retry()
     assert out.status == "dropped" and out.why.startswith("its evidence (recovery kind auto) was last seen 66")
     assert len(slurm.calls) == before  # no Slurm call at all for a stale entry

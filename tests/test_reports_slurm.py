@@ -39,6 +39,12 @@ What Slurm 22.05 does (measured here):
   (``jobs=34,35`` counts only 34; ``jobs=34`` counts every job), so the last id is repeated.
 * sreport counts every *attempt* of a requeued job (sacct ``-D``), sacct ``-X`` and hence
   the sacct cache only the last one; no job here is requeued, so they agree exactly.
+* slurmctld sends job records to slurmdbd asynchronously, and a rollup counts a job the
+  database still shows running up to the rollup's time: the before-usage is read only once
+  slurmdbd shows no job of the window active (a job an earlier test left, cancelled by the
+  fixture, would otherwise count up to "now" before and up to its real end after), and
+  every sreport figure is read again, within :data:`DBD_WAIT_S`, until it is the one
+  expected (a rollup meeting slurmdbd's own hourly one, or a record still in flight).
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ GG = REPO / ".venv" / "bin" / "gpuguard"
 GPU_RATE = 2.0
 CPU_RATE = 0.5
 HOLD_S = 3.0
+#: Longest wait for slurmdbd to show what slurmctld sent it, or a rollup to settle (s;
+#: our choice: the agent queue drains in well under a second on an idle testbed).
+DBD_WAIT_S = 60.0
 PIPE_COMMENT = "gpuguard:template=bert|lr=3e-4 a|b"
 FIELDS = ("JobIDRaw", "Account", "User", "State", "ExitCode", "Submit", "Eligible", "Start", "End", "ElapsedRaw",
           "AllocTRES", "AllocCPUS", "Comment")
@@ -180,6 +189,25 @@ def sreport_job_sizes(tb, start: float, end: float, ids: list[int], *, repeat_la
     return out
 
 
+def poll(read, ok, timeout_s: float = DBD_WAIT_S):
+    """``read()`` again until ``ok(value)`` or ``timeout_s`` has passed; the last value
+    (the caller asserts on it, so a figure that never settles still fails, exactly)."""
+    deadline = time.monotonic() + timeout_s
+    while not ok(value := read()) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return value
+
+
+def active_in_dbd(tb, start: float) -> list[str]:
+    """Jobs slurmdbd still shows active (running, pending...) since ``start``: their end
+    has not reached the database yet."""
+    from testbed.slurmtb import ACTIVE_STATES
+
+    s = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    out = tb.run(["sacct", "-a", "-X", "-n", "-P", "-D", "-S", s, "-o", "JobIDRaw,State"], timeout=30).stdout
+    return [ln for ln in out.splitlines() if ln.strip() and ln.split("|")[-1].split()[0] in ACTIVE_STATES]
+
+
 def wait_running(tb, jid: int, timeout: float = 30) -> None:
     tb.wait_state(jid, "RUNNING", timeout=timeout)
 
@@ -189,8 +217,12 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
     t = time.time()
     since = math.floor(t) + 1
     time.sleep(since - t)  # every job of the window is submitted at or after `since`
-    # the usage of the two hours around the test, before it (rolled up on demand)
+    # the usage of the two hours around the test, before it (rolled up on demand), once
+    # slurmdbd has every earlier job's end (the fixture cancelled what was left running)
     util_w = (hour_floor(since), hour_floor(since) + 7200)
+    assert tb.run(["squeue", "-h"]).stdout.strip() == ""
+    left = poll(lambda: active_in_dbd(tb, util_w[0]), lambda v: v == [])
+    assert left == [], f"slurmdbd still shows these jobs active after {DBD_WAIT_S:.0f} s: {left}"
     util_before = sreport_util(tb, *util_w)
     util_before_users = sreport_util(tb, *util_w, users=True)
 
@@ -361,22 +393,29 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
     # --- cross-check with sreport -------------------------------------------------------------
     # whole hours, as sreport widens the period anyway (a window ending a second after the
     # last job once gave no rows at all); the jobs= filter keeps it to these jobs
-    deadline = time.monotonic() + 10
-    while (sizes := sreport_job_sizes(tb, *util_w, ids)) != gpu_s and time.monotonic() < deadline:
-        time.sleep(1)
+    sizes = poll(lambda: sreport_job_sizes(tb, *util_w, ids), lambda v: v == gpu_s)
     assert sizes == gpu_s, (sizes, gpu_s)
     # the 22.05 quirk the helper works around: without the repeat, C1 (last) is left out
     assert sreport_job_sizes(tb, *util_w, ids, repeat_last=False) == dict(
         gpu_s, acct_c=rec[c2]["elapsed"] * rec[c2]["gpus"])
-    util_after = sreport_util(tb, *util_w)
-    delta = {a: util_after.get(a, 0) - util_before.get(a, 0) for a in accts}
+    def util_delta() -> tuple[dict, dict]:
+        after = sreport_util(tb, *util_w)
+        return after, {a: after.get(a, 0) - util_before.get(a, 0) for a in accts}
+
+    util_after, delta = poll(util_delta, lambda v: v[1] == gpu_s)
     assert delta == gpu_s, (util_before, util_after, gpu_s)
     assert {a: round(rows[a]["gpu_hours"] * 3600) for a in accts} == delta
 
     # --- grouped by account and user per month: equal to sreport's user rows ------------------
-    users_after = sreport_util(tb, *util_w, users=True)
     pairs = {(rec[j]["Account"], rec[j]["User"]) for j in ids}
-    udelta = {k: users_after.get(k, 0) - util_before_users.get(k, 0) for k in pairs}
+    want_users = {("acct_a", "gg_alice"): gpu_s["acct_a"], ("acct_b", "gg_alice"): rec[b1]["elapsed"] * 3,
+                  ("acct_b", "gg_bob"): rec[h]["elapsed"] * 2, ("acct_c", "gg_carol"): gpu_s["acct_c"]}
+
+    def user_delta() -> tuple[dict, dict]:
+        after = sreport_util(tb, *util_w, users=True)
+        return after, {k: after.get(k, 0) - util_before_users.get(k, 0) for k in pairs}
+
+    users_after, udelta = poll(user_delta, lambda v: v[1] == want_users)
     cp = gg_cli(tb, "report", "cost", "--since", iso(since), "--until", iso(until), "--by", "account,user",
                 "--per", "month", "--format", "json", "--timezone", "UTC")
     assert cp.returncode == 0, cp.stderr
@@ -388,9 +427,7 @@ def test_reports_match_sacct_and_sreport_on_the_live_cluster(rgg):
         assert r["period"] in months
         ours[(r["group"], r["group2"])] = ours.get((r["group"], r["group2"]), 0) + r["gpu_hours"] * 3600
     assert {k: round(v) for k, v in ours.items()} == udelta, (ours, udelta, util_before_users, users_after)
-    assert udelta == {("acct_a", "gg_alice"): gpu_s["acct_a"],
-                      ("acct_b", "gg_alice"): rec[b1]["elapsed"] * 3, ("acct_b", "gg_bob"): rec[h]["elapsed"] * 2,
-                      ("acct_c", "gg_carol"): gpu_s["acct_c"]}
+    assert udelta == want_users
     for j in ids:
         r = rec[j]
         print(f"job {j} {r['Account']} {r['User']} {r['State']} exit {r['ExitCode']} gpus {r['gpus']} cpus {r['cpus']} "

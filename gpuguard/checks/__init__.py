@@ -131,6 +131,18 @@ def run_checks(ctx: CheckContext, disabled: list[str] | None = None) -> tuple[li
     return findings, errors
 
 
+def looks_idle(g: Any, idle_util_pct: float) -> bool:
+    """Whether GPU ``g`` may be judged as idle: utilisation below ``idle_util_pct``, or
+    unknown (a failed read: the idle checks then still look). Not on a GPU in MIG mode
+    with unknown utilisation: NVML reports no utilisation for a MIG-enabled GPU (nvidia-smi
+    prints ``N/A``), and its other instances may be busy with other jobs, whose clock
+    events, temperature and power are no idle readings (a loaded GPU's HW slowdown read as
+    "at idle" drained the node of every tenant)."""
+    if g.gpu_util_pct is None:
+        return not g.mig_mode
+    return g.gpu_util_pct < idle_util_pct
+
+
 def gpu_label(g: Any) -> str:
     """``gpu3 (0000:91:00.0)``-style label for messages and drain reasons."""
     return f"gpu{g.index}" + (f" ({g.pci_bus_id})" if g.pci_bus_id else "")

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from gpuguard import robust
-from gpuguard.checks import CheckContext, check
+from gpuguard.checks import CheckContext, check, looks_idle
 from gpuguard.config import from_dict
 from gpuguard.model import Finding, NodeSnapshot, declare_codes
 
@@ -50,7 +50,7 @@ def idle_findings(store: Any, node: str, snapshot: NodeSnapshot, values: dict[st
     (``Config.values``).
 
     A GPU counts as idle when its utilisation is below ``[checks] idle_util_pct`` (or
-    unknown). Findings (code, when):
+    unknown, except in MIG mode: :func:`gpuguard.checks.looks_idle`). Findings (code, when):
 
     * ``baseline.idle_temp_up`` (warning): temperature at least ``[baseline]
       idle_temp_rise_c`` above the median of the GPU's last ``idle_readings`` unflagged
@@ -66,7 +66,7 @@ def idle_findings(store: Any, node: str, snapshot: NodeSnapshot, values: dict[st
     findings: list[Finding] = []
     rows = []
     for g in snapshot.gpus:
-        if not g.uuid or (g.gpu_util_pct is not None and g.gpu_util_pct >= s["idle_pct"]):
+        if not g.uuid or not looks_idle(g, s["idle_pct"]):
             continue
         hist = store.query(
             "select temp_c, power_w, sm_clock_mhz from node_idle where node = ? and uuid = ? and flagged = 0 "

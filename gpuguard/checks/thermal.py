@@ -1,15 +1,15 @@
 """Temperature and clock-event (throttle) reasons on an idle GPU, persistence mode.
 
-At idle (utilisation below ``[checks] idle_util_pct``) no slowdown should be active: HW
-slowdown, HW power brake and HW thermal slowdown at idle point at the board, its cooling
-or the node's power delivery (GPUd flags HW slowdown the same way; NVML
+At idle (utilisation below ``[checks] idle_util_pct``; :func:`gpuguard.checks.looks_idle`)
+no slowdown should be active: HW slowdown, HW power brake and HW thermal slowdown at idle
+point at the board, its cooling or the node's power delivery (GPUd flags HW slowdown the same way; NVML
 ``nvmlClocksEventReasonHwPowerBrakeSlowdown`` is asserted by an external power-brake
 signal). SW power cap at idle is normal and ignored.
 """
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, check, gpu_label
+from gpuguard.checks import CheckContext, check, gpu_label, looks_idle
 from gpuguard.model import HW_SLOWDOWN_REASONS, Finding, declare_codes
 
 
@@ -29,7 +29,7 @@ _HW_REASONS = HW_SLOWDOWN_REASONS
 
 
 def _idle(ctx: CheckContext, g) -> bool:
-    return g.gpu_util_pct is None or g.gpu_util_pct < ctx.setting("idle_util_pct")
+    return looks_idle(g, ctx.setting("idle_util_pct"))
 
 
 @check("temperature")

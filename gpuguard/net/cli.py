@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from gpuguard.clitypes import POSITIVE_SECONDS
 from gpuguard.output import display_tz, emit, iso_time, isoify, output_options
 
 
@@ -32,7 +33,7 @@ def nccl() -> None:
 @nccl.command("probe")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="store the reading (part of the baseline when healthy) like gpuguard health does")
-@click.option("--timeout", "timeout_s", type=float, help="seconds (default: [nccl] timeout_s)")
+@click.option("--timeout", "timeout_s", type=POSITIVE_SECONDS, help="seconds (default: [nccl] timeout_s)")
 @output_options()
 @click.pass_obj
 def probe(obj: Any, record: bool, timeout_s: float | None, fmt: str) -> None:

@@ -77,8 +77,10 @@ _SAFE = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}$")
 def _probe_dir(spool: str) -> str:
     """``{spool}/nccl``, made mode 0755 and, when we are root, owned like the spool
     (SlurmUser must be able to remove what it carried)."""
+    from gpuguard.epilog.spool import SpoolError, check_job_dir
+
     d = os.path.join(spool, SUBDIR)
-    if not os.path.isdir(d):
+    if not os.path.lexists(d):
         os.makedirs(d, mode=0o755, exist_ok=True)
         st = os.stat(spool)
         if os.geteuid() == 0 and st.st_uid != 0:
@@ -86,6 +88,10 @@ def _probe_dir(spool: str) -> str:
                 os.chown(d, st.st_uid, st.st_gid, follow_symlinks=False)
             except OSError:
                 pass  # the ingest then cannot remove files; it still never inserts one twice
+    try:
+        check_job_dir(spool, d)  # never a symlink planted in the spool: root writes here
+    except SpoolError as e:
+        raise OSError(str(e)) from None
     return d
 
 

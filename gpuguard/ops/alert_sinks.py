@@ -133,7 +133,8 @@ def _mail(cfg: Any, payload: dict[str, Any], timeout_s: float) -> None:
     if sendmail:
         body = f"To: {', '.join(argv[3:])}\nSubject: {subject}\n\n{body}"
     try:
-        p = subprocess.run(argv, input=body, text=True, capture_output=True, timeout=timeout_s)
+        p = subprocess.run(argv, input=body, text=True, encoding="utf-8", errors="replace", capture_output=True,
+                           timeout=timeout_s)
     except FileNotFoundError:
         raise SinkError(f"mail: {argv[0]} not found", permanent=True) from None
     except (OSError, subprocess.TimeoutExpired) as e:

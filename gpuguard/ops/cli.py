@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from gpuguard.clitypes import DAYS, POSITIVE_SECONDS
 from gpuguard.output import emit, output_options
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
@@ -145,7 +146,7 @@ def node_list(ctx: click.Context, show_all: bool, fmt: str) -> None:
 
 @node.command("show")
 @click.argument("name")
-@click.option("--since", metavar="DAYS", type=float, default=30.0, show_default=True, help="history window in days")
+@click.option("--since", metavar="DAYS", type=DAYS, default=30.0, show_default=True, help="history window in days")
 @output_options()
 @click.pass_context
 def node_show(ctx: click.Context, name: str, since: float, fmt: str) -> None:
@@ -274,7 +275,7 @@ def alert() -> None:
 
 
 @alert.command("send")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=POSITIVE_SECONDS, default=60.0, show_default=True,
               help="stop sending after this many seconds (the rest waits for the next run)")
 @output_options()
 @click.pass_context

@@ -10,7 +10,9 @@ the node, with ``SLURMD_NODENAME`` as its whole environment (no ``PATH``, no
 3. runs the node checks (:func:`gpuguard.health.run_health`, the same GPU checks as the
    Prolog, without the per-job ones) plus the registered steps (:mod:`gpuguard.ops.steps`).
    On a node with jobs the kernel log is left to the job's Epilog, which ties the XIDs to
-   the job; the GPU state checks still run;
+   the job; the GPU state checks still run. The kernel-log cursor lock
+   (:mod:`gpuguard.cursorlock`) is held only from the read to the cursor's move, as in
+   the hooks (:mod:`gpuguard.nodecheck`): the slow steps run after it is released;
 4. acts (:func:`act_on`): drains on a hardware fault with a ``gpuguard:`` reason; resumes
    a node *gpuguard* drained once its fault has cleared for ``[health]
    resume_after_clean_runs`` consecutive runs — only when the fault's recovery kind is
@@ -68,15 +70,20 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     :class:`gpuguard.slurm.SlurmCli` (built from the config when None); ``store``: an
     open store or None (then nothing is recorded and nothing resumed).
 
-    Drains go through the hooks' pending-drain list (:mod:`gpuguard.drainq`): the
-    decision is kept before the kernel-log cursor moves past its events, and a drain that
-    could not be confirmed is retried by every later run and hook."""
+    The order is the hooks' (:mod:`gpuguard.nodecheck`): the kernel log is read under
+    the cursor lock and judged on the live state alone; a drain is written to the
+    pending-drain list (:mod:`gpuguard.drainq`), the cursor moves and the lock is
+    released; only then are the drain tried, the store read and written and the slow
+    registered steps (the NCCL probe: tens of seconds) run, so a Prolog or Epilog that
+    starts meanwhile reads its kernel log instead of skipping it. The run and its kernel-log
+    events are recorded before the steps start, so a step that crashes, hangs or is
+    killed with the run loses nothing the kernel log showed. A drain that only the
+    history or the steps show goes through the same pending list, without the cursor."""
     from gpuguard import health as health_mod
-    from gpuguard import policy as policy_mod
+    from gpuguard.drainq import decision_recovery
     from gpuguard.nodecheck import commit_cursor, drain_then_commit, pending_drains
     from gpuguard.ops import maintenance as maint_mod
     from gpuguard.ops.nodes import read_node
-    from gpuguard.ops.steps import StepContext, run_steps
     from gpuguard.slurm import SlurmCli, SlurmError
 
     now = time.time() if now is None else now
@@ -100,24 +107,26 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     busy = bool(info and info.flags & BUSY_FLAGS)
     col = health_mod.collect(cfg, budget_s=max(1.0, (deadline - time.monotonic()) * 0.5), kernel_log=kernel_log,
                              scan_xid=not busy, store=store, lock_cursor=True)
+    drained = None
     try:
-        res = health_mod.judge(cfg, col, hook="health", store=store)
-        more, errs = run_steps(StepContext(cfg, store, node, col.snapshot, deadline, log),
-                               cfg.get("health", "disabled_steps"), now=now)
-        if more or errs:
-            res.findings += more
-            res.tool_errors += errs
-            res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
-        drained = None
-        if res.decision.outcome == "drain" and not maint.active:
-            drained = drain_then_commit(cfg, pend, col, res)
+        live = health_mod.judge(cfg, col, hook="health", store=None)
+        if live.decision.outcome == "drain" and not maint.active and not pend.dry_run:
+            drained = drain_then_commit(cfg, pend, col, live)  # releases the lock before scontrol
         else:
-            commit_cursor(cfg, col.new_cursor, res.tool_errors)
+            commit_cursor(cfg, col.new_cursor, live.tool_errors)
     finally:
-        col.release_cursor()  # the cursor lock (gpuguard.cursorlock) once the cursor moved
-    if store is not None:
+        col.release_cursor()
+    res = live if store is None else _judge_and_record(cfg, store, col, live)
+    added = _run_steps(cfg, store, node, col, res, deadline, log, now=now)
+    if res.decision.outcome == "drain" and drained is None and not maint.active:
+        # the history or a step: through the pending list, no cursor; a dry run keeps
+        # nothing pending (it would fire once [slurm] drain is switched on)
+        drained = pend.drain(node, res.decision.reason, decision_recovery(res.decision))
+    elif drained is not None:
+        res.decision.reason = drained.reason  # what is on the node, how act_on and drain_run trace it
+    if added and store is not None and res.run_id is not None:
         try:
-            res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
+            _record_steps(store, cfg, res, added)
         except Exception as e:
             res.tool_errors.append(f"store: {e}")
     out = HealthOutcome(res, maint, tool_errors=errors + res.tool_errors)
@@ -129,6 +138,61 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
             out.tool_errors.append(f"acting: {type(e).__name__}: {e}")
     _alerts_and_metrics(cfg, store, node, res, maint, out, deadline, log)
     return out
+
+
+def _judge_and_record(cfg: Any, store: Any, col: Any, live: Any) -> Any:
+    """Judge ``col`` again with the store's history and record the run with its kernel-log
+    events (before the slow steps: a run killed in them keeps what the log showed).
+    Returns the result (with ``live``'s tool errors: the cursor's, the pending list's)."""
+    from gpuguard import health as health_mod
+
+    res = health_mod.judge(cfg, col, hook="health", store=store)
+    res.tool_errors += [e for e in live.tool_errors if e not in res.tool_errors]
+    try:
+        res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
+    except Exception as e:
+        res.tool_errors.append(f"store: {e}")
+    return res
+
+
+def _run_steps(cfg: Any, store: Any, node: str, col: Any, res: Any, deadline: float, log: Any, *,
+               now: float) -> list[Any]:
+    """Run the registered steps (:mod:`gpuguard.ops.steps`) after the cursor moved; add
+    their findings and tool errors to ``res`` and decide again. Returns the findings
+    added. A bug in the step runner itself is a tool error, like a step's own crash."""
+    from gpuguard import policy as policy_mod
+    from gpuguard.ops.steps import StepContext, run_steps
+
+    try:
+        more, errs = run_steps(StepContext(cfg, store, node, col.snapshot, deadline, log),
+                               cfg.get("health", "disabled_steps"), now=now)
+    except Exception as e:
+        more, errs = [], [f"health steps: {type(e).__name__}: {e}"]
+    res.tool_errors += errs
+    if more:
+        res.findings += more
+        res.decision = policy_mod.decide(res.findings, cfg.policy, cfg.xid_policy)
+    return more
+
+
+def _record_steps(store: Any, cfg: Any, res: Any, added: list[Any]) -> None:
+    """Add the steps' findings to the run recorded before they ran, with the decision
+    taken on all findings (the run's row is what clean-run counts and drain tracing read)."""
+    import json
+
+    from gpuguard.rows import finding_row
+
+    at = time.time()
+    ids = {id(f) for f in added}
+    rows = [finding_row(f, a, node=cfg.node_name, at=at, job_id=None, run_id=res.run_id)
+            for f, a in res.decision.actions if id(f) in ids]
+
+    def go() -> None:
+        with store.tx():
+            store.conn.execute("update health_runs set decision = ?, reason = ?, tool_errors = ? where id = ?",
+                               [res.decision.outcome, res.decision.reason, json.dumps(res.tool_errors), res.run_id])
+            store.insert_many("findings", rows)
+    store._guard("health run update", go)
 
 
 def _clean(res: Any) -> bool:

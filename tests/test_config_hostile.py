@@ -1,0 +1,87 @@
+"""Hostile or broken configs: a ``[policy]`` key that names no finding code gpuguard raises,
+numbers outside their meaning, cross-key rules only the Epilog reads. A ``[policy]``
+typo would otherwise leave the shipped action in force without a word (a degraded node
+kept in service, or a drain the operator meant to switch off still made)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from gpuguard.config import ConfigError, from_dict
+
+
+def load_text(text: str, path: str):
+    return from_dict(tomllib.loads(text), path)
+
+
+@pytest.mark.parametrize(("key", "msg"), [
+    ('"pcie.width_degrade"', "c.toml: policy.pcie.width_degrade: unknown finding code; known in pcie: "
+                             "pcie.gen_degraded, pcie.replay_growth, pcie.width_degraded"),
+    ('"nonexistent.code"', "c.toml: policy.nonexistent.code: unknown finding code; families: baseline, config, dcgm, "
+                           "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
+    ('"xid.79x"', "c.toml: policy.xid.79x: unknown finding code; families: baseline, config, dcgm, "
+                  "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
+])
+def test_unknown_policy_code_is_one_line_config_error(key, msg):
+    with pytest.raises(ConfigError) as e:
+        load_text(f'[policy]\n{key} = "drain"\n', "c.toml")
+    assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("code", ["pcie.width_degraded", "xid.79", "sxid.20034", "verdict.straggler_node",
+                                  "nccl.warn", "gpu.recovery_action.gpu_reset", "config.persistence_off"])
+def test_every_code_gpuguard_raises_may_be_overridden(code):
+    cfg = load_text(f'[policy]\n"{code}" = "record"\n', "c.toml")
+    assert cfg.policy == {code: "record"}
+
+
+@pytest.mark.parametrize(("text", "msg"), [
+    ("[checks]\nidle_util_pct = 150", "c.toml: checks.idle_util_pct is a percentage: 0 to 100, got 150.0"),
+    ("[job_page]\nidle_gpu_pct = 101", "c.toml: job_page.idle_gpu_pct is a percentage: 0 to 100, got 101.0"),
+    ("[verdict]\nthrottle_active_share = 0", "c.toml: verdict.throttle_active_share is a share: above 0, at most 1, "
+                                             "got 0.0"),
+    ("[collector]\ninterval_s = 0", "c.toml: collector.interval_s must be > 0"),
+    ("[verdict]\nshort_window_s = 0", "c.toml: verdict.short_window_s must be > 0"),
+    ("[health]\ntime_budget_s = 0", "c.toml: health.time_budget_s must be > 0"),
+    ("[gpu]\ncall_timeout_s = 0", "c.toml: gpu.call_timeout_s must be > 0"),
+])
+def test_numbers_outside_their_meaning_are_config_errors(text, msg):
+    """A percentage over 100 made every loaded GPU 'idle' for the throttle checks; a zero
+    share made every job gpu-throttling; a zero interval spun the collector on every node."""
+    with pytest.raises(ConfigError) as e:
+        load_text(text + "\n", "c.toml")
+    assert str(e.value) == msg
+
+
+def test_config_show_names_what_only_the_epilog_would_refuse(tmp_path):
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+
+    p = tmp_path / "c.toml"
+    p.write_text("[baseline]\nmin_runs = 0\n")
+    r = CliRunner().invoke(main, ["--config", str(p), "config", "show"])
+    assert r.exit_code == 2
+    assert r.output == f"Error: {p}: baseline.runs must be >= baseline.min_runs >= 1\n"
+
+
+def test_every_module_declaring_finding_codes_is_known_to_the_policy_check():
+    import pathlib
+    import re
+
+    from gpuguard.policy import CODE_MODULES
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pkg = {"gpuguard": "gpuguard", "epilog": "gpuguard.epilog", "prolog": "gpuguard.prolog",
+           "collector": "gpuguard.collector", "reports": "gpuguard.reports"}
+    declaring = set()
+    for top, name in pkg.items():
+        for f in (root / top).rglob("*.py"):
+            if re.search(r"^CODES = declare_codes\(", f.read_text(), re.M):
+                declaring.add(".".join([name, *f.relative_to(root / top).with_suffix("").parts]))
+    checks = {m for m in declaring if m.startswith("gpuguard.checks.")}
+    assert declaring - checks == set(CODE_MODULES)
+    assert load_text('[policy]\n"dcgm.diag_unreadable" = "record"\n', "c.toml").policy == {
+        "dcgm.diag_unreadable": "record"}
