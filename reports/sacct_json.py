@@ -175,6 +175,13 @@ def iter_json(doc: dict, *, cluster: str = "", source: str = "<input>") -> Itera
     :class:`SacctParseError` when ``jobs`` is missing."""
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SacctParseError(f"{source}: JSON without a \"jobs\" list: not sacct --json output")
+    errors = doc.get("errors")
+    if not doc["jobs"] and isinstance(errors, list) and errors:
+        # sacct failed (slurmdbd unreachable...): its empty job list says nothing about jobs
+        e = errors[0]
+        text = (" ".join(str(e.get(k)) for k in ("error", "description") if e.get(k)) if isinstance(e, dict)
+                else str(e))
+        raise SacctParseError(f"{source}: sacct reported an error and no jobs: {_short(text, 160)}")
     meta = doc.get("meta") or {}
     # 22.05 names its plugin in meta.plugin, 23.02 in meta.plugins.data_parser
     plugin = json.dumps([meta.get("plugin") or {}, meta.get("plugins") or {}])

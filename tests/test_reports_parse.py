@@ -520,3 +520,14 @@ def test_header_less_output_is_named_as_such(first):
         list(iter_pipe(io.StringIO(first + "\n"), conv=UTC, source="f.txt"))
     with pytest.raises(SacctParseError, match="header has no JobID or JobIDRaw field"):
         list(iter_pipe(io.StringIO("User|Account\nalice|a\n"), conv=UTC, source="f.txt"))
+
+
+def test_json_with_errors_and_no_jobs_is_refused():
+    # data_parser OPENAPI_ERROR objects: error, description, error_number, source
+    doc = {"jobs": [], "errors": [{"description": "Unable to query accounting", "error_number": 7000,
+                                   "error": "Unable to contact slurm controller (connect failure)",
+                                   "source": "slurmdb_jobs_get"}], "warnings": []}
+    with pytest.raises(SacctParseError, match=r"^j\.json: sacct reported an error and no jobs: Unable to contact slurm "
+                                              r"controller \(connect failure\) Unable to query accounting$"):
+        list(iter_json(doc, source="j.json"))
+    assert list(iter_json({"jobs": [], "errors": []}, source="j.json")) == []
