@@ -370,3 +370,27 @@ def test_json_report_is_triaged_as_nccl_tests():
     assert detect(text) == "nccl-tests"
     res = triage([("r.json", text)], config_mod.from_dict({}))
     assert [(f.code, f.message) for f in res.findings] == [("nccl.errors", "r.json: #wrong 3; 3 out-of-bounds values")]
+
+
+def test_nccl_tests_1x_layout():
+    # nccl-tests 1.0.0 (src/common.cu, all_reduce.cu printf): "nThread" and the footer without
+    # '#', devices without Pid, columns bytes/N/op/res, time in ms
+    text = ("nThread 1 nGpus 2 minBytes 8 maxBytes 16 step: 2(factor) warmup iters: 5 iters: 20 validation: 1 \n"
+            "# Using devices\n"
+            "#   Rank  0 on       ncrh device  0 [0x05] GeForce RTX 2080 Ti\n"
+            "#   Rank  1 on       ncrh device  1 [0x06] GeForce RTX 2080 Ti\n\n"
+            "#                                                 out-of-place                    in-place\n"
+            "#      bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res\n"
+            "           8             2   float     sum    0.010   0.00   0.00    0e+00    0.009   0.00   0.00    0e+00\n"
+            "          16             4   float     sum    0.011   0.00   0.00    2e+00    0.009   0.00   0.00    0e+00\n"
+            " Out of bounds values : 1 FAILED\n Avg bus bandwidth    : 0.00123 \n\n")
+    log = parse(text)
+    assert log.readable and log.problems == []
+    (t,) = log.tables
+    assert (t.ngpus, t.min_bytes, t.max_bytes, t.out_of_bounds, t.avg_busbw_gbs) == (2, 8, 16, 1, 0.00123)
+    assert t.devices == [(0, "ncrh", 0, "0x05", "GeForce RTX 2080 Ti"), (1, "ncrh", 1, "0x06", "GeForce RTX 2080 Ti")]
+    a, b = t.rows
+    assert (a.size_b, a.count, a.dtype, a.redop, a.root, a.out_of_place.time_us, a.in_place.time_us) == (
+        8, 2, "float", "sum", None, 10.0, 9.0)
+    assert (b.out_of_place.max_error, b.out_of_place.wrong) == (2.0, None)
+    assert log.has_errors and log.out_of_bounds_total == 1

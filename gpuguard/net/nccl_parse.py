@@ -109,6 +109,8 @@ class NcclTable:
     out_of_bounds: int | None = None
     header_seen: bool = False
     columns: list[str] | None = None
+    #: microseconds per printed time unit: nccl-tests 1.x printed milliseconds
+    time_scale: float = 1.0
 
 
 @dataclass
@@ -160,13 +162,13 @@ _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\]\s*")
 #: on a line when the rank printed an empty line).
 _RANK_LABEL = re.compile(r"^\s*(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{1,5}:(?:\s+|$))")
 _ELISION = {"...", "[...]", "<snip>", "\u2026", "[snip]", "(...)"}
-_NTHREAD = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
+_NTHREAD = re.compile(r"^#?\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _COMMAND = re.compile(r"(?:^|/)(\w+_perf)(?:_mpi)?\b")
-_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+"
                      r"\[([^\]]*)\]\s*(.*?)\s*$")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)")
 _WARN = re.compile(r"NCCL WARN\s*(.*?)\s*$")
 _FAILURE = re.compile(r"(?:(\S+?):\s+)?Test ((?:NCCL|CUDA) failure\s+.*?)\s*$")
 #: NET/IB completion error, every layout NCCL has printed (``transport/net_ib``):
@@ -184,6 +186,9 @@ _LAST_ERROR = re.compile(r"^#\s*error:\s*(.*?)\s*$")
 _MPI_ABORT = re.compile(r"mpirun detected that one or more processes exited with non-zero status|"
                         r"MPI_ABORT was invoked|mpirun noticed that process .* exited on signal")
 _VERSION = re.compile(r"NCCL version (\S+)")
+#: nccl-tests 1.x column names (``bytes N type op ... time algbw busbw res``; its time is
+#: in ms and ``res`` is the largest deviation, the later ``error``).
+_V1_NAMES = {"bytes": "size", "N": "count", "op": "redop", "res": "error"}
 _TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
           "bfloat16", "f8e4m3", "f8e5m2", "char", "int", "fp8_e4m3", "fp8_e5m2"}
 
@@ -271,6 +276,9 @@ def _parse_row(toks: list[str], table: NcclTable, line_no: int) -> NcclRow:
         raise ValueError(f"{len(toks)} fields, the header has {len(prefix) + sum(blens)}")
     if not re.fullmatch(r"\d+", head.get("size", "")) or not re.fullmatch(r"\d+", head.get("count", "")):
         raise ValueError("size/count not integers")
+    for r in (oop, ip):
+        if r is not None and table.time_scale != 1.0:
+            r.time_us *= table.time_scale
     dtype = head.get("type", "")
     if dtype not in _TYPES and not re.fullmatch(r"[a-z][a-z0-9_]*", dtype):
         raise ValueError(f"unknown type {dtype!r}")
@@ -322,10 +330,11 @@ class _Reader:
                 self.log.problems.append((no, f"Avg bus bandwidth not a number: {m.group(1)!r}"))
         elif line.startswith("#"):
             words = line.lstrip("#").split()
-            if {"size", "busbw"} <= set(words):
+            if {"busbw"} <= set(words) and {"size", "bytes"} & set(words):
                 if cur.rows:  # a second table without its own nThread line
                     cur = self.new_table(None)
-                cur.header_seen, cur.columns = True, words
+                cur.header_seen, cur.columns = True, [_V1_NAMES.get(w, w) for w in words]
+                cur.time_scale = 1000.0 if "bytes" in words else 1.0
         else:
             return False
         return True
