@@ -98,3 +98,16 @@ def test_alias_names_print_as_canonical_header_576():
     text = "\nclocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W]\n2827 MHz, 14001 MHz, 46.83 W\n"
     [g] = parse_nvidia_smi(text).gpus
     assert (g.index, g.sm_clock_mhz, g.mem_clock_mhz, g.power_w) == (0, 2827.0, 14001.0, 46.83)
+
+
+def test_query_remapped_rows_after_a_reset():
+    # `nvidia-smi --query-remapped-rows=gpu_uuid,...` from a Korean blog post on a GPU reset
+    # (UUIDs cut by the author; the author's trailing '# ...' note on one row removed)
+    text = ("gpu_uuid, remapped_rows.correctable, remapped_rows.uncorrectable, remapped_rows.pending, "
+            "remapped_rows.failure\n"
+            "GPU-a895322e-..., 0, 0, No, No\nGPU-455e672a-..., 0, 1, No, No\n"
+            "GPU-d66f99e9-..., 0, 0, No, No\nGPU-cd616af2-..., 0, 0, No, No\n")
+    gpus = parse_nvidia_smi(text).gpus
+    assert [(g.index, g.uuid, g.remapped_rows_uncorrectable, g.remapped_rows_pending, g.remapped_rows_failure)
+            for g in gpus] == [(0, "GPU-a895322e-...", 0, False, False), (1, "GPU-455e672a-...", 1, False, False),
+                               (2, "GPU-d66f99e9-...", 0, False, False), (3, "GPU-cd616af2-...", 0, False, False)]

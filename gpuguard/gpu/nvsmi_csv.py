@@ -117,7 +117,7 @@ def looks_like_query_csv(text: str) -> bool:
 
 
 def _bool(rd: ValueReader, field: str, raw: str) -> bool | None:
-    # --query-remapped-rows prints pending/failure as 0/1
+    # nvidia-smi prints Yes/No (remapped_rows.pending), Enabled/Disabled...; 0/1 is read too
     v = clean_value(raw)
     if v in ("0", "1"):
         return v == "1"
