@@ -108,7 +108,8 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @main.command(cls=_CheckCommand)
 @output_options()
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE",
-              help="judge a saved `nvidia-smi -q` or `-q -x` dump instead of the live GPUs")
+              help="judge a saved `nvidia-smi -q` or `-q -x` dump, or `--query-gpu` CSV with its header, "
+                   "instead of the live GPUs")
 @click.option("--gpu-source", type=click.Choice(["nvml", "replay"]), help="override [gpu] source")
 @click.option("--replay", "replay_path", metavar="FILE", help="replay file (with --gpu-source replay)")
 @click.option("--kernel-log", metavar="SRC", help="kernel log to scan for XIDs: auto|kmsg|journalctl|dmesg|FILE|none "
@@ -117,7 +118,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--list", "list_checks", is_flag=True, help="list the checks and exit")
 @click.option("--from-file", "from_files", metavar="FILE", multiple=True,
               help="judge saved interconnect outputs instead of the live node (repeatable): nccl-tests logs, "
-                   "ibstat, ibv_devinfo -v, perfquery [-x], nvidia-smi nvlink -s / -e, nvidia-smi topo -m, "
+                   "ibstat, ibstatus, ibv_devinfo -v, perfquery [-x], nvidia-smi nvlink -s / -e, nvidia-smi topo -m, "
                    "dcgmi nvlink --link-status, dcgmi diag [-j], dcgmi dmon -e 230")
 @click.pass_obj
 def check(obj: _Obj, fmt: str, nvsmi: str | None, gpu_source: str | None, replay_path: str | None,

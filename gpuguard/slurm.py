@@ -61,6 +61,11 @@ class SlurmCli:
         cmd = [exe, *args]
         env = dict(os.environ)
         env.setdefault("PATH", f"{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
+        # Every time the parsers read is YYYY-MM-DDTHH:MM:SS; an operator's SLURM_TIME_FORMAT
+        # (``relative``: "Tomorr 12:00", or any strftime format) would turn them into text
+        # no parser can place in a year. "standard" is Slurm's default (src/common/parse_time.c,
+        # slurm_make_time_str: %FT%T).
+        env["SLURM_TIME_FORMAT"] = "standard"
         try:
             # job names, comments and paths in Slurm's output are the users' bytes: one that
             # is not UTF-8 (a Latin-1 terminal) must not fail the whole sacct/scontrol call

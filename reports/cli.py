@@ -77,7 +77,8 @@ def report() -> None:
 @click.option("--since", metavar="DATE", help=f"pull jobs eligible or running since DATE ({DATE_HELP}); "
               "default: the last sync minus [reports] sync_overlap_s, or [reports] first_sync_days back")
 @click.option("--from-file", "from_file", metavar="FILE", type=click.Path(dir_okay=False),
-              help="import saved `sacct -P`/`-p` output (with its header line) or `sacct --json` output instead")
+              help="import saved `sacct -P`/`-p` output (with its header line, or `-n` with the live "
+                   "sync's field list: see the README) or `sacct --json` output instead")
 @click.option("--timezone", "tz_name", metavar="ZONE", help="IANA zone the file's times were printed in "
               "(default: [reports] timezone, else $TZ, else the system zone)")
 @click.option("--cluster", metavar="NAME", help="cluster name for rows without a Cluster field "

@@ -81,6 +81,7 @@ from gpuguard.reports.sacct_fields import (
     _finish,
     _int_or_none,
     check_column,
+    check_header,
     derive_usage,
     _js1_gpus,
     check_int,
@@ -443,7 +444,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     """
     numbered = enumerate(lines, 1)
     if fields is None:
-        first = next(numbered, None)
+        first = next((x for x in numbered if x[1].strip()), None)  # a paste may start with blank lines
         if first is None:
             return
         header = split_record(first[1], delimiter)
@@ -463,8 +464,7 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     # Without a free-text column a row with one empty field too many can only be -p
     # (sacct -P output saved with -p rows, or -n -p): take it as before.
     lenient = not any(n in FREE_TEXT_FIELDS for n in names)
-    if "jobid" not in names and "jobidraw" not in names:
-        raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
+    check_header(names, fields is None, source)
     header_len = len(names)
     parse = PipeRowParser(names, conv, cluster)
     split = split_record

@@ -102,6 +102,36 @@ class ParsedRow:
 _SPLIT_MAX = csv.field_size_limit()
 
 
+#: A JobID/JobIDRaw value (``123``, ``123_4``, ``123+0``, ``123.batch``): never a field name.
+_JOB_ID_START = re.compile(r"^\d+(?:[_+.][\w\[\]%,-]*)?$", re.ASCII)
+
+
+def headerless_fields(first_line: str, delimiter: str = "|") -> list[str] | None:
+    """:data:`SACCT_FIELDS` when ``first_line`` is a job's row of ``sacct -P -n
+    --format=<SACCT_FIELDS>`` (the live sync's field list, the one the README gives for
+    saved files, saved without its header): a JobIDRaw (digits), then a JobID, and at
+    least that many fields (more when a JobName or Comment holds the delimiter). Else
+    None: the line is a header, or header-less output of another field list (refused by
+    :func:`iter_pipe` as having no header line)."""
+    row = split_record(first_line.rstrip("\r\n"), delimiter)
+    if not isinstance(row, list) or len(row) < len(SACCT_FIELDS) or (row[-1] == "" and len(row) == len(SACCT_FIELDS) + 1):
+        return None  # too short, or -p's trailing delimiter (not the -P list)
+    if not (row[0].isdigit() and row[0].isascii() and _JOB_ID_START.match(row[1].strip())):
+        return None
+    return list(SACCT_FIELDS)
+
+
+def check_header(names: list[str], from_text: bool, source: str) -> None:
+    """Raise :class:`SacctParseError` when the column ``names`` (lower-cased; read from the
+    input's first line when ``from_text``) have no JobID or JobIDRaw."""
+    if "jobid" in names or "jobidraw" in names:
+        return
+    if from_text and names and _JOB_ID_START.match(names[0]):  # sacct -n: the first line is a job's row
+        raise SacctParseError(f"{source}:1: no header line (saved with sacct -n?): save sacct -P output "
+                              "with its header line (-n works only with the field list the README gives)")
+    raise SacctParseError(f"{source}:1: header has no JobID or JobIDRaw field")
+
+
 def split_record(line: str, delimiter: str) -> list[str] | csv.Error:
     """The fields of one ``-P`` line (its line terminator dropped), as
     ``csv.reader([line], delimiter=delimiter, quoting=csv.QUOTE_NONE)`` reads it, or the

@@ -1,5 +1,5 @@
-"""``sacct --json`` documents (``openapi/dbv0.0.38`` of 22.05, ``data_parser/v0.0.41``
-of 24.11) -> cache rows; the shapes and rules are in the docstring of
+"""``sacct --json`` documents (``openapi/dbv0.0.38`` of 22.05, ``data_parser/v0.0.39``
+of 23.02, ``v0.0.40``-``v0.0.43`` of 23.11-25.05) -> cache rows; the shapes and rules are in the docstring of
 :mod:`gpuguard.reports.sacct`, which re-exports :func:`iter_json`.
 """
 
@@ -45,9 +45,15 @@ def _time(v) -> float | None:
 
 
 def _json_exit(ec, buggy: bool) -> tuple[int | None, int | None]:
+    """``exit_code`` -> ``(exit status, signal)``. ``status`` as one string is the dumper
+    of dbv0.0.37/38 (21.08, 22.05) and data_parser v0.0.39 (23.02): it prints
+    ``SUCCESS``/``return_code 0`` for every exit that was not a signal (``WIFEXITED``,
+    whatever the code; src/plugins/data_parser/v0.0.39/parsers.c ``JOB_EXIT_CODE``), so
+    the code is unknown. From v0.0.40 ``status`` is a list and ``return_code`` the code."""
     if not isinstance(ec, dict):
         return None, None
     status = ec.get("status")
+    buggy = buggy or isinstance(status, str)
     statuses = set(status if isinstance(status, list) else [status] if status else [])
     sig = ec.get("signal") or {}
     sig_id = _num(sig.get("id", sig.get("signal_id"))) if isinstance(sig, dict) else None
@@ -169,8 +175,17 @@ def iter_json(doc: dict, *, cluster: str = "", source: str = "<input>") -> Itera
     :class:`SacctParseError` when ``jobs`` is missing."""
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SacctParseError(f"{source}: JSON without a \"jobs\" list: not sacct --json output")
-    plugin = json.dumps((doc.get("meta") or {}).get("plugin") or {})
-    buggy = "0.0.38" in plugin or "0.0.37" in plugin
+    errors = doc.get("errors")
+    if not doc["jobs"] and isinstance(errors, list) and errors:
+        # sacct failed (slurmdbd unreachable...): its empty job list says nothing about jobs
+        e = errors[0]
+        text = (" ".join(str(e.get(k)) for k in ("error", "description") if e.get(k)) if isinstance(e, dict)
+                else str(e))
+        raise SacctParseError(f"{source}: sacct reported an error and no jobs: {_short(text, 160)}")
+    meta = doc.get("meta") or {}
+    # 22.05 names its plugin in meta.plugin, 23.02 in meta.plugins.data_parser
+    plugin = json.dumps([meta.get("plugin") or {}, meta.get("plugins") or {}])
+    buggy = any(v in plugin for v in ("0.0.37", "0.0.38", "0.0.39"))
     for i, j in enumerate(doc["jobs"], start=1):
         try:
             job, step = json_job_to_row(j, cluster, buggy)

@@ -22,6 +22,7 @@ import io
 import json
 import operator
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, tzinfo
@@ -38,6 +39,7 @@ from gpuguard.reports.sacct import (
     resolve_timezone,
     sniff_format,
 )
+from gpuguard.reports.sacct_fields import headerless_fields
 from gpuguard.reports.sync_result import SyncResult, Tally
 from gpuguard.store import Store, StoreError
 
@@ -269,8 +271,9 @@ class _CountingLines:
 
 def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: str = "",
                 on_progress: Callable[[int], None] | None = None, synced_at: float | None = None) -> SyncResult:
-    """Import saved ``sacct -P``/``-p`` output (header line required) or ``sacct --json``
-    output from ``path``. ``tz``: the zone the ``-P`` times were printed in (default: as
+    """Import saved ``sacct -P``/``-p`` output (with its header line, or ``-P -n`` output of
+    :data:`~gpuguard.reports.sacct.SACCT_FIELDS`: :func:`~gpuguard.reports.sacct_fields.headerless_fields`)
+    or ``sacct --json`` output from ``path``. ``tz``: the zone the ``-P`` times were printed in (default: as
     :func:`~gpuguard.reports.sacct.resolve_timezone`). ``cluster``: for ``-P`` input
     without a Cluster field. ``on_progress(n)``: characters read since the last call.
 
@@ -298,18 +301,55 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
             return result
         conv = TimeConverter(tz or resolve_timezone())
         lines = fh if on_progress is None else _CountingLines(fh, on_progress)
-        rows = iter_pipe(lines, conv=conv, cluster=cluster, source=path)
+        first = next((ln for ln in io.StringIO(head, newline="") if ln.strip()), "")
+        delimiter = sniff_delimiter(first)
+        if delimiter == ",":
+            raise SacctParseError(f"{path}:1: fields separated by ',' (sacct --delimiter=,): AllocTRES and "
+                                  "ReqTRES hold commas, so its rows cannot be split; save with sacct -P")
+        # saved with -n: read as the live sync's field list when its rows have that shape
+        fields = headerless_fields(first, delimiter)
+        rows = iter_pipe(lines, conv=conv, cluster=cluster, fields=fields, delimiter=delimiter, source=path)
         # the file's size over the head's line length: an estimate, enough to choose the load
         size = os.fstat(fh.fileno()).st_size
         expect = size * head.count("\n") // max(1, len(head.encode("utf-8", "replace")))
         from gpuguard.reports import sync_bulk
 
-        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path) and sync_bulk.import_parallel(
-                store, sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno()), now=now, result=result,
-                on_progress=on_progress):
-            return result
+        if _bulk(store, expect) and sync_bulk.worth_it(size) and os.path.isfile(path):
+            tasks = sync_bulk.file_tasks(path, size, conv.tz, cluster, fh.fileno())
+            for t in tasks:
+                t.delimiter = delimiter
+                if fields is not None:  # no header line to put in front of each chunk
+                    t.fields, t.header = fields, None
+            if sync_bulk.import_parallel(store, tasks, now=now, result=result, on_progress=on_progress):
+                return result
         _consume(store, rows, result, now, expect_rows=expect)
     return result
+
+
+#: Delimiters ``sacct --delimiter`` is commonly given besides ``|`` (TSV, the live sync's
+#: unit separator; ``,`` is recognised to be refused: AllocTRES holds commas), in the
+#: order tried.
+_DELIMITERS = ("|", "\t", ";", LIVE_DELIMITER, ",")
+
+
+def sniff_delimiter(first_line: str) -> str:
+    """The ``--delimiter`` a saved ``-P``/``-p`` file was written with: the first of
+    :data:`_DELIMITERS` that splits its header line into a JobID or JobIDRaw and only
+    field names, or that splits a header-less row of the live field list
+    (:func:`~gpuguard.reports.sacct_fields.headerless_fields`); ``|`` otherwise (the
+    parser then names what is wrong)."""
+    line = first_line.rstrip("\r\n")
+    for d in _DELIMITERS:
+        if d not in line:
+            continue
+        names = [n.strip().lower() for n in line.split(d)]
+        if names and names[-1] == "":
+            names = names[:-1]  # -p
+        if ("jobid" in names or "jobidraw" in names) and all(re.fullmatch(r"[a-z][a-z0-9]*", n) for n in names):
+            return d
+        if headerless_fields(line, d) is not None:
+            return d
+    return "|"
 
 
 def _json_jobs(doc) -> int | None:

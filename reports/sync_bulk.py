@@ -266,11 +266,15 @@ def _parse(task: ChunkTask) -> Chunk:
 
 
 def header_line(path: str) -> tuple[str, int]:
-    """The first line of ``path`` (as a text file read with ``newline=""``: its terminator
-    kept) and the byte offset of the line after it."""
+    """The first non-blank line of ``path`` (the header; as a text file read with
+    ``newline=""``: its terminator kept) and the byte offset of the line after it."""
+    at = 0
     with open(path, encoding="utf-8", errors="replace", newline="") as fh:
-        first = fh.readline()
-    return first, len(first.encode("utf-8", errors="replace"))
+        for first in fh:
+            at += len(first.encode("utf-8", errors="replace"))
+            if first.strip():
+                return first, at
+    return "", at
 
 
 def text_ranges(text: str, chunk_chars: int) -> list[tuple[int, int]]:

@@ -282,16 +282,15 @@ def test_default_table_is_refused_with_advice():
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["nvsmi-query-gpu-csv-p100-na.csv"],  # the recovery-action CSV is read: tests/test_nvsmi_lost.py
-)
-def test_csv_is_refused_with_advice(name):
-    with pytest.raises(
-        NvsmiParseError, match=r"comma-separated.*use nvidia-smi -q"
-    ) as e:
-        load_nvidia_smi(DATA / name)
-    assert name in str(e.value)
+def test_csv_without_header_is_refused_with_advice(tmp_path):
+    # --query-gpu CSV with its header is read (tests/test_nvsmi_csv.py); without it the
+    # columns have no names
+    rows = (DATA / "nvsmi-query-gpu-csv-p100-na.csv").read_text().splitlines()[1:]
+    p = tmp_path / "noheader.csv"
+    p.write_text("\n".join(rows) + "\n")
+    with pytest.raises(NvsmiParseError, match=r"comma-separated.*noheader.*use nvidia-smi -q") as e:
+        load_nvidia_smi(p)
+    assert "noheader.csv" in str(e.value)
 
 
 def test_nvlink_status_and_empty_and_missing_are_refused(tmp_path):
@@ -428,3 +427,42 @@ def test_a_dump_cut_short_is_marked_incomplete_and_check_cannot_pass_it(tmp_path
     r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(path)])
     assert r.exit_code == 3
     assert r.output.splitlines()[-1] == f"incomplete: {path}: the last line has no newline (the dump is cut short)"
+
+
+def test_v100_570_average_power_na_falls_back_to_instantaneous():
+    # R545+ on a GPU without averaged power (Volta): "Average Power Draw : N/A" first, the
+    # reading is "Instantaneous Power Draw"; 570 also adds GPU Reset Status "deprecated" lines
+    snap = load_nvidia_smi(DATA / "nvsmi-q-v100-570.124.06-avg-power-na.txt")
+    [g] = snap.gpus
+    assert (g.power_w, g.power_limit_w) == (24.07, 250.0)
+    assert (g.pci_bus_id, g.name, g.driver_version, g.recovery_action) == (
+        "0001:00:00.0", "Tesla V100-PCIE-16GB", "570.124.06", 0)
+    assert (g.ecc_volatile_uncorrected, g.retired_pages_dbe, g.retired_pages_pending, g.remapped_rows_pending) == (
+        0, 0, False, None)
+    assert (g.temp_c, g.temp_slowdown_c, g.temp_shutdown_c, g.clock_event_reasons) == (29.0, 87.0, 90.0, ["gpu_idle"])
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_replay_count) == (3, 3, 16, 0)
+    assert g.read_errors == {}
+
+
+def test_xml_average_power_na_falls_back_to_instantaneous():
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000001:00:00.0"><gpu_power_readings>'
+           '<average_power_draw>N/A</average_power_draw><instant_power_draw>24.07 W</instant_power_draw>'
+           '<current_power_limit>250.00 W</current_power_limit></gpu_power_readings></gpu></nvidia_smi_log>\n')
+    g = parse_nvidia_smi(xml).gpus[0]
+    assert (g.power_w, g.power_limit_w) == (24.07, 250.0)
+
+
+def test_xml_after_blank_lines_is_read():
+    # the head of Checkmk's nvidia_smi agent test (tests/unit-shell/agents/plugins/test_nvidia_smi.sh,
+    # 535.54.03, DTD v12), which echoes the dump after a newline as a pasted dump often starts
+    xml = ('\n\n<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n'
+           '<nvidia_smi_log>\n    <timestamp>Fri Aug  4 11:44:30 2023</timestamp>\n'
+           '    <driver_version>535.54.03</driver_version>\n    <cuda_version>12.2</cuda_version>\n'
+           '    <gpu id="00000000:01:00.0">\n        <product_name>NVIDIA A100-SXM4-80GB</product_name>\n'
+           '        <gpu_power_readings>\n            <power_state>P0</power_state>\n'
+           '            <power_draw>67.03 W</power_draw>\n            <current_power_limit>500.00 W</current_power_limit>\n'
+           '        </gpu_power_readings>\n    </gpu>\n</nvidia_smi_log>\n')
+    snap = parse_nvidia_smi(xml)
+    [g] = snap.gpus
+    assert (snap.driver_version, g.name, g.pci_bus_id, g.power_w, g.power_limit_w) == (
+        "535.54.03", "NVIDIA A100-SXM4-80GB", "0000:01:00.0", 67.03, 500.0)

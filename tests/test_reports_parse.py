@@ -318,7 +318,7 @@ def test_array_task_without_jobidraw_is_malformed():
 
 
 def test_no_header_is_refused():
-    with pytest.raises(SacctParseError, match=r"^f:1: header has no JobID or JobIDRaw field"):
+    with pytest.raises(SacctParseError, match=r"^f:1: no header line"):
         list(iter_pipe(io.StringIO("1|2|3\n"), conv=UTC, source="f"))
 
 
@@ -488,3 +488,46 @@ def test_a_line_csv_refuses_is_malformed_with_its_line_and_the_rest_is_read():
                   "universal-newline mode?"),
         (4, None, "field larger than field limit (131072)"),
         (5, 4, None)]
+
+
+def test_json_23_02_v0039_exit_codes_not_trusted():
+    # data_parser v0.0.39 (23.02) still prints SUCCESS/0 for every non-signal exit (its
+    # JOB_EXIT_CODE dumper tests WIFEXITED only); its meta names the plugin under "plugins"
+    rows = parse_file("sacct-json-23.02-v0.0.39-constructed.json")
+    assert [r.error for r in rows] == [None] * 4
+    jobs = jobs_of(rows)
+    assert (jobs[301]["state"], jobs[301]["exit_code"], jobs[301]["exit_signal"]) == ("FAILED", None, None)
+    assert (jobs[301]["gpus"], jobs[301]["time_limit_s"]) == (2, 3600)
+    assert (jobs[302]["job_id"], jobs[302]["array_task_id"], jobs[302]["exit_code"], jobs[302]["exit_signal"]) == (
+        "300_2", 2, 0, 9)
+    assert (jobs[303]["job_id"], jobs[303]["het_job_offset"], jobs[303]["exit_code"]) == ("303+0", 0, None)
+    assert (jobs[304]["state"], jobs[304]["exit_code"], jobs[304]["start_at"]) == ("PENDING", None, None)
+
+
+def test_json_string_status_success_is_unknown_whatever_the_meta():
+    # the string form of exit_code.status is the pre-v0.0.40 dumper: SUCCESS says "exited", not "0"
+    doc = json.loads((DATA / "sacct-json-23.02-v0.0.39-constructed.json").read_text())
+    doc["meta"] = {}
+    jobs = jobs_of(list(iter_json(doc)))
+    assert (jobs[301]["exit_code"], jobs[301]["exit_signal"]) == (None, None)
+    assert (jobs[302]["exit_code"], jobs[302]["exit_signal"]) == (0, 9)
+
+
+@pytest.mark.parametrize("first", ["4242|4242|gpu|train|alice", "123_4|123_4|x", "77+0|x|y"])
+def test_header_less_output_is_named_as_such(first):
+    # sacct -n (as in UCloud's `sacct --format="elapsed" -s cd -n -X -P -j ...`) prints rows only
+    with pytest.raises(SacctParseError, match=r"^f\.txt:1: no header line \(saved with sacct -n\?\)"):
+        list(iter_pipe(io.StringIO(first + "\n"), conv=UTC, source="f.txt"))
+    with pytest.raises(SacctParseError, match="header has no JobID or JobIDRaw field"):
+        list(iter_pipe(io.StringIO("User|Account\nalice|a\n"), conv=UTC, source="f.txt"))
+
+
+def test_json_with_errors_and_no_jobs_is_refused():
+    # data_parser OPENAPI_ERROR objects: error, description, error_number, source
+    doc = {"jobs": [], "errors": [{"description": "Unable to query accounting", "error_number": 7000,
+                                   "error": "Unable to contact slurm controller (connect failure)",
+                                   "source": "slurmdb_jobs_get"}], "warnings": []}
+    with pytest.raises(SacctParseError, match=r"^j\.json: sacct reported an error and no jobs: Unable to contact slurm "
+                                              r"controller \(connect failure\) Unable to query accounting$"):
+        list(iter_json(doc, source="j.json"))
+    assert list(iter_json({"jobs": [], "errors": []}, source="j.json")) == []

@@ -12,6 +12,7 @@ from reports_helpers import HANDMADE, cache_store
 
 import gpuguard.reports.sync as sync_mod
 import gpuguard.reports.sync_bulk as bulk_mod
+from gpuguard.reports.sacct import SacctParseError
 from gpuguard.reports.sync import import_file
 
 
@@ -228,3 +229,82 @@ def test_forked_workers_read_the_file_the_import_opened_even_if_its_path_is_repl
     assert (res.jobs, res.malformed) == (14, [])
     assert cstore.query("SELECT COUNT(*) AS n, MAX(job_id_raw) < 9000 AS theirs FROM sacct_jobs")[0] == {
         "n": 14, "theirs": 1}
+
+
+def _live_list_file(tmp_path, header: bool):
+    """The handmade jobs in the live sync's field list (SACCT_FIELDS), with or without its header."""
+    from gpuguard.reports.sacct import SACCT_FIELDS
+
+    lines = HANDMADE.read_text().splitlines()
+    body = [ln + "||60" for ln in lines[1:] if ln]  # + ReqTRES (empty), TimelimitRaw
+    f = tmp_path / ("h.txt" if header else "n.txt")
+    f.write_text("".join(x + "\n" for x in ([lines[0] + "|ReqTRES|TimelimitRaw"] if header else []) + body))
+    assert [*lines[0].split("|"), "ReqTRES", "TimelimitRaw"] == list(SACCT_FIELDS)
+    return f
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_header_less_file_of_the_live_field_list_is_read_like_its_header_version(tmp_path, monkeypatch, bulk):
+    # `sacct -a -X -D -P -n --format=<the README's list>`: rows only
+    if bulk:
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+    got = {}
+    for header in (True, False):
+        store = next(cache_store(tmp_path / str(header)))
+        res = import_file(store, str(_live_list_file(tmp_path, header)), tz=UTC, synced_at=1.0)
+        got[header] = (res.jobs, res.malformed, [tuple(r.values()) for r in store.query(
+            "SELECT job_id_raw, gpus, state, start_at, time_limit_s, comment FROM sacct_jobs ORDER BY job_id_raw")])
+    assert got[False] == got[True]
+    jobs, malformed, rows = got[False]
+    assert (jobs, malformed, rows[0]) == (14, [], (101, 4, "COMPLETED", 1740873600.0, 3600, "gpuguard:template=llm-70b run 3"))
+
+
+@pytest.mark.parametrize("delimiter", ["\t", ";"])
+@pytest.mark.parametrize("bulk", [False, True])
+def test_file_saved_with_another_delimiter_is_read_like_the_pipe_one(tmp_path, monkeypatch, delimiter, bulk):
+    # sacct -P --delimiter=';' or a tab: the same jobs as the | file
+    if bulk:
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+    text = HANDMADE.read_text()
+    assert delimiter not in text
+    got = []
+    for name, body in (("p.txt", text), ("d.txt", text.replace("|", delimiter))):
+        f = tmp_path / name
+        f.write_text(body)
+        store = next(cache_store(tmp_path / name.replace(".", "_")))
+        res = import_file(store, str(f), tz=UTC, synced_at=1.0)
+        got.append((res.jobs, res.malformed, [tuple(r.values()) for r in store.query(
+            "SELECT job_id_raw, gpus, gpu_type, state, start_at, comment FROM sacct_jobs ORDER BY job_id_raw")]))
+    assert got[1] == got[0] and got[0][0] == 14
+
+
+def test_header_less_tsv_of_the_live_field_list(tmp_path):
+    f = _live_list_file(tmp_path, header=False)
+    f.write_text(f.read_text().replace("|", "\t"))
+    store = next(cache_store(tmp_path / "s"))
+    res = import_file(store, str(f), tz=UTC, synced_at=1.0)
+    assert (res.jobs, res.malformed) == (14, [])
+
+
+def test_comma_delimited_file_is_refused_as_such(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text(HANDMADE.read_text().replace("|", ","))
+    store = next(cache_store(tmp_path / "s"))
+    with pytest.raises(SacctParseError, match=r"c\.csv:1: fields separated by ','.*AllocTRES and ReqTRES hold commas"):
+        import_file(store, str(f), tz=UTC, synced_at=1.0)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_paste_starting_with_blank_lines(tmp_path, monkeypatch, bulk):
+    if bulk:
+        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+    f = tmp_path / "p.txt"
+    f.write_text("\n  \n" + HANDMADE.read_text())
+    res = import_file(next(cache_store(tmp_path / "s")), str(f), tz=UTC, synced_at=1.0)
+    assert (res.jobs, res.malformed) == (14, [])

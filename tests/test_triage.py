@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from gpuguard import config as config_mod
 from gpuguard.cli import main
-from gpuguard.net.ib_text import TextFormatError, parse_ibstat, parse_ibv_devinfo, parse_perfquery
+from gpuguard.net.ib_text import TextFormatError, parse_ibstat, parse_ibstatus, parse_ibv_devinfo, parse_perfquery
 from gpuguard.net.nvlink_text import (parse_dcgmi_link_status, parse_nvlink_errors, parse_nvlink_status, parse_topo,
                                       topo_nvlink_counts)
 from gpuguard.net.triage import TriageError, detect, triage
@@ -183,3 +183,46 @@ def test_cli_from_file_exit_codes():
     assert r.exit_code == 3 and r.output.startswith("Error: ") and "empty" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", "/nonexistent/ibstat.txt"])
     assert r.exit_code == 3 and "cannot open" in r.output
+
+
+def test_ibstat_with_umad_debug_lines_and_fabric_port_selection():
+    # rdma-core PR #847: ibstat run with umad debug (ibwarn: lines) after `ibportstate ... disable`
+    name = "ibstat-mlx4-ibwarn-debug-port1-disabled.txt"
+    p1, p2 = parse_ibstat(_t(name))
+    assert (p1.name, p1.state, p1.phys_state, p1.rate_gbps, p1.lid, p1.link_layer, p1.hca_type, p1.problems) == (
+        "mlx4_0/1", "DOWN", "Disabled", 10.0, 38, "InfiniBand", "MT4099", [])
+    assert (p2.name, p2.state, p2.phys_state, p2.rate_gbps) == ("mlx4_0/2", "ACTIVE", "LinkUp", 56.0)
+    codes, _ = _codes([name])
+    assert codes == [("ib.port_down", "mlx4_0/1 port DOWN, physical state Disabled")]
+    # the live check's port selection applies to a pasted output too
+    for fabric in ({"ports": ["mlx4_0/2"]}, {"ignore_link_layers": ["InfiniBand"]}):
+        res = triage([(name, _t(name))], config_mod.from_dict({"fabric": fabric}))
+        assert res.findings == []
+
+
+def test_ibstat_stopped_by_ibpanic_leaves_the_device_unknown():
+    # leptonai/gpud#752: ibstat lists mlx5_7 then dies on mlx5_8 (and lists nothing after it)
+    name = "ibstat-ibpanic-device-stat-failed.txt"
+    p7, p8 = parse_ibstat(_t(name))
+    assert (p7.name, p7.state, p7.rate_gbps, p7.lid) == ("mlx5_7/1", "ACTIVE", 200.0, 13305)
+    assert (p8.name, p8.state, p8.problems) == (
+        "mlx5_8/0", None, ["ibstat stopped: stat of IB device 'mlx5_8' failed: No such file or directory"])
+    codes, _ = _codes([name])
+    assert codes == [("ib.unreadable", "mlx5_8/0 state unknown: ibstat stopped: stat of IB device 'mlx5_8' failed: "
+                                        "No such file or directory")]
+
+
+def test_ibstatus_two_roce_ports_one_disabled():
+    # ibstatus (infiniband-diags' sysfs printer) on a ConnectX RoCE host where only mlx5_1 is used
+    name = "ibstatus-roce-one-port-disabled.txt"
+    assert detect(_t(name)) == "ibstatus"
+    p0, p1 = parse_ibstatus(_t(name))
+    assert (p0.name, p0.state, p0.phys_state, p0.rate_gbps, p0.width, p0.speed, p0.link_layer, p0.lid) == (
+        "mlx5_0/1", "DOWN", "Disabled", 100.0, "4X", "EDR", "Ethernet", 0)
+    assert (p1.name, p1.state, p1.phys_state, p1.rate_gbps, p1.problems) == ("mlx5_1/1", "ACTIVE", "LinkUp", 100.0, [])
+    codes, _ = _codes([name])
+    assert codes == [("ib.port_down", "mlx5_0/1 port DOWN, physical state Disabled")]
+    res = triage([(name, _t(name))], config_mod.from_dict({"fabric": {"ports": ["mlx5_1/1"]}}))
+    assert res.findings == []
+    with pytest.raises(TextFormatError, match="not ibstatus output"):
+        parse_ibstatus("state: 4: ACTIVE\n")

@@ -2,9 +2,9 @@
 
 This is the entry point for the replay GPU source and for triage of dumps that
 operators attach to tickets: :func:`load_nvidia_smi` sniffs the format and hands the
-text to :mod:`gpuguard.gpu.nvsmi_text` or :mod:`gpuguard.gpu.nvsmi_xml`. Other
-nvidia-smi outputs (the default table, ``--query-gpu`` CSV, ``nvlink --status``)
-raise :class:`NvsmiParseError` with a one-line message naming the file and the
+text to :mod:`gpuguard.gpu.nvsmi_text` or :mod:`gpuguard.gpu.nvsmi_xml`, and
+``--query-gpu`` CSV with its header to :mod:`gpuguard.gpu.nvsmi_csv`. Other nvidia-smi
+outputs (the default table, header-less CSV, ``nvlink --status``) raise :class:`NvsmiParseError` with a one-line message naming the file and the
 command to run instead.
 """
 
@@ -31,6 +31,15 @@ def parse_nvidia_smi(
 
     from gpuguard.gpu import nvsmi_lost
 
+    from gpuguard.gpu import nvsmi_csv
+
+    if nvsmi_csv.looks_like_query_csv(text):
+        rest, lost = nvsmi_lost.split_lost_lines(text)
+        snap = nvsmi_csv.parse_query_csv(rest, where, taken_at if taken_at is not None else time.time())
+        for _pos, g in lost:  # a GPU nvidia-smi could not reach prints its error line instead of its row
+            g.index = len(snap.gpus)
+            snap.gpus.append(g)
+        return snap
     if nvsmi_lost.looks_like_recovery_csv(text):
         return nvsmi_lost.parse_recovery_csv(text, where, taken_at if taken_at is not None else time.time())
     failure = nvsmi_lost.node_failure(text)

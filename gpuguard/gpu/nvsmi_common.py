@@ -68,6 +68,20 @@ def clean_value(raw: str | None) -> str | None:
     return s
 
 
+def first_available(raws: Iterable[str | None]) -> str | None:
+    """Of the raw values of one quantity under its successive names (``Power Draw``,
+    ``Average Power Draw``, ``Instantaneous Power Draw``), the first that is present and
+    not a *not available* sentinel; else the first present one (its ``N/A`` then reads as
+    ``None``); ``None`` when none is present. R545+ drivers print ``Average Power Draw :
+    N/A`` on GPUs without averaged power (Volta, Turing) next to the instantaneous reading."""
+    present = [r for r in raws if r is not None]
+    for r in present:
+        v = clean_value(r)
+        if v is not None and v.lower() not in _NOT_AVAILABLE:
+            return r
+    return present[0] if present else None
+
+
 class ValueReader:
     """Converts one GPU's raw nvidia-smi strings to typed values.
 
@@ -189,8 +203,9 @@ def reject_other_formats(text: str, where: str) -> None:
         )
     if "," in first and " : " not in first and not is_xml(text):
         raise NvsmiParseError(
-            f"{where}: this is comma-separated output (nvidia-smi --query-gpu --format=csv?); "
-            "use nvidia-smi -q (or nvidia-smi -q -x)"
+            f"{where}: this is comma-separated output without a header line of --query-gpu property names "
+            "(--format=csv,noheader?) or with no column to judge: keep the header, or use nvidia-smi -q "
+            "(or nvidia-smi -q -x)"
         )
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from gpuguard.gpu.nvsmi_common import (
     NvsmiParseError,
     ValueReader,
+    first_available,
     order_reasons,
     new_snapshot,
     reject_other_formats,
@@ -101,12 +102,9 @@ class Entry:
         return e.value if e is not None else None
 
     def first(self, *paths: tuple[str, ...]) -> str | None:
-        """The value of the first of ``paths`` that is present in the tree."""
-        for p in paths:
-            e = self.find(*p)
-            if e is not None:
-                return e.value
-        return None
+        """The value of the first of ``paths`` that is present and available (not
+        ``N/A``), see :func:`~gpuguard.gpu.nvsmi_common.first_available`."""
+        return first_available(self.get(*p) for p in paths)
 
 
 def build_tree(text: str) -> Entry:

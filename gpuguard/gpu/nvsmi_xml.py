@@ -32,6 +32,7 @@ import xml.etree.ElementTree as ET
 from gpuguard.gpu.nvsmi_common import (
     NvsmiParseError,
     ValueReader,
+    first_available,
     is_xml,
     order_reasons,
     new_snapshot,
@@ -53,12 +54,10 @@ _ENTITY_RE = re.compile(r"<!ENTITY", re.IGNORECASE)
 
 
 def _first(el: ET.Element, *paths: str) -> str | None:
-    """Text of the first of ``paths`` present under ``el`` (``""`` if it has none)."""
-    for p in paths:
-        found = el.find(p)
-        if found is not None:
-            return found.text or ""
-    return None
+    """Text of the first of ``paths`` present under ``el`` and available (not ``N/A``;
+    :func:`~gpuguard.gpu.nvsmi_common.first_available`); an element without text is ``""``."""
+    found = (el.find(p) for p in paths)
+    return first_available(None if f is None else (f.text or "") for f in found)
 
 
 def _ecc_totals(
@@ -268,7 +267,8 @@ def parse_nvsmi_xml(
             f"{where}: XML declares entities (<!ENTITY); refused for safety"
         )
     try:
-        root = ET.fromstring(text.lstrip("\ufeff"))
+        # the XML declaration must open the document: a paste often starts with blank lines
+        root = ET.fromstring(text.lstrip("\ufeff \t\r\n"))
     except ET.ParseError as e:
         raise NvsmiParseError(f"{where}: malformed XML: {e}") from None
     if root.tag != "nvidia_smi_log":

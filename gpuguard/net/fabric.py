@@ -15,9 +15,17 @@ from gpuguard.net.ib_sysfs import read_ports
 def read_fabric(cfg: Any) -> list[IbPort]:
     """Ports under ``[fabric] sysfs_root`` (those in ``ports`` if set), without the link
     layers in ``ignore_link_layers``."""
-    ports = read_ports(cfg.get("fabric", "sysfs_root"), list(cfg.get("fabric", "ports")) or None)
+    return select_ports(read_ports(cfg.get("fabric", "sysfs_root"), list(cfg.get("fabric", "ports")) or None), cfg)
+
+
+def select_ports(ports: list[IbPort], cfg: Any) -> list[IbPort]:
+    """The ports the node is judged on: named in ``[fabric] ports`` (when set) and not of
+    a link layer in ``ignore_link_layers``. A counters-only port (a pasted ``perfquery``
+    names it by LID, not by device) is kept: its name cannot be matched."""
+    only = set(cfg.get("fabric", "ports"))
     skip = {s.lower() for s in cfg.get("fabric", "ignore_link_layers")}
-    return [p for p in ports if (p.link_layer or "").lower() not in skip]
+    return [p for p in ports if (p.link_layer or "").lower() not in skip
+            and (not only or not p.has_state or p.name in only)]
 
 
 def load_previous(store: Any, node: str) -> dict[str, dict[str, Any]]:

@@ -5,6 +5,10 @@ Formats (rdma-core / infiniband-diags as printed since ~2015):
 
 * ``ibstat``: ``CA 'mlx5_0'`` then ``Port 1:`` blocks of ``State: Active``,
   ``Physical state: LinkUp``, ``Rate: 200``, ``Base lid: 425``, ``Link layer: InfiniBand``.
+  libibumad's debug lines (``ibwarn: ...``) are skipped; its fatal ``ibpanic: ...`` ends
+  the listing, so the device it names (port 0: CA-level) is a port whose state is unknown.
+* ``ibstatus``: ``Infiniband device 'mlx5_0' port 1 status:`` blocks of the port's
+  sysfs values (``state: 4: ACTIVE``, ``rate: 200 Gb/sec (4X HDR)``).
 * ``ibv_devinfo -v``: ``hca_id: mlx5_0`` then ``port: 1`` blocks of
   ``state: PORT_ACTIVE (4)``, ``phys_state: LINK_UP (5)``, ``active_width: 4X (2)``,
   ``active_speed: 50.0 Gbps (64)``, ``link_layer: InfiniBand``; the rate is width x lane
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from gpuguard.net.ib_model import IbPort, parse_phys_state, parse_state
+from gpuguard.net.ib_model import IbPort, parse_phys_state, parse_rate, parse_state
 
 PERFQUERY_NAMES = {
     "SymbolErrorCounter": "symbol_error", "LinkErrorRecoveryCounter": "link_error_recovery",
@@ -44,6 +48,10 @@ _LANE_SPEED_NAMES = {2.5: "SDR", 5.0: "DDR", 10.0: "QDR", 14.0: "FDR", 25.0: "ED
 _IBSTAT_STATE = {"active": "ACTIVE", "down": "DOWN", "initializing": "INIT", "init": "INIT", "armed": "ARMED"}
 
 
+#: libibumad's fatal message (``ibpanic: [pid] func: text``), naming the device when it has one.
+_IBPANIC = re.compile(r"^ibpanic:\s*(?:\[\d+\]\s*)?(?:\w+:\s*)?(.*?)\s*$")
+
+
 class TextFormatError(ValueError):
     """The text is not the named tool's output (one line, names the format)."""
 
@@ -57,6 +65,14 @@ def parse_ibstat(text: str) -> list[IbPort]:
         line = raw.strip()
         if m := re.match(r"^CA\s+'([^']+)'", line):
             dev, hca, cur = m.group(1), None, None
+            continue
+        if m := _IBPANIC.match(line):
+            # ibstat stops at a device it cannot read (libibumad's umad_get_ca failing,
+            # e.g. a device gone from sysfs): that device, and any listed after it, unknown
+            named = re.search(r"device '([^']+)'", m.group(1))
+            gone = IbPort(named.group(1) if named else "ibstat", 0)
+            gone.problems.append(f"ibstat stopped: {m.group(1)}")
+            ports.append(gone)
             continue
         if dev is None or ":" not in line:
             continue
@@ -86,6 +102,44 @@ def parse_ibstat(text: str) -> list[IbPort]:
             cur.lid = _int(val)
     if not ports:
         raise TextFormatError("no \"CA '...'\" block with a port: not ibstat output")
+    return ports
+
+
+def parse_ibstatus(text: str) -> list[IbPort]:
+    """``ibstatus`` output (infiniband-diags' script printing each port's sysfs files:
+    ``Infiniband device 'mlx5_0' port 1 status:`` then ``state: 4: ACTIVE``, ``phys
+    state: 5: LinkUp``, ``rate: 200 Gb/sec (4X HDR)``, ``base lid: 0x33bf``,
+    ``link_layer: InfiniBand``) -> ports; the values read as the sysfs ones do. Raises
+    :class:`TextFormatError` when no port block is found."""
+    ports: list[IbPort] = []
+    cur: IbPort | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := re.match(r"^Infiniband device '([^']+)' port (\d+) status:", line):
+            cur = IbPort(m.group(1), int(m.group(2)))
+            ports.append(cur)
+            continue
+        if cur is None or ":" not in line:
+            continue
+        key, _, val = (x.strip() for x in line.partition(":"))
+        k = key.lower()
+        if k == "state":
+            cur.state = parse_state(val)
+            if cur.state is None:
+                cur.problems.append(f"state {val!r} not understood")
+        elif k in ("phys state", "physical state"):
+            cur.phys_state = parse_phys_state(val)
+        elif k == "rate":
+            try:
+                cur.rate_gbps, cur.width, cur.speed = parse_rate(val)
+            except ValueError:
+                cur.problems.append(f"rate {val!r} not understood")
+        elif k == "link_layer":
+            cur.link_layer = val or None
+        elif k == "base lid":
+            cur.lid = _int(val)
+    if not ports:
+        raise TextFormatError("no \"Infiniband device '...' port N status:\" block: not ibstatus output")
     return ports
 
 

@@ -89,7 +89,8 @@ def errors_finding(log: NcclLog, returncode: int | None = None, what: str = "NCC
         parts.append(f"{log.out_of_bounds_total} out-of-bounds values")
     if log.ib_errors:
         e = log.ib_errors[0]
-        parts.append(f"IB completion error {e['wc_status_name']} (vendor err {e['vendor_err']}) from {e['peer']}")
+        peer = f" from {e['peer']}" if e.get("peer") else ""  # NCCL <= 2.11 names no peer
+        parts.append(f"IB completion error {e['wc_status_name']} (vendor err {e['vendor_err']}){peer}")
     if log.failures:
         parts.append(log.failures[0])
     if log.warnings and not log.ib_errors:

@@ -15,6 +15,9 @@ bytes/s. Older layouts are read as well:
   (``%Y-%m-%d %H:%M:%S``), per-iteration ``i_min``/``i_max``/``i_p99``/``i_cv%``.
 * a row whose out-of-place block is blank (trace replay) has only the in-place block.
 
+The JSON report of nccl-tests 2.17+ (``-J file.json``) is read into the same
+:class:`NcclLog` (:func:`gpuguard.net.nccl_json.parse_json_report`).
+
 Without a header line (a pasted excerpt) the last eight fields are the two blocks and
 the first three to five are size, count, type, [redop], [root].
 
@@ -29,6 +32,7 @@ as healthy.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -105,6 +109,8 @@ class NcclTable:
     out_of_bounds: int | None = None
     header_seen: bool = False
     columns: list[str] | None = None
+    #: microseconds per printed time unit: nccl-tests 1.x printed milliseconds
+    time_scale: float = 1.0
 
 
 @dataclass
@@ -150,22 +156,39 @@ class NcclLog:
 
 
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\]\s*")
-_RANK_LABEL = re.compile(r"^(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{1,5}:\s+)")
+#: Rank labels: Open MPI ``--tag-output`` (``[1,0]<stdout>:``), MPICH ``-prepend-rank``
+#: (``[0]``), srun ``--label`` (``0:``; padded to the width of the largest task id,
+#: `` 0:`` from 10 tasks on: Slurm write_labelled_message.c ``"%*d: "``; a label alone
+#: on a line when the rank printed an empty line).
+_RANK_LABEL = re.compile(r"^\s*(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{1,5}:(?:\s+|$))")
 _ELISION = {"...", "[...]", "<snip>", "\u2026", "[snip]", "(...)"}
-_NTHREAD = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
+_NTHREAD = re.compile(r"^#?\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _COMMAND = re.compile(r"(?:^|/)(\w+_perf)(?:_mpi)?\b")
-_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+"
                      r"\[([^\]]*)\]\s*(.*?)\s*$")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)")
 _WARN = re.compile(r"NCCL WARN\s*(.*?)\s*$")
 _FAILURE = re.compile(r"(?:(\S+?):\s+)?Test ((?:NCCL|CUDA) failure\s+.*?)\s*$")
-_IB = re.compile(r"Got completion from peer (\S+) with error (\d+), opcode (\d+), len (\d+), vendor err (\d+)"
-                 r"(?: \((\w+)\))?")
+#: NET/IB completion error, every layout NCCL has printed (``transport/net_ib``):
+#: <= 2.11 ``Got completion with error 12, opcode 0, len 0, vendor err 129`` (no peer);
+#: 2.12-2.20 ``... from peer <addr> with error 12, opcode 0, len 0, vendor err 129 (Recv)``;
+#: 2.21-2.27 ``... with status=12 opcode=0 len=0 vendor err 129 (Recv)``;
+#: 2.28+ ``... with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RECV(128) vendor_err=129``.
+_IB = re.compile(r"Got completion (?:from peer (?P<peer>\S+) )?with "
+                 r"(?:error (?P<status>\d+),?|status=(?:\w+\()?(?P<status_eq>\d+)\)?)\s*"
+                 r"opcode[= ](?:\w+\()?(?P<opcode>\d+)\)?,?\s*(?:len[= ]-?\d+,?\s*)?"
+                 r"vendor[ _]err[= ](?P<vendor_err>\d+)(?: \((?P<direction>\w+)\))?")
+#: nccl-tests 2.17+ ends its output with ``# error: <ncclGetLastError()>`` (the text of
+#: NCCL's last WARN) when NCCL recorded one (``writeErrors`` in ``src/util.cu``).
+_LAST_ERROR = re.compile(r"^#\s*error:\s*(.*?)\s*$")
 _MPI_ABORT = re.compile(r"mpirun detected that one or more processes exited with non-zero status|"
                         r"MPI_ABORT was invoked|mpirun noticed that process .* exited on signal")
 _VERSION = re.compile(r"NCCL version (\S+)")
+#: nccl-tests 1.x column names (``bytes N type op ... time algbw busbw res``; its time is
+#: in ms and ``res`` is the largest deviation, the later ``error``).
+_V1_NAMES = {"bytes": "size", "N": "count", "op": "redop", "res": "error"}
 _TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
           "bfloat16", "f8e4m3", "f8e5m2", "char", "int", "fp8_e4m3", "fp8_e5m2"}
 
@@ -253,6 +276,9 @@ def _parse_row(toks: list[str], table: NcclTable, line_no: int) -> NcclRow:
         raise ValueError(f"{len(toks)} fields, the header has {len(prefix) + sum(blens)}")
     if not re.fullmatch(r"\d+", head.get("size", "")) or not re.fullmatch(r"\d+", head.get("count", "")):
         raise ValueError("size/count not integers")
+    for r in (oop, ip):
+        if r is not None and table.time_scale != 1.0:
+            r.time_us *= table.time_scale
     dtype = head.get("type", "")
     if dtype not in _TYPES and not re.fullmatch(r"[a-z][a-z0-9_]*", dtype):
         raise ValueError(f"unknown type {dtype!r}")
@@ -293,6 +319,8 @@ class _Reader:
             cur.ngpus, cur.min_bytes, cur.max_bytes = int(m.group(2)), int(m.group(3)), int(m.group(4))
         elif m := _DEVICE.match(line):
             cur.devices.append((int(m.group(1)), m.group(2), int(m.group(3)), m.group(4), m.group(5)))
+        elif m := _LAST_ERROR.match(line):
+            self.last_error(m.group(1))
         elif m := _OOB.match(line):
             cur.out_of_bounds = int(m.group(1))
         elif m := _AVG.match(line):
@@ -302,12 +330,33 @@ class _Reader:
                 self.log.problems.append((no, f"Avg bus bandwidth not a number: {m.group(1)!r}"))
         elif line.startswith("#"):
             words = line.lstrip("#").split()
-            if {"size", "busbw"} <= set(words):
+            if {"busbw"} <= set(words) and {"size", "bytes"} & set(words):
                 if cur.rows:  # a second table without its own nThread line
                     cur = self.new_table(None)
-                cur.header_seen, cur.columns = True, words
+                cur.header_seen, cur.columns = True, [_V1_NAMES.get(w, w) for w in words]
+                cur.time_scale = 1000.0 if "bytes" in words else 1.0
         else:
             return False
+        return True
+
+    def last_error(self, text: str) -> None:
+        """nccl-tests' closing report of NCCL's last WARN (``# error: ...`` from 2.17; a
+        bare line in 2.13-2.16, read by :meth:`message` when it is an IB completion
+        error): with ``NCCL_DEBUG`` unset it is the only trace of that WARN."""
+        if text:
+            self.log.warnings.append(text)
+            self.ib_error(text)
+
+    def ib_error(self, line: str) -> bool:
+        """Record a NET/IB completion error (:data:`_IB`) found in ``line``."""
+        ib = _IB.search(line)
+        if ib is None:
+            return False
+        status = int(ib.group("status") or ib.group("status_eq"))
+        self.log.ib_errors.append({"peer": ib.group("peer"), "wc_status": status,
+                                   "wc_status_name": IBV_WC_STATUS.get(status, "unknown"),
+                                   "opcode": int(ib.group("opcode")), "vendor_err": int(ib.group("vendor_err")),
+                                   "direction": ib.group("direction")})
         return True
 
     def message(self, line: str) -> bool:
@@ -315,15 +364,13 @@ class _Reader:
         log = self.log
         if m := _WARN.search(line):
             log.warnings.append(m.group(1))
-            if ib := _IB.search(line):
-                status = int(ib.group(2))
-                log.ib_errors.append({"peer": ib.group(1), "wc_status": status,
-                                      "wc_status_name": IBV_WC_STATUS.get(status, "unknown"),
-                                      "opcode": int(ib.group(3)), "vendor_err": int(ib.group(5)),
-                                      "direction": ib.group(6)})
+            self.ib_error(line)
         elif m := _FAILURE.search(line):
             if not line.startswith(".."):  # " .. host: Test failure" lines are the call chain
                 log.failures.append(f"{m.group(1)}: {m.group(2)}" if m.group(1) else m.group(2))
+            self.ib_error(line)  # from 2.13 the failure quotes NCCL's last WARN: '<error> / <last WARN>'
+        elif self.ib_error(line):  # nccl-tests 2.13-2.16 print NCCL's last WARN bare, at the end
+            log.warnings.append(line)
         elif _MPI_ABORT.search(line):
             log.failures.append("mpirun: a rank exited with a non-zero status or was killed")
         elif m := _VERSION.match(line):
@@ -350,8 +397,18 @@ class _Reader:
 
 
 def parse(text: str) -> NcclLog:
-    """Parse nccl-tests stdout/stderr (or a paste of it). Never raises for bad input:
-    what cannot be read lands in :attr:`NcclLog.problems`."""
+    """Parse nccl-tests stdout/stderr (or a paste of it), or its JSON report (``-J
+    file.json``, :func:`gpuguard.net.nccl_json.parse_json_report`). Never raises for bad
+    input: what cannot be read lands in :attr:`NcclLog.problems`."""
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and "results" in doc:
+            from gpuguard.net.nccl_json import parse_json_report
+
+            return parse_json_report(doc)
     r = _Reader()
     for no, raw in enumerate(text.splitlines(), 1):
         line = _clean(raw)

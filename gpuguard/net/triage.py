@@ -25,7 +25,7 @@ from typing import Any
 
 from gpuguard.model import Finding, GpuState, NodeSnapshot
 
-KINDS = ("nccl-tests", "ibstat", "ibv_devinfo", "perfquery", "nvidia-smi nvlink -s", "nvidia-smi nvlink -e",
+KINDS = ("nccl-tests", "ibstat", "ibstatus", "ibv_devinfo", "perfquery", "nvidia-smi nvlink -s", "nvidia-smi nvlink -e",
          "dcgmi nvlink --link-status", "nvidia-smi topo -m", "dcgmi diag", "dcgmi diag -j", "dcgmi dmon")
 
 
@@ -50,6 +50,8 @@ def detect(text: str) -> str | None:
         return dcgm or None
     if re.search(r"^\s*CA\s+'[^']+'", text, re.M):
         return "ibstat"
+    if re.search(r"^\s*Infiniband device '[^']+' port \d+ status:", text, re.M):
+        return "ibstatus"
     if re.search(r"^\s*hca_id:", text, re.M):
         return "ibv_devinfo"
     if re.search(r"^#\s*Port (extended )?counters:", text, re.M | re.I):
@@ -125,9 +127,9 @@ def triage(files: list[tuple[str, str]], cfg: Any) -> Triage:
             if kind.startswith("dcgmi d"):
                 _dcgm(name, kind, text, out)
                 continue
-            if kind in ("ibstat", "ibv_devinfo", "perfquery"):
-                parse = {"ibstat": ib_text.parse_ibstat, "ibv_devinfo": ib_text.parse_ibv_devinfo,
-                         "perfquery": ib_text.parse_perfquery}[kind]
+            if kind in ("ibstat", "ibstatus", "ibv_devinfo", "perfquery"):
+                parse = {"ibstat": ib_text.parse_ibstat, "ibstatus": ib_text.parse_ibstatus,
+                         "ibv_devinfo": ib_text.parse_ibv_devinfo, "perfquery": ib_text.parse_perfquery}[kind]
                 ports = parse(text)
                 (counters if kind == "perfquery" else ib_ports).extend(ports)
                 out.summary.append(f"{name}: {kind}, {len(ports)} port(s)")
@@ -197,8 +199,12 @@ def _nvlink(gpus: list[Any], cfg: Any, out: Triage) -> None:
 
 
 def _ib(ports: list[Any], cfg: Any, out: Triage) -> None:
+    from gpuguard.net.fabric import select_ports
     from gpuguard.net.ib_judge import judge_ports
 
+    # the same ports as the live check: an unused Ethernet port or a port left out of
+    # [fabric] ports is Down on a healthy node
+    ports = select_ports(ports, cfg)
     out.findings += judge_ports(ports, {}, time.time(), float(cfg.get("fabric", "expected_rate_gbps")))
 
 
