@@ -149,7 +149,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "fabric": {
         "sysfs_root": ("/sys/class/infiniband", str, "InfiniBand/RoCE sysfs root (tests point it at recorded trees)"),
-        "ports": ([], list, "ports to check as \"mlx5_0/1\"; empty = every port found"),
+        "ports": ([], list, "ports to check as \"mlx5_0/1\", each judged down whenever it is not ACTIVE; empty = every port found, where a port never used (no link partner, never seen ACTIVE, no traffic counted) is only recorded (ib.port_unused)"),
         "expected_rate_gbps": (0.0, (int, float), "rate every ACTIVE port must run at, Gb/s (e.g. 400 for NDR); 0 = learn: the port's own best and the node's other ports of the same HCA type"),
         "ignore_link_layers": ([], list, "link layers to skip, e.g. [\"Ethernet\"] on nodes whose RoCE ports are not for jobs"),
     },

@@ -126,3 +126,51 @@ def test_health_run_reads_stores_and_compares(tmp_path, monkeypatch):
     rows = store.query("select distinct port from fabric_counters where node = 'gn1' order by port")
     assert [r["port"] for r in rows] == ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1", "mlx5_4/1"]
     store.close()
+
+
+def _down_port(tmp_path, phys="2: Polling", state="1: DOWN", **counters):
+    """mlx5_1/1 of run 2 turned into a port that was never used (all use counters 0)
+    unless ``counters`` says otherwise."""
+    import shutil
+
+    root = tmp_path / "ib"
+    shutil.copytree(RUN2, root)
+    port = root / "mlx5_1" / "ports" / "1"
+    (port / "state").write_text(state + "\n")
+    (port / "phys_state").write_text(phys + "\n")
+    for f in os.listdir(port / "counters"):
+        (port / "counters" / f).write_text(f"{counters.get(f, 0)}\n")
+    return read_port(str(root), "mlx5_1", 1)
+
+
+NEVER_USED = ("mlx5_1/1 port DOWN, physical state Polling, no sign of use (never seen ACTIVE, no traffic counted): "
+              "taken as a port nobody cabled (name the ports jobs need in [fabric] ports to have it judged)")
+
+
+def test_a_port_never_used_is_not_a_fault_unless_the_operator_named_it(tmp_path):
+    p = _down_port(tmp_path)
+    assert [(x.code, x.severity, x.message) for x in judge_ports([p], {}, T2)] == [("ib.port_unused", "info", NEVER_USED)]
+    assert [(x.code, x.severity) for x in judge_ports([p], {}, T2, listed=True)] == [("ib.port_down", "critical")]
+    disabled = _down_port(tmp_path / "d", phys="3: Disabled")
+    assert [x.code for x in judge_ports([disabled], {}, T2)] == ["ib.port_unused"]
+
+
+def test_a_port_with_signs_of_use_is_down_not_unused(tmp_path):
+    for counters in ({"port_xmit_data": 81920}, {"port_rcv_packets": 3}, {"link_downed": 1}):
+        p = _down_port(tmp_path / next(iter(counters)), **counters)
+        assert [(x.code, x.message) for x in judge_ports([p], {}, T2)][0] == (
+            "ib.port_down", "mlx5_1/1 port DOWN, physical state Polling"), counters
+    p = _down_port(tmp_path / "mem")
+    was_up = port_memory(read_port(RUN1, "mlx5_1", 1), None, T1)  # an earlier run saw it ACTIVE
+    assert was_up["used"] is True
+    assert [x.code for x in judge_ports([p], {"mlx5_1/1": was_up}, T2)] == ["ib.port_down"]
+    older = {k: v for k, v in was_up.items() if k != "used"}  # a reading stored before "used" was kept
+    assert [x.code for x in judge_ports([p], {"mlx5_1/1": older}, T2)] == ["ib.port_down"]
+    # once seen used, the memory keeps it while the port stays down
+    assert port_memory(p, was_up, T2)["used"] is True
+    assert port_memory(p, None, T2)["used"] is False
+
+
+def test_a_cabled_port_no_subnet_manager_brought_up_is_down_even_if_never_used(tmp_path):
+    p = _down_port(tmp_path, phys="5: LinkUp", state="2: INIT")
+    assert [(x.code, x.severity) for x in judge_ports([p], {}, T2)] == [("ib.port_down", "critical")]

@@ -18,6 +18,10 @@ DATA = Path(__file__).parent / "data"
 TRI = DATA / "triage"
 
 
+#: A port DOWN without link partner and no sign of use, in a paste (no history, no counters).
+UNUSED = ("{port} port DOWN, physical state Disabled, no sign of use (never seen ACTIVE, no traffic counted): "
+          "taken as a port nobody cabled (name the ports jobs need in [fabric] ports to have it judged)")
+
 def _t(name: str) -> str:
     return (TRI / name if (TRI / name).exists() else DATA / name).read_text()
 
@@ -75,7 +79,7 @@ def test_perfquery_plain_saturates_extended_does_not():
 def test_ibstat_with_perfquery_merged_by_lid():
     got, _res = _codes(["ibstat-hdr-port-down-rate-degraded.txt", "perfquery-saturated.txt"])
     assert got == [
-        ("ib.port_down", "mlx5_1/1 port DOWN, physical state Disabled"),
+        ("ib.port_unused", UNUSED.format(port="mlx5_1/1")),
         ("ib.counter_saturated",
          "mlx5_2/1 counter(s) stuck at maximum, growth unknown: local_link_integrity_errors=15, symbol_error=65535"),
         ("ib.errors_present", "mlx5_2/1 error counters (first reading): link_downed=2, port_rcv_errors=12"),
@@ -170,10 +174,17 @@ def test_empty_and_unknown_inputs_are_errors():
         triage([("x.txt", "hello world\n")], config_mod.from_dict({}))
 
 
-def test_cli_from_file_exit_codes():
+def test_cli_from_file_exit_codes(tmp_path):
     r = CliRunner().invoke(main, ["check", "--from-file", str(TRI / "ibstat-hdr-port-down-rate-degraded.txt")])
     assert r.exit_code == 2
-    assert "decision: drain (gpuguard: ib.port_down mlx5_1/1 port DOWN, physical state Disabled (+1 more))" in r.output
+    assert "decision: drain (gpuguard: ib.rate_degraded mlx5_3/1 at 100 Gb/s, expected 200 Gb/s)" in r.output
+    # the down port named in [fabric] ports is judged, never-used or not
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('[fabric]\nports = ["mlx5_1/1"]\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "check", "--from-file",
+                                  str(TRI / "ibstat-hdr-port-down-rate-degraded.txt")])
+    assert r.exit_code == 2
+    assert "decision: drain (gpuguard: ib.port_down mlx5_1/1 port DOWN, physical state Disabled)" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "nccl-allreduce-h100-a3mega-16rank-2.2x.txt")])
     assert r.exit_code == 0 and "no findings" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", str(TRI / "perfquery-saturated.txt"), "--json"])
@@ -193,7 +204,7 @@ def test_ibstat_with_umad_debug_lines_and_fabric_port_selection():
         "mlx4_0/1", "DOWN", "Disabled", 10.0, 38, "InfiniBand", "MT4099", [])
     assert (p2.name, p2.state, p2.phys_state, p2.rate_gbps) == ("mlx4_0/2", "ACTIVE", "LinkUp", 56.0)
     codes, _ = _codes([name])
-    assert codes == [("ib.port_down", "mlx4_0/1 port DOWN, physical state Disabled")]
+    assert codes == [("ib.port_unused", UNUSED.format(port="mlx4_0/1"))]
     # the live check's port selection applies to a pasted output too
     for fabric in ({"ports": ["mlx4_0/2"]}, {"ignore_link_layers": ["InfiniBand"]}):
         res = triage([(name, _t(name))], config_mod.from_dict({"fabric": fabric}))
@@ -221,7 +232,7 @@ def test_ibstatus_two_roce_ports_one_disabled():
         "mlx5_0/1", "DOWN", "Disabled", 100.0, "4X", "EDR", "Ethernet", 0)
     assert (p1.name, p1.state, p1.phys_state, p1.rate_gbps, p1.problems) == ("mlx5_1/1", "ACTIVE", "LinkUp", 100.0, [])
     codes, _ = _codes([name])
-    assert codes == [("ib.port_down", "mlx5_0/1 port DOWN, physical state Disabled")]
+    assert codes == [("ib.port_unused", UNUSED.format(port="mlx5_0/1"))]
     res = triage([(name, _t(name))], config_mod.from_dict({"fabric": {"ports": ["mlx5_1/1"]}}))
     assert res.findings == []
     with pytest.raises(TextFormatError, match="not ibstatus output"):

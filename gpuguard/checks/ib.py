@@ -17,6 +17,9 @@ from gpuguard.model import Finding, declare_codes
 CODES = declare_codes("ib", {
     "ib.port_down": ("critical", "drain",
         "LBNL NHC check_hw_ib / GPUd: an InfiniBand/RoCE port not ACTIVE fails the node for multi-node jobs"),
+    "ib.port_unused": ("info", "record",
+        "a port DOWN without link partner that was never used: nobody cabled it (NHC and GPUd judge only the "
+        "ports the operator names); named in [fabric] ports it is judged ib.port_down"),
     "ib.rate_degraded": ("critical", "drain",
         "LBNL NHC check_hw_ib RATE: a port below its rate halves the node's fabric bandwidth"),
     "ib.errors_rising": ("warning", "alert",
@@ -34,7 +37,10 @@ CODES = declare_codes("ib", {
 
 @check("ib")
 def ib(ctx: CheckContext) -> list[Finding]:
-    """``ib.port_down``, ``ib.rate_degraded``, ``ib.errors_rising``, ``ib.link_flapping``, ``ib.counter_saturated``."""
+    """``ib.port_down``, ``ib.port_unused``, ``ib.rate_degraded``, ``ib.errors_rising``, ``ib.link_flapping``,
+    ``ib.counter_saturated`` (:mod:`gpuguard.net.ib_judge`). The live check runs without
+    the store (no previous reading): a never-used port is then ``ib.port_unused`` on its
+    own evidence; the run with the store judges it on its history too."""
     cfg = ctx.config
     if cfg is None or (ctx.hook == "check" and ctx.snapshot.source.startswith("nvidia-smi")):
         return []
@@ -56,7 +62,8 @@ def ib(ctx: CheckContext) -> list[Finding]:
         except Exception:  # store trouble: judge the live state, keep nothing
             history = False
     now = ctx.snapshot.taken_at
-    found = judge_ports(ports, previous, now, float(cfg.get("fabric", "expected_rate_gbps")))
+    found = judge_ports(ports, previous, now, float(cfg.get("fabric", "expected_rate_gbps")),
+                        listed=bool(cfg.get("fabric", "ports")))
     if history:
         ctx.records.setdefault("fabric_counters", []).extend(fabric_rows(node, ports, previous, now))
     return found

@@ -4,6 +4,15 @@ reading of the previous run (see :func:`port_memory`).
 * ``ib.port_down`` (critical): the port's state is known and not ``ACTIVE`` (``DOWN``,
   ``INIT``/``ARMED``: no subnet manager has brought it up). A down port may still print a
   rate; it is not judged.
+* ``ib.port_unused`` (info): with no ports named in ``[fabric] ports``, a ``DOWN`` port
+  with no link partner (physical state ``Polling``, ``Sleep`` or ``Disabled``) that shows
+  no sign of ever having been used (:func:`ever_used`) is taken as a port nobody cabled
+  (the second port of a dual-port HCA, a spare NIC), not as a fault. LBNL NHC and GPUd
+  judge only the ports and rates the operator names; gpuguard judges every port by
+  default, so it must not drain a node for a port that was never up. A port seen
+  ``ACTIVE`` by an earlier run, or whose counters show traffic or a link-down since the
+  driver loaded, is judged ``ib.port_down`` as before; a port named in ``[fabric] ports``
+  always is.
 * ``ib.rate_degraded`` (critical): an ACTIVE port below its reference rate: the highest
   of ``[fabric] expected_rate_gbps``, the highest rate this port had before, and the
   highest rate of the node's other ACTIVE ports of the same HCA type and link layer (a
@@ -105,10 +114,30 @@ def _counter_findings(p: IbPort, prev: dict[str, Any] | None, now: float) -> lis
     return out
 
 
+#: Physical states of a port with no link partner: nothing at the other end of the cable,
+#: no cable, or the port administratively disabled (IBTA PortPhysicalState).
+_NO_PARTNER = ("Polling", "Sleep", "Disabled")
+#: Counters that are non-zero once a port has carried traffic or lost a link since the
+#: driver loaded (sysfs ``counters/``, IBTA PortCounters).
+_USE_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "link_downed")
+
+
+def ever_used(p: IbPort, prev: dict[str, Any] | None) -> bool:
+    """Whether ``p`` shows a sign of having been used: an earlier run saw it ``ACTIVE``
+    (``prev``, its :func:`port_memory`), or its counters show traffic or a link-down since
+    the driver loaded."""
+    if prev and (prev.get("used") or prev.get("state") == "ACTIVE"
+                 or isinstance(prev.get("max_rate_gbps"), (int, float))):
+        return True
+    return any(p.counters.get(c, 0) > 0 for c in _USE_COUNTERS)
+
+
 def judge_ports(ports: list[IbPort], previous: dict[str, dict[str, Any]], now: float,
-                expected_rate_gbps: float = 0.0) -> list[Finding]:
+                expected_rate_gbps: float = 0.0, *, listed: bool = False) -> list[Finding]:
     """Findings for ``ports`` given ``previous`` (port name -> :func:`port_memory` of the
-    last run; empty on a first run or for a pasted output)."""
+    last run; empty on a first run or for a pasted output). ``listed``: the ports are
+    those the operator named (``[fabric] ports``): a port down is ``ib.port_down`` even
+    if it was never used."""
     out: list[Finding] = []
     for p in ports:
         prev = previous.get(p.name)
@@ -117,6 +146,14 @@ def judge_ports(ports: list[IbPort], previous: dict[str, dict[str, Any]], now: f
         elif p.state is None:
             out.append(Finding("ib.unreadable", "warning", f"{p.name} state unknown: "
                                + ("; ".join(p.problems) or "not reported"), evidence={"port": p.name, "problems": p.problems}))
+        elif (p.state == "DOWN" and p.phys_state in _NO_PARTNER and not listed
+              and not ever_used(p, prev)):
+            out.append(Finding("ib.port_unused", "info",
+                               f"{p.name} port DOWN, physical state {p.phys_state}, no sign of use (never seen ACTIVE, "
+                               "no traffic counted): taken as a port nobody cabled (name the ports jobs need in "
+                               "[fabric] ports to have it judged)",
+                               evidence={"port": p.name, "state": p.state, "phys_state": p.phys_state,
+                                         "link_layer": p.link_layer}))
         elif p.state != "ACTIVE":
             phys = p.phys_state or "unknown"
             why = " (not ACTIVE: no subnet manager has brought it up)" if p.state in ("INIT", "ARMED") else ""
@@ -140,4 +177,4 @@ def port_memory(p: IbPort, prev: dict[str, Any] | None, now: float) -> dict[str,
     if p.state == "ACTIVE" and p.rate_gbps is not None:
         best = max(p.rate_gbps, best) if isinstance(best, (int, float)) else p.rate_gbps
     return {"at": now, "state": p.state, "counters": p.counters, "hw_counters": p.hw_counters,
-            "max_rate_gbps": best}
+            "max_rate_gbps": best, "used": p.state == "ACTIVE" or ever_used(p, prev)}

@@ -205,7 +205,8 @@ def _ib(ports: list[Any], cfg: Any, out: Triage) -> None:
     # the same ports as the live check: an unused Ethernet port or a port left out of
     # [fabric] ports is Down on a healthy node
     ports = select_ports(ports, cfg)
-    out.findings += judge_ports(ports, {}, time.time(), float(cfg.get("fabric", "expected_rate_gbps")))
+    out.findings += judge_ports(ports, {}, time.time(), float(cfg.get("fabric", "expected_rate_gbps")),
+                                listed=bool(cfg.get("fabric", "ports")))
 
 
 def _nccl(name: str, text: str, out: Triage) -> None:
