@@ -10,12 +10,11 @@ includes that commit.
 An input this size is parsed in worker processes (gpuguard.reports.sync_bulk), so the
 CPU figure counts every process and the wall ratio is the one to read.
 
-Measured (shared 2-CPU VM, whose speed varied by half during the day): 1 M jobs
-28.7-34.4 s wall with 2 workers (45 s while other work loaded the VM), about 48-60 s of CPU
-over all processes; pandas 11.7-17.4 s in the same runs (wall ratio 1.98-3.06). The same
-import in one process (``sync_bulk.WORKERS = 0``) took 48-52 s beside it. The 20 s goal is
-not met on this VM: the workers' parse and staging are about 30-36 s of CPU, the importing
-process's SQLite work about 20-24 s (the six index builds at the end 6-8 s of it).
+Measured on the 2-CPU test VM, whose speed varies by half from hour to hour: quiet, 1 M
+jobs in 18.8, 19.3, 19.9, 20.0, 21.4 and 25.8 s with 2 workers (33-46 s of CPU over all
+processes), pandas 8.8-10.0 s in the same runs (wall ratio 2.0-2.6); on busier hours
+28.7-34.4 s, and 48-52 s in one process (``sync_bulk.WORKERS = 0``) beside it.
+``bench/sync_phases.py`` breaks one import down and times the store's work alone.
 
     .venv/bin/python bench/sync_1m.py [--jobs 1000000] [--sizes 100000,1000000]
 """
