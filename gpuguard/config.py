@@ -136,7 +136,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "warmup_iters": (5, int, "warm-up iterations per size (-w; nccl-tests default 5)"),
         "timeout_s": (120.0, (int, float), "hard limit of one probe run, also capped by the caller's remaining budget; a hang is nccl.probe_failed"),
         "judge_min_bytes": (67108864, int, "only sizes at least this large are judged against the baseline (our choice: as min_bytes)"),
-        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
+        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often; 0 = at every health run (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
         "prolog": ("never", str, "when the Prolog probes: never | multi-node (jobs on more than one node) | always; never past the Prolog budget"),
         "health": (True, bool, "gpuguard health probes idle nodes (at most every interval_s) when the probe is installed: a missing default binary switches it off, a configured command that is missing is nccl.probe_failed"),
         "baseline_probes": (10, int, "a node's NCCL baseline: median/MAD of its last this-many healthy probes per message size (our choice)"),
@@ -520,12 +520,17 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
                 raise ConfigError(f"{where}: {sec}.{key} is a percentage: 0 to 100, got {v}")
             if key.endswith("_share") and not 0 < v <= 1:
                 raise ConfigError(f"{where}: {sec}.{key} is a share: above 0, at most 1, got {v}")
-            if (key.endswith(("interval_s", "timeout_s", "time_budget_s")) or key in _WINDOWS) and v == 0:
+            if ((key.endswith(("interval_s", "timeout_s", "time_budget_s")) or key in _WINDOWS) and v == 0
+                    and (sec, key) not in _ZERO_MEANS):
                 raise ConfigError(f"{where}: {sec}.{key} must be > 0")
 
 
 #: Window widths the verdict divides by (``floor(t / short_window_s)``): never 0.
 _WINDOWS = ("long_window_s", "short_window_s")
+#: Intervals where 0 has a meaning of its own: ``[nccl] interval_s`` is how seldom at most
+#: ``gpuguard health`` probes an idle node; 0 = at every health run (a site probing its
+#: nodes on every HealthCheckInterval, the NCCL tests'). Not a busy loop.
+_ZERO_MEANS = {("nccl", "interval_s")}
 
 
 def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:

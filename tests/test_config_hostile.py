@@ -55,6 +55,16 @@ def test_numbers_outside_their_meaning_are_config_errors(text, msg):
     assert str(e.value) == msg
 
 
+def test_an_interval_whose_zero_has_a_meaning_is_accepted():
+    """[nccl] interval_s is how seldom at most an idle node is probed: 0 = every health run
+    (the real-Slurm NCCL tests run so). Refusing it left the health check on the defaults,
+    so the probe's drains never came."""
+    cfg = load_text("[nccl]\ninterval_s = 0.0\n", "c.toml")
+    assert cfg.get("nccl", "interval_s") == 0.0
+    with pytest.raises(ConfigError, match=r"^c.toml: collector.interval_s must be > 0$"):
+        load_text("[collector]\ninterval_s = 0\n", "c.toml")
+
+
 def test_config_show_names_what_only_the_epilog_would_refuse(tmp_path):
     from click.testing import CliRunner
 
