@@ -199,14 +199,12 @@ def poll(read, ok, timeout_s: float = DBD_WAIT_S):
 
 
 def active_in_dbd(tb, start: float) -> list[str]:
-    """Jobs slurmdbd still shows active (running, pending...) since ``start``: their end
-    has not reached the database yet. Each job's latest attempt only (no ``-D``): an
-    earlier attempt of a requeued job keeps the state REQUEUED for good, with its end."""
-    from testbed.slurmtb import ACTIVE_STATES
-
+    """Jobs whose end has not reached slurmdbd yet (End ``Unknown``: running, pending...)
+    since ``start``, each job's latest attempt (no ``-D``). The state alone does not say
+    it: a requeued job cancelled while held keeps a last record REQUEUED, with its end."""
     s = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    out = tb.run(["sacct", "-a", "-X", "-n", "-P", "-S", s, "-o", "JobIDRaw,State"], timeout=30).stdout
-    return [ln for ln in out.splitlines() if ln.strip() and ln.split("|")[-1].split()[0] in ACTIVE_STATES]
+    out = tb.run(["sacct", "-a", "-X", "-n", "-P", "-S", s, "-o", "JobIDRaw,State,End"], timeout=30).stdout
+    return [ln for ln in out.splitlines() if ln.strip() and ln.rsplit("|", 1)[-1].strip() in ("Unknown", "None", "")]
 
 
 def wait_running(tb, jid: int, timeout: float = 30) -> None:
