@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuguard.net.nccl_parse import _COMMAND, NcclLog, NcclResult, NcclRow, NcclTable, _num, _Reader
+from gpuguard.net.nccl_parse import TEST_COMMAND, NcclLog, NcclResult, NcclRow, NcclTable, parse_number, LogReader
 
 
 def _json_block(b: Any, where: str) -> NcclResult | None:
@@ -19,7 +19,7 @@ def _json_block(b: Any, where: str) -> NcclResult | None:
     w = b.get("nwrong")
     if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 or w != int(w)):
         raise ValueError(f"{where}.nwrong {w!r} is not a count")
-    res = NcclResult(_num(str(t)), _num(str(b.get("alg_bw"))), _num(str(b.get("bus_bw"))),
+    res = NcclResult(parse_number(str(t)), parse_number(str(b.get("alg_bw"))), parse_number(str(b.get("bus_bw"))),
                      None if w is None else int(w))
     if res.time_us < 0 or res.algbw_gbs < 0 or res.busbw_gbs < 0:
         raise ValueError(f"{where}: negative time or bandwidth")
@@ -34,7 +34,7 @@ def parse_json_report(doc: dict[str, Any]) -> NcclLog:
     last error) -> the :class:`NcclLog` its text output gives."""
     log = NcclLog()
     args = doc.get("args") if isinstance(doc.get("args"), list) else []
-    prog = _COMMAND.search(str(args[0])) if args else None
+    prog = TEST_COMMAND.search(str(args[0])) if args else None
     t = NcclTable(test=prog.group(1) if prog else None, header_seen=True)
     cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     t.ngpus, t.min_bytes, t.max_bytes = cfg.get("ngpus"), cfg.get("minimum_bytes"), cfg.get("maximum_bytes")
@@ -61,7 +61,7 @@ def parse_json_report(doc: dict[str, Any]) -> NcclLog:
     log.tables.append(t)
     if not t.rows:
         log.incomplete.append(f"{t.test or 'test'}: no results (output ends early)")
-    reader = _Reader()
+    reader = LogReader()
     reader.log = log
     for e in doc.get("errors") or []:
         reader.last_error(str(e).strip())

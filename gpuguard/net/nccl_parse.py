@@ -164,7 +164,9 @@ _RANK_LABEL = re.compile(r"^\s*(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s*|\d{
 _ELISION = {"...", "[...]", "<snip>", "\u2026", "[snip]", "(...)"}
 _NTHREAD = re.compile(r"^#?\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
-_COMMAND = re.compile(r"(?:^|/)(\w+_perf)(?:_mpi)?\b")
+#: The nccl-tests binary in a command line (``all_reduce_perf``, ``.../all_reduce_perf_mpi``):
+#: group 1 is the test's name.
+TEST_COMMAND = re.compile(r"(?:^|/)(\w+_perf)(?:_mpi)?\b")
 _DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+"
                      r"\[([^\]]*)\]\s*(.*?)\s*$")
 _OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
@@ -193,7 +195,7 @@ _TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float"
           "bfloat16", "f8e4m3", "f8e5m2", "char", "int", "fp8_e4m3", "fp8_e5m2"}
 
 
-def _num(tok: str) -> float:
+def parse_number(tok: str) -> float:
     """A finite float; raises ValueError for nan/inf (a failed measurement)."""
     v = float(tok)
     if not math.isfinite(v):
@@ -211,13 +213,13 @@ def _block(toks: list[str], names: list[str], legacy: bool) -> NcclResult:
     w = d.get("#wrong", d.get("error"))
     if w is not None and w != "N/A":
         if legacy or "error" in d:
-            max_error = _num(w)
+            max_error = parse_number(w)
         else:
-            wv = _num(w)
+            wv = parse_number(w)
             if wv < 0 or wv != int(wv):
                 raise ValueError(f"#wrong {w!r} is not a count")
             wrong = int(wv)
-    res = NcclResult(_num(t), _num(d["algbw"]), _num(d["busbw"]), wrong, max_error)
+    res = NcclResult(parse_number(t), parse_number(d["algbw"]), parse_number(d["busbw"]), wrong, max_error)
     if res.time_us < 0 or res.algbw_gbs < 0 or res.busbw_gbs < 0:
         raise ValueError("negative time or bandwidth")
     return res
@@ -294,7 +296,7 @@ def _clean(line: str) -> str:
     return _RANK_LABEL.sub("", line).strip()
 
 
-class _Reader:
+class LogReader:
     """Line-by-line state of :func:`parse`: the log so far and the table being read."""
 
     def __init__(self) -> None:
@@ -325,7 +327,7 @@ class _Reader:
             cur.out_of_bounds = int(m.group(1))
         elif m := _AVG.match(line):
             try:
-                cur.avg_busbw_gbs = _num(m.group(1))
+                cur.avg_busbw_gbs = parse_number(m.group(1))
             except ValueError:
                 self.log.problems.append((no, f"Avg bus bandwidth not a number: {m.group(1)!r}"))
         elif line.startswith("#"):
@@ -391,7 +393,7 @@ class _Reader:
             if self.cur.avg_busbw_gbs is not None:  # rows after a footer: a second table
                 self.new_table(None).columns = None
             self.cur.rows.append(row)
-        elif m := _COMMAND.search(toks[0]):
+        elif m := TEST_COMMAND.search(toks[0]):
             self.new_table(m.group(1))
         # else: MPI banners, a header line that lost its '#', blank-ish noise
 
@@ -409,7 +411,7 @@ def parse(text: str) -> NcclLog:
             from gpuguard.net.nccl_json import parse_json_report
 
             return parse_json_report(doc)
-    r = _Reader()
+    r = LogReader()
     for no, raw in enumerate(text.splitlines(), 1):
         line = _clean(raw)
         if not line:
