@@ -52,10 +52,15 @@ def known_codes() -> set[str]:
 def is_known_code(code: str) -> bool:
     """Whether ``code`` is a finding code gpuguard can raise (:func:`known_codes`, or
     ``xid.N``/``sxid.N``): a ``[policy]`` override of any other name would never apply, so a
-    typo such as ``pcie.width_degrade = "drain"`` would leave a degraded node in service."""
+    typo such as ``pcie.width_degrade = "drain"`` would leave a degraded node in service.
+    The codes already declared (the hardware checks every hook loads) are looked at first;
+    :data:`CODE_MODULES` (the NCCL probe and its parser, DCGM triage: tens of ms) are imported
+    only for a code not among them, so a site policy naming hardware codes costs a hook nothing."""
     import re
 
-    return bool(re.fullmatch(r"s?xid\.[0-9]{1,6}", code)) or code in known_codes()
+    if re.fullmatch(r"s?xid\.[0-9]{1,6}", code) or code in default_actions():
+        return True
+    return code in known_codes()
 
 
 def __getattr__(name: str) -> Any:

@@ -243,13 +243,18 @@ def _live_list_file(tmp_path, header: bool):
     return f
 
 
+def _parallel(monkeypatch) -> None:
+    """A test file this small takes the parallel bulk path: 2 workers, 120-byte chunks."""
+    monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
+    monkeypatch.setattr(bulk_mod, "WORKERS", 2)
+    monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+
+
 @pytest.mark.parametrize("bulk", [False, True])
 def test_header_less_file_of_the_live_field_list_is_read_like_its_header_version(tmp_path, monkeypatch, bulk):
     # `sacct -a -X -D -P -n --format=<the README's list>`: rows only
     if bulk:
-        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
-        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
-        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+        _parallel(monkeypatch)
     got = {}
     for header in (True, False):
         store = next(cache_store(tmp_path / str(header)))
@@ -266,9 +271,7 @@ def test_header_less_file_of_the_live_field_list_is_read_like_its_header_version
 def test_file_saved_with_another_delimiter_is_read_like_the_pipe_one(tmp_path, monkeypatch, delimiter, bulk):
     # sacct -P --delimiter=';' or a tab: the same jobs as the | file
     if bulk:
-        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
-        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
-        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+        _parallel(monkeypatch)
     text = HANDMADE.read_text()
     assert delimiter not in text
     got = []
@@ -301,9 +304,7 @@ def test_comma_delimited_file_is_refused_as_such(tmp_path):
 @pytest.mark.parametrize("bulk", [False, True])
 def test_paste_starting_with_blank_lines(tmp_path, monkeypatch, bulk):
     if bulk:
-        monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", 1)
-        monkeypatch.setattr(bulk_mod, "WORKERS", 2)
-        monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 120)
+        _parallel(monkeypatch)
     f = tmp_path / "p.txt"
     f.write_text("\n  \n" + HANDMADE.read_text())
     res = import_file(next(cache_store(tmp_path / "s")), str(f), tz=UTC, synced_at=1.0)
