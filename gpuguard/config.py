@@ -44,9 +44,19 @@ DEFAULT_PATH = "/etc/gpuguard/gpuguard.toml"
 
 ACTIONS = ("record", "alert", "drain", "fail-job")
 
-# section -> key -> (default, type(s), one-line doc). The single source of truth for
-# keys, defaults and the configuration reference in the README.
-SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
+#: Lower bounds of a number key, the optional 4th element of its SCHEMA entry. Every
+#: number is at least :data:`AT_LEAST_ZERO` (a negative count, size, time or rate is a
+#: mistake); :data:`ABOVE_ZERO` is for a width the verdict divides by
+#: (``floor(t / short_window_s)``), an interval that would spin at 0 (the collector
+#: sampling in a busy loop on every node) and a timeout or budget that would never let
+#: its work run. A key whose 0 has a meaning of its own says so in its doc and declares
+#: AT_LEAST_ZERO (``[nccl] interval_s``: 0 = probe at every health run).
+AT_LEAST_ZERO = ">= 0"
+ABOVE_ZERO = "> 0"
+
+# section -> key -> (default, type(s), one-line doc[, lower bound]). The single source of
+# truth for keys, defaults, bounds and the configuration reference in the README.
+SCHEMA: dict[str, dict[str, tuple[Any, ...]]] = {
     "node": {
         "name": ("", str, "node name; empty = $SLURMD_NODENAME, else the short host name"),
         "gpu_count": (0, int, "GPUs this node must show; 0 = take the count from gres (SLURM_JOB_GPUS) only"),
@@ -64,7 +74,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "gpu": {
         "source": ("nvml", str, "GPU source: nvml | replay"),
         "replay_path": ("", str, "snapshot JSON or nvidia-smi -q / -q -x dump for the replay source; {node} allowed"),
-        "call_timeout_s": (5.0, (int, float), "timeout of one NVML call (a hung driver is a finding, not a hung prolog)"),
+        "call_timeout_s": (5.0, (int, float), "timeout of one NVML call (a hung driver is a finding, not a hung prolog)", ABOVE_ZERO),
     },
     "xid": {
         "kernel_log": ("auto", str, "auto | kmsg | journalctl | dmesg | a file path; {node} allowed"),
@@ -81,11 +91,11 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
     },
     "prolog": {
-        "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout"),
+        "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout", ABOVE_ZERO),
         "start_collector": (True, bool, "start the per-job collector"),
     },
     "collector": {
-        "interval_s": (10.0, (int, float), "sampling interval; 1 s works"),
+        "interval_s": (10.0, (int, float), "sampling interval; 1 s works", ABOVE_ZERO),
         "flush_s": (10.0, (int, float), "write batched samples at least this often"),
     },
     "store": {
@@ -94,7 +104,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "prune_budget_s": (2.0, (int, float), "the epilog prunes at most this long after its summary and verdict, if its own budget has that much left; 0 = only `gpuguard store prune`"),
     },
     "epilog": {
-        "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog"),
+        "time_budget_s": (20.0, (int, float), "hard limit for the whole epilog", ABOVE_ZERO),
         "slurmctld_wait_s": (30.0, (int, float), "EpilogSlurmctld worker: how long to wait for every node's part in the spool before judging what arrived"),
     },
     "baseline": {
@@ -108,8 +118,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "verdict": {
         "warmup_s": (300.0, (int, float), "start of the job left out of the comparison: CUDA/NCCL init, autotuning, compilation, first data loads (our choice: 5 min)"),
-        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up"),
-        "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide"),
+        "long_window_s": (600.0, (int, float), "a deviation must show over a window this long to count (our choice: 10 min outlasts checkpoint and evaluation pauses); shorter jobs: their whole span after warm-up", ABOVE_ZERO),
+        "short_window_s": (60.0, (int, float), "display window and the step by which long windows slide", ABOVE_ZERO),
         "z_threshold": (3.5, (int, float), "|robust z| = |x - median| / (1.4826 MAD) at or above this flags a metric (Iglewicz & Hoaglin 1993, modified z-score outlier cut-off 3.5)"),
         "mad_floor_frac": (0.02, (int, float), "MAD is at least this fraction of the median, so a tiny spread does not flag noise (our choice: about the run-to-run jitter of step time on dedicated nodes; checked with bench/verdict_accuracy.py)"),
         "min_rel_change": (0.10, (int, float), "and |x - median| / median must be at least this (our choice: 10 %, below it a change is not worth a human's look; bench/verdict_accuracy.py)"),
@@ -119,7 +129,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "leak_min_rise_frac": (0.03, (int, float), "memory-leak: steady rise after warm-up of at least this fraction of capacity (GPU) or of the starting level (host) (our choice: 3 %, 2.4 GiB of an 80 GB GPU; a caching allocator's one-off chunk of that size is told apart by the steady-rise tests, bench/verdict_accuracy.py)"),
         "escalate_codes": (["verdict.straggler_gpu", "verdict.straggler_node"], list, "verdict findings that escalate to drain when they repeat on the same GPU (node)"),
         "escalate_count": (3, int, "escalate after this many jobs with the finding on the same GPU/node (DESIGN.md: 3 jobs within 24 h -> drain)"),
-        "escalate_window_s": (86400.0, (int, float), "... within this window (DESIGN.md: 24 h)"),
+        "escalate_window_s": (86400.0, (int, float), "... within this window (DESIGN.md: 24 h)", AT_LEAST_ZERO),
     },
     "cluster": {
         "admin_comment": (True, bool, "the job judge writes the verdict into the job's AdminComment (sacctmgr modify job, one call per judgment)"),
@@ -134,9 +144,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "max_bytes": (1073741824, int, "largest message of the default probe (-e; our choice: 1 GiB, where intra-node busbw has plateaued on A100/H100)"),
         "iters": (20, int, "timed iterations per size (-n; nccl-tests default 20)"),
         "warmup_iters": (5, int, "warm-up iterations per size (-w; nccl-tests default 5)"),
-        "timeout_s": (120.0, (int, float), "hard limit of one probe run, also capped by the caller's remaining budget; a hang is nccl.probe_failed"),
+        "timeout_s": (120.0, (int, float), "hard limit of one probe run, also capped by the caller's remaining budget; a hang is nccl.probe_failed", ABOVE_ZERO),
         "judge_min_bytes": (67108864, int, "only sizes at least this large are judged against the baseline (our choice: as min_bytes)"),
-        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often; 0 = at every health run (our choice: 6 h; a probe takes the GPUs for tens of seconds)"),
+        "interval_s": (21600.0, (int, float), "gpuguard health probes an idle node at most this often; 0 = at every health run (our choice: 6 h; a probe takes the GPUs for tens of seconds)", AT_LEAST_ZERO),
         "prolog": ("never", str, "when the Prolog probes: never | multi-node (jobs on more than one node) | always; never past the Prolog budget"),
         "health": (True, bool, "gpuguard health probes idle nodes (at most every interval_s) when the probe is installed: a missing default binary switches it off, a configured command that is missing is nccl.probe_failed"),
         "baseline_probes": (10, int, "a node's NCCL baseline: median/MAD of its last this-many healthy probes per message size (our choice)"),
@@ -167,10 +177,10 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "cluster": ("", str, "cluster name for imported sacct -P rows without a Cluster field"),
         "first_sync_days": (30, int, "first `gpuguard report sync` without --since pulls this many days of sacct history"),
         "sync_overlap_s": (300.0, (int, float), "each incremental sync starts this long before the previous one, so no job slips between syncs"),
-        "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync"),
+        "sacct_timeout_s": (300.0, (int, float), "timeout of the sacct command of one sync", ABOVE_ZERO),
     },
     "health": {
-        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below the 60 s slurmd waits for its HealthCheckProgram, slurmd.c run_script_health_check max_wait)"),
+        "time_budget_s": (40.0, (int, float), "hard limit of one `gpuguard health` run (our choice: below the 60 s slurmd waits for its HealthCheckProgram, slurmd.c run_script_health_check max_wait)", ABOVE_ZERO),
         "resume": (True, bool, "resume a node gpuguard drained once its fault has cleared (only faults whose recovery kind is 'auto'; never an admin's drain)"),
         "resume_after_clean_runs": (3, int, "consecutive clean health runs before such a resume (our choice: an intermittent fault must stay away for 3 HealthCheckIntervals; NHC resumes at the first pass)"),
         "disabled_steps": ([], list, "registered health steps to switch off (see `gpuguard health --list`)"),
@@ -180,7 +190,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "alerts": {
         "spool_file": ("", str, "where hooks queue alerts (JSON lines); empty = {state_dir}/alerts.spool; {node} allowed"),
         "spool_max_bytes": (1048576, int, "hooks stop queueing past this spool size, so a flood cannot fill the disk (our choice: 1 MiB, several thousand alerts)"),
-        "dedup_window_s": (3600.0, (int, float), "same code, node and GPU within this window = one alert with a count; more repeats are sent once when the window closes (our choice: 1 h, Alertmanager's repeat cadence order)"),
+        "dedup_window_s": (3600.0, (int, float), "same code, node and GPU within this window = one alert with a count; more repeats are sent once when the window closes (our choice: 1 h, Alertmanager's repeat cadence order)", AT_LEAST_ZERO),
         "group_wait_s": (0.0, (int, float), "an alert waits this long after its first occurrence before it is sent, gathering repeats (Alertmanager group_wait; 0: the sender runs at the end of the producing health run anyway)"),
         "rate_limit_per_hour": (60, int, "at most this many messages per sink per hour; the rest wait (our choice: a human reads about one a minute)"),
         "max_attempts": (8, int, "delivery attempts per message before it is given up (logged)"),
@@ -191,7 +201,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "syslog_facility": ("daemon", str, "syslog facility name (logging.handlers.SysLogHandler.facility_names)"),
         "webhook_url": ("", str, "JSON webhook (Slack, Mattermost, Teams incoming webhook: the body's \"text\" is the message); empty = off"),
         "webhook_min_severity": ("warning", str, "webhook sink: lowest severity sent"),
-        "webhook_timeout_s": (5.0, (int, float), "timeout of one webhook request"),
+        "webhook_timeout_s": (5.0, (int, float), "timeout of one webhook request", ABOVE_ZERO),
         "mail_to": ([], list, "mail recipients; empty = mail off"),
         "mail_min_severity": ("critical", str, "mail sink: lowest severity sent"),
         "mail_program": ("", str, "mail program: a sendmail binary (`sendmail -oi -- RCPT`, headers on stdin) or a mail(1)-style one (`PROG -s SUBJECT RCPT`, as Slurm's MailProg is called); empty = Slurm's MailProg from `scontrol show config`"),
@@ -514,23 +524,21 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
             # a percentage above 100 makes every GPU "idle" (the idle checks then judge
-            # GPUs under load); a share is a fraction; an interval, timeout or budget of 0
-            # spins (the collector sampling in a busy loop on every node) or never runs
+            # GPUs under load); a share is a fraction; the lower bound is the key's own
             if key.endswith("_pct") and v > 100:
                 raise ConfigError(f"{where}: {sec}.{key} is a percentage: 0 to 100, got {v}")
             if key.endswith("_share") and not 0 < v <= 1:
                 raise ConfigError(f"{where}: {sec}.{key} is a share: above 0, at most 1, got {v}")
-            if ((key.endswith(("interval_s", "timeout_s", "time_budget_s")) or key in _WINDOWS) and v == 0
-                    and (sec, key) not in _ZERO_MEANS):
+            if lower_bound(sec, key) == ABOVE_ZERO and v == 0:
                 raise ConfigError(f"{where}: {sec}.{key} must be > 0")
 
 
-#: Window widths the verdict divides by (``floor(t / short_window_s)``): never 0.
-_WINDOWS = ("long_window_s", "short_window_s")
-#: Intervals where 0 has a meaning of its own: ``[nccl] interval_s`` is how seldom at most
-#: ``gpuguard health`` probes an idle node; 0 = at every health run (a site probing its
-#: nodes on every HealthCheckInterval, the NCCL tests'). Not a busy loop.
-_ZERO_MEANS = {("nccl", "interval_s")}
+def lower_bound(section: str, key: str) -> str:
+    """The declared lower bound of ``section.key``: :data:`ABOVE_ZERO` or
+    :data:`AT_LEAST_ZERO` (the default when its SCHEMA entry has no 4th element).
+    Raises ``KeyError`` for a key not in :data:`SCHEMA`."""
+    spec = SCHEMA[section][key]
+    return spec[3] if len(spec) > 3 else AT_LEAST_ZERO
 
 
 def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
@@ -620,7 +628,7 @@ def example_toml() -> str:
         if not keys:
             continue
         out.append(f"[{section}]")
-        for key, (default, _t, doc) in keys.items():
+        for key, (default, _t, doc, *_bound) in keys.items():
             out += [f"# {doc}", f"# {key} = {_toml_value(default)}"]
         out.append("")
     out += [
@@ -645,5 +653,5 @@ def reference_markdown() -> str:
         if not keys:
             continue
         out += ["", f"**[{section}]**", "", "| key | default | meaning |", "|---|---|---|"]
-        out += [f"| `{k}` | `{json.dumps(d)}` | {doc} |" for k, (d, _t, doc) in keys.items()]
+        out += [f"| `{k}` | `{json.dumps(d)}` | {doc} |" for k, (d, _t, doc, *_bound) in keys.items()]
     return "\n".join(out) + "\n"

@@ -121,7 +121,7 @@ def test_cli_config_show_and_error_exit(tmp_path):
 
 def test_every_schema_key_documented():
     for section, keys in config_mod.SCHEMA.items():
-        for key, (default, typ, doc) in keys.items():
+        for key, (default, typ, doc, *_bound) in keys.items():
             assert doc, f"{section}.{key} has no doc"
             assert config_mod._check_type(default, typ), f"{section}.{key} default has the wrong type"
     assert os.path.basename(config_mod.DEFAULT_PATH) == "gpuguard.toml"

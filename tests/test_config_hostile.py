@@ -65,6 +65,58 @@ def test_an_interval_whose_zero_has_a_meaning_is_accepted():
         load_text("[collector]\ninterval_s = 0\n", "c.toml")
 
 
+#: Every number key whose 0 is > 0 today, with the exact message: the lower bound is
+#: declared per key in SCHEMA, so this is the whole list (a key added without a
+#: declaration is caught by the next test).
+_ABOVE_ZERO = [("gpu", "call_timeout_s"), ("prolog", "time_budget_s"), ("collector", "interval_s"),
+               ("epilog", "time_budget_s"), ("verdict", "long_window_s"), ("verdict", "short_window_s"),
+               ("nccl", "timeout_s"), ("reports", "sacct_timeout_s"), ("health", "time_budget_s"),
+               ("alerts", "webhook_timeout_s")]
+
+
+def test_zero_is_refused_exactly_where_the_schema_declares_above_zero():
+    from gpuguard import config as config_mod
+
+    refused = []
+    for sec, keys in config_mod.SCHEMA.items():
+        for key, spec in keys.items():
+            if not isinstance(spec[0], (int, float)) or isinstance(spec[0], bool) or key.endswith("_share"):
+                continue
+            try:
+                load_text(f"[{sec}]\n{key} = 0\n", "c.toml")
+            except ConfigError as e:
+                if str(e) == f"c.toml: {sec}.{key} must be > 0":
+                    refused.append((sec, key))
+    assert refused == _ABOVE_ZERO
+
+
+def test_every_time_key_declares_its_lower_bound():
+    """An interval, timeout or budget added without a bound would accept 0 (a busy loop, a
+    budget that never lets work run): each must say ABOVE_ZERO or, when 0 means something,
+    AT_LEAST_ZERO with that meaning in its doc."""
+    from gpuguard import config as config_mod
+
+    undeclared = [f"{s}.{k}" for s, keys in config_mod.SCHEMA.items() for k, spec in keys.items()
+                  if k.endswith(("interval_s", "timeout_s", "time_budget_s", "window_s")) and len(spec) < 4]
+    assert undeclared == []
+    assert config_mod.lower_bound("nccl", "interval_s") == config_mod.AT_LEAST_ZERO
+    assert config_mod.lower_bound("collector", "interval_s") == config_mod.ABOVE_ZERO
+    assert config_mod.lower_bound("node", "gpu_count") == config_mod.AT_LEAST_ZERO
+
+
+def test_a_bound_declared_on_any_key_is_enforced(monkeypatch):
+    """The bound is the key's, not its name's: a key with no time suffix declared
+    ABOVE_ZERO refuses 0 with the same message."""
+    from gpuguard import config as config_mod
+
+    spec = config_mod.SCHEMA["node"]["gpu_count"]
+    monkeypatch.setitem(config_mod.SCHEMA["node"], "gpu_count", (*spec[:3], config_mod.ABOVE_ZERO))
+    with pytest.raises(ConfigError) as e:
+        load_text("[node]\ngpu_count = 0\n", "c.toml")
+    assert str(e.value) == "c.toml: node.gpu_count must be > 0"
+    assert load_text("[node]\ngpu_count = 2\n", "c.toml").get("node", "gpu_count") == 2
+
+
 def test_config_show_names_what_only_the_epilog_would_refuse(tmp_path):
     from click.testing import CliRunner
 
