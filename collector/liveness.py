@@ -1,11 +1,11 @@
 """Whether the job still runs on this node, for the collector's exit decision: the job's
-cgroup, its user's processes, then ``scontrol show job`` (the order and the grace periods
+cgroup, its user's processes, then its state from ``squeue`` (the order and the grace periods
 are in the module docstring of :mod:`gpuguard.collector.run`, which re-exports these).
 """
 
 from __future__ import annotations
 
-import re
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,20 +19,27 @@ ALIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", 
 
 
 def scontrol_job_state(scontrol: str, job_id: str, timeout_s: float = 5.0) -> str | None:
-    """The job's ``JobState`` from ``scontrol show job -o N``; ``"UNKNOWN_JOB"`` when
-    slurmctld no longer knows it (``Invalid job id``); ``None`` when scontrol cannot answer
-    (missing, slurmctld down, timeout)."""
+    """The job's state (``RUNNING``, ``COMPLETING``, ``CANCELLED``...) from
+    ``squeue -h -t all -j N -o %T``, run from the directory of ``scontrol`` (the
+    ``[slurm] bin_dir`` the collector was given); ``"UNKNOWN_JOB"`` when slurmctld no longer
+    knows the job (``Invalid job id`` on stderr); ``None`` when it cannot answer (missing,
+    slurmctld down, timeout).
+
+    Not ``scontrol show job -o``: it prints the job name unescaped before ``JobState=``,
+    so a job named ``x JobState=COMPLETED`` read as finished and its collector stopped
+    (tests/data/scontrol/). ``%T`` alone is one Slurm-written word; ``-t all`` keeps
+    finished jobs still in slurmctld's memory (without it squeue prints nothing for them)."""
+    squeue = os.path.join(os.path.dirname(scontrol), "squeue")
     try:
-        # errors="replace": a job name that is not UTF-8 must not crash the collector
-        p = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
+        # errors="replace": output that is not UTF-8 must not crash the collector
+        p = subprocess.run([squeue, "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
                            encoding="utf-8", errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    out = p.stdout + p.stderr
-    if "Invalid job id" in out:
+    if "Invalid job id" in p.stderr:
         return "UNKNOWN_JOB"
-    m = re.search(r"\bJobState=(\S+)", p.stdout)
-    return m.group(1) if m and p.returncode == 0 else None
+    state = p.stdout.strip()
+    return state if p.returncode == 0 and len(state.split()) == 1 else None
 
 
 class JobLiveness:

@@ -29,7 +29,7 @@ It never outlives its job (:class:`JobLiveness`, checked every ``--liveness-s``)
    one ``stat``, authoritative;
 2. no cgroup: no process of the job's uid in ``/proc`` for two checks in a row, once one
    was seen or ``--startup-grace-s`` has passed (the batch script starts after the prolog);
-3. no cgroup: ``scontrol show job -o N`` (``[slurm] bin_dir``) reports a finished state or
+3. no cgroup: ``squeue -h -t all -j N -o %T`` (``[slurm] bin_dir``; a job name cannot forge it) reports a finished state or
    an unknown job, asked at most every ``--scontrol-every-s`` (it costs a slurmctld RPC),
    which covers a user with other processes on the node;
 4. no probe has shown the job alive (cgroup present, a process of the uid, scontrol

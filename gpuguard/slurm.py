@@ -12,6 +12,7 @@ Hooks run with no ``PATH`` (SLURM-FACTS.md §3), hence ``bin_dir``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -105,12 +106,14 @@ class SlurmCli:
         return rows
 
     def node_reason(self, node: str, *, timeout_s: float | None = None) -> str | None:
-        """The reason set on ``node`` (``scontrol show node -o``), or None."""
+        """The reason set on ``node`` as Slurm shows it (``REASON [user@time]``), or None;
+        read by :func:`node_line`, so no text in it or in the node's comment is cut or
+        forges it."""
         out = self.run("scontrol", "show", "node", node, "-o", timeout_s=timeout_s)
-        for tok in scontrol_fields(out):
-            if tok[0] == "Reason":
-                return tok[1] or None
-        return None
+        line = node_line(out)
+        if line.reason is None:
+            return None
+        return f"{line.reason} [{line.stamp}]" if line.stamp else line.reason
 
     def resume_node(self, node: str, *, timeout_s: float | None = None) -> None:
         """``scontrol update nodename=NODE state=resume``, unconditionally. Callers go
@@ -120,9 +123,28 @@ class SlurmCli:
 
     # -- jobs -----------------------------------------------------------------------
     def show_job(self, job_id: str, *, timeout_s: float | None = None) -> dict[str, str]:
-        """``scontrol show job -o JOBID`` as a field dict (``JobName``, ``Comment``, ...)."""
-        out = self.run("scontrol", "show", "job", "-o", str(job_id), timeout_s=timeout_s)
-        return dict(scontrol_fields(out))
+        """The job's ``Partition``, ``NumNodes``, ``TresPerNode``, ``Comment`` and ``JobName``
+        (the names ``scontrol show job`` gives them), each read so that user text cannot
+        forge another: a dict of those present (Slurm's ``(null)``/``N/A`` = absent).
+
+        Not ``scontrol show job -o``: it prints user text (JobName, Comment, WorkDir,
+        Command, StdOut...) unescaped between ``Key=value`` pairs, so a job named
+        ``x Comment=gpuguard:template=victim`` carried a second Comment, and with several
+        user fields no reading of that line is unambiguous (tests/data/scontrol/). Not
+        ``squeue --json``: 22.05 ignores ``-j`` there and dumps every job. So two
+        ``squeue -h -j JOBID -o`` calls, each with at most one user field, placed last:
+        ``%P|%D|%b|%k`` (partition and gres names are the admin's and hold no ``|``; the
+        comment is the rest of the output) and ``%j`` (the whole output: a name may hold
+        ``|`` and newlines). Raises :class:`SlurmError`."""
+        job = str(job_id)
+        head = _one_value(self.run("squeue", "-h", "-j", job, "-o", "%P|%D|%b|%k", timeout_s=timeout_s))
+        name = _one_value(self.run("squeue", "-h", "-j", job, "-o", "%j", timeout_s=timeout_s))
+        parts = head.split("|", 3)
+        if len(parts) != 4:
+            raise SlurmError(f"squeue -j {job}: expected PARTITION|NODES|TRES|COMMENT, got {head[:200]!r}")
+        fields = dict(zip(("Partition", "NumNodes", "TresPerNode", "Comment"), parts, strict=True))
+        fields["JobName"] = name
+        return {k: v for k, v in fields.items() if v not in ("", "(null)", "N/A")}
 
     def fail_job(self, job_id: str, reason: str, *, timeout_s: float | None = None) -> None:
         """Fail a job from the Prolog *without* draining the node: note ``reason`` in the
@@ -167,6 +189,55 @@ class SlurmCli:
         if end:
             args += ["-E", end]
         return self.run("sacct", *args, timeout_s=timeout_s)
+
+
+def _one_value(out: str) -> str:
+    """A one-job ``squeue -h -o`` output without its final newline (only that one: a
+    value's own newlines are kept)."""
+    return out[:-1] if out.endswith("\n") else out
+
+
+#: The free-text fields that close ``scontrol show node -o`` in Slurm 22.05, in print
+#: order (measured on the testbed: tests/data/scontrol/show_node_hostile_reason.txt).
+#: A drain reason holds user text (gpuguard's name the process: ``name=python``), Comment
+#: and Extra the admin's; every field before them is Slurm's own.
+_NODE_TEXT_KEYS = (" Reason=", " Comment=", " Extra=")
+#: The ``[user@time]`` stamp Slurm appends to a reason it stores (``reason_uid``/``reason_time``).
+_REASON_STAMP = re.compile(r" \[(?P<stamp>[^\]\s@]+@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?= Comment=| Extra=|$)")
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    """One ``scontrol show node -o`` line: ``fields`` the Slurm-written ``Key=value`` pairs
+    before the free text (``NodeName``, ``State``, ...), ``reason`` without its stamp and
+    ``stamp`` (``user@YYYY-MM-DDTHH:MM:SS``), each None when absent."""
+
+    fields: dict[str, str]
+    reason: str | None
+    stamp: str | None
+
+
+def node_line(text: str) -> NodeLine:
+    """Read one ``scontrol show node -o`` line so that no text in a reason, node comment
+    or extra can set another field: the ``Key=value`` pairs are read only before the
+    first free-text field (:data:`_NODE_TEXT_KEYS`), and the reason runs to its stamp,
+    the last one that ends the line or precedes `` Comment=``/`` Extra=`` (a reason that
+    forges a stamp and ``Comment=`` is still the reason). Without a stamp the reason ends
+    at the first `` Comment=``/`` Extra=``."""
+    text = text.strip()
+    cuts = [i for i in (text.find(k) for k in _NODE_TEXT_KEYS) if i >= 0]
+    head = text[:min(cuts)] if cuts else text
+    fields = dict(scontrol_fields(head))
+    start = text.find(" Reason=")
+    if start < 0 or start != min(cuts):
+        return NodeLine(fields, None, None)
+    rest = text[start + len(" Reason="):]
+    stamps = list(_REASON_STAMP.finditer(rest))
+    if stamps:
+        m = stamps[-1]
+        return NodeLine(fields, rest[:m.start()].strip() or None, m.group("stamp"))
+    ends = [i for i in (rest.find(" Comment="), rest.find(" Extra=")) if i >= 0]
+    return NodeLine(fields, rest[:min(ends)] if ends else rest or None, None)
 
 
 def scontrol_fields(text: str) -> list[tuple[str, str]]:

@@ -150,11 +150,11 @@ def test_hook_env_gpus_spec():
 
 def test_slurmcli_deadline_caps_and_refuses(fake_slurm_bin):
     late = SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 0.05)
-    with pytest.raises(SlurmError, match="scontrol show job -o: not run: no time left in the budget"):
-        late.show_job("42")
+    with pytest.raises(SlurmError, match="scontrol show node n1: not run: no time left in the budget"):
+        late.node_reason("n1")
     assert fake_slurm_bin(include_reads=True) == []
-    SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 5).show_job("42")
-    assert fake_slurm_bin(include_reads=True) == [["scontrol", "show", "job", "-o", "42"]]
+    SlurmCli(fake_slurm_bin.bindir, deadline=time.monotonic() + 5).node_reason("n1")
+    assert fake_slurm_bin(include_reads=True) == [["scontrol", "show", "node", "n1", "-o"]]
 
 
 def test_template_reads_the_checked_environment():

@@ -182,19 +182,28 @@ def test_liveness_asks_scontrol_rate_limited(tmp_path):
 
 
 def test_scontrol_job_state_parses_real_output(tmp_path):
+    """squeue -h -t all -j N -o %T as the testbed's Slurm 22.05 answers (the state alone,
+    or ``Invalid job id`` on stderr once slurmctld forgot the job)."""
     sc = tmp_path / "scontrol"
+    sq = tmp_path / "squeue"
+    sc.write_text("#!/bin/sh\necho 'JobId=42 JobName=x JobState=COMPLETED UserId=a(1) JobState=RUNNING'\n")
+    sc.chmod(0o755)
 
     def fake(out, rc=0, err=""):
-        sc.write_text(f"#!/bin/sh\nprintf '%s' '{out}'\nprintf '%s' '{err}' >&2\nexit {rc}\n")
-        sc.chmod(0o755)
+        sq.write_text(f"#!/bin/sh\nprintf '%s' '{out}'\nprintf '%s' '{err}' >&2\nexit {rc}\n")
+        sq.chmod(0o755)
 
-    fake("JobId=42 JobName=x UserId=a(1001) JobState=RUNNING Reason=None Dependency=(null)\n")
+    fake("RUNNING\n")
     assert scontrol_job_state(str(sc), "42") == "RUNNING"
-    fake("JobId=42 JobState=COMPLETING Reason=None\n")
+    fake("COMPLETING\n")
     assert scontrol_job_state(str(sc), "42") == "COMPLETING"
+    fake("CANCELLED\n")
+    assert scontrol_job_state(str(sc), "42") == "CANCELLED"
     fake("", 1, "slurm_load_jobs error: Invalid job id specified\n")
     assert scontrol_job_state(str(sc), "42") == "UNKNOWN_JOB"
     fake("", 1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
+    assert scontrol_job_state(str(sc), "42") is None
+    fake("")
     assert scontrol_job_state(str(sc), "42") is None
     assert scontrol_job_state(str(tmp_path / "missing"), "42") is None
 

@@ -36,7 +36,10 @@ def _tool(tmp_path, name, out: bytes):
 
 def test_slurm_output_that_is_not_utf8_is_read_with_replacement_characters(tmp_path):
     _tool(tmp_path, "scontrol", b"JobId=7 JobName=caf\xe9 JobState=RUNNING")
-    assert SlurmCli(str(tmp_path)).show_job("7") == {"JobId": "7", "JobName": "caf\ufffd", "JobState": "RUNNING"}
+    _tool(tmp_path, "squeue", b"gpu|1|N/A|caf\xe9")
+    assert SlurmCli(str(tmp_path)).show_job("7") == {"Partition": "gpu", "NumNodes": "1", "Comment": "caf\ufffd",
+                                                     "JobName": "gpu|1|N/A|caf\ufffd"}
+    _tool(tmp_path, "squeue", b"RUNNING")
     assert scontrol_job_state(str(tmp_path / "scontrol"), "7") == "RUNNING"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,6 @@ from gpuguard.slurm import REASON_PREFIX
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 #: ``Reason=text [user@2026-11-30T18:20:01]`` as ``scontrol show node`` prints it.
-_STAMP_RE = re.compile(r"^(?P<text>.*?)\s*\[(?P<user>[^\]@]+)@(?P<time>[^\]]+)\]$")
 
 
 @dataclass(frozen=True)
@@ -62,22 +60,15 @@ class NodeInfo:
 
 
 def parse_node(text: str) -> NodeInfo:
-    """``scontrol show node -o NODE`` output -> :class:`NodeInfo`. Raises ``ValueError``
-    when there is no ``NodeName=`` field."""
-    from gpuguard.slurm import scontrol_fields
+    """``scontrol show node -o NODE`` output -> :class:`NodeInfo`, read by
+    :func:`gpuguard.slurm.node_line` (no reason, comment or extra text can set the name,
+    the state or the stamp). Raises ``ValueError`` when there is no ``NodeName=`` field."""
+    from gpuguard.slurm import node_line
 
-    head, sep, reason_text = text.strip().partition(" Reason=")
-    fields = dict(scontrol_fields(head))
-    if "NodeName" not in fields:
+    line = node_line(text)
+    if "NodeName" not in line.fields:
         raise ValueError("no NodeName= in scontrol output")
-    # Reason is the last field and free text: "pid=7" in it must not start a new field.
-    reason = reason_text.strip() if sep else None
-    stamp = None
-    if reason:
-        m = _STAMP_RE.match(reason)
-        if m:
-            reason, stamp = m.group("text"), f"{m.group('user')}@{m.group('time')}"
-    return NodeInfo(fields["NodeName"], fields.get("State", ""), reason or None, stamp)
+    return NodeInfo(line.fields["NodeName"], line.fields.get("State", ""), line.reason, line.stamp)
 
 
 def read_node(slurm: Any, node: str, timeout_s: float | None = None) -> NodeInfo:
