@@ -288,6 +288,24 @@ def test_bulk_load_stores_what_the_batched_path_stores_and_keeps_every_index(tmp
     assert stores[1].query("PRAGMA integrity_check") == [{"integrity_check": "ok"}]
 
 
+def test_bulk_load_keeps_the_raw_id_index_current_and_sets_the_others_aside(cstore):
+    from gpuguard.reports.sync_bulk import set_indexes_aside
+
+    import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    conn = cstore.db.conn
+    with pytest.raises(KeyError):  # rolls the drops back
+        with cstore.tx():
+            aside = set_indexes_aside(conn)
+            left = [n for n, _ in _index_sql(cstore)]
+            plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN SELECT rowid FROM sacct_jobs "
+                                                        "WHERE job_id_raw = 5"))
+            raise KeyError
+    assert len(_index_sql(cstore)) == 6
+    assert sorted(n for n, _ in aside) == ["sacct_jobs_by_account", "sacct_jobs_end", "sacct_jobs_start",
+                                           "sacct_jobs_state", "sacct_jobs_usage_end"]
+    assert left == ["sacct_jobs_raw"] and "sacct_jobs_raw" in plan
+
+
 def test_bulk_load_failing_part_way_leaves_the_store_as_it_was(cstore, monkeypatch):
     import gpuguard.reports.sync as sync_mod
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
