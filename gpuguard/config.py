@@ -93,6 +93,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, ...]]] = {
     "prolog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout", ABOVE_ZERO),
         "start_collector": (True, bool, "start the per-job collector"),
+        "fail_job_escalate_count": (3, int, "drain the node instead once the Prolog failed this many jobs in a row for the same fail-job finding code within fail_job_escalate_window_s (a run without that code resets it); 0 = never (our choice: one or two cancelled jobs can be a transient fault, a third in a row means the node is eating the queue)"),
+        "fail_job_escalate_window_s": (3600.0, (int, float), "the window of fail_job_escalate_count (our choice: 1 h; failures further apart are counted afresh)", ABOVE_ZERO),
     },
     "collector": {
         "interval_s": (10.0, (int, float), "sampling interval; 1 s works", ABOVE_ZERO),

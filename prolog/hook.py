@@ -92,14 +92,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
         return EXIT_DRAIN
     if outcome == "fail-job":
-        # Slurm 22.05 drains the node on any non-zero Prolog exit, so the job is failed
-        # through Slurm instead and the Prolog exits 0: the node keeps serving.
-        if job_id:
-            pend.actuator.fail_job(job_id, res.decision.reason)
-        else:
-            log.warning("no job id: cannot fail the job: %s", res.decision.reason)
-        _record(cfg, live, pend, job_id, henv.job_gpus, log)
-        return EXIT_OK
+        return _fail_job(cfg, live, pend, henv, res.decision, log)
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
     rc = _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) if nccl else None
     if rc is not None:
@@ -167,10 +160,60 @@ def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
         _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
         return EXIT_DRAIN
     if d.outcome == "fail-job" and job_id:
-        pend.actuator.fail_job(job_id, d.reason)
+        return _fail_job(cfg, live, pend, henv, d, log, nccl)
+    return None
+
+
+def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
+    """Act on a ``fail-job`` decision: fail the job (Slurm 22.05 drains the node on any
+    non-zero Prolog exit, so the job is cancelled through Slurm and the Prolog exits 0:
+    the node keeps serving), unless the same code has now failed
+    ``[prolog] fail_job_escalate_count`` jobs in a row (:mod:`gpuguard.failstreak`): then
+    drain the node through the pending-drain list and exit 1, so Slurm requeues the job
+    elsewhere as for any drain. Returns the exit status."""
+    from gpuguard import failstreak
+    from gpuguard.hookrun import announce
+    from gpuguard.recovery import recovery_of_findings
+
+    job_id = henv.job_id
+    if not job_id:  # no job to fail: nothing counts either way
+        log.warning("no job id: cannot fail the job: %s", decision.reason)
         _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
         return EXIT_OK
-    return None
+    hits = [f for f, a in decision.actions if a == "fail-job"]
+    codes = list(dict.fromkeys(f.code for f in hits))
+    try:
+        esc = failstreak.note(cfg, codes, job_id)
+    except OSError as e:  # our fault: counts nothing, escalates nothing
+        log.error("tool error: fail-job streak: %s", e)
+        esc = None
+    if esc is not None:
+        code, n = esc
+        first = next(f for f in hits if f.code == code)
+        reason = failstreak.reason(code, n, float(cfg.get("prolog", "fail_job_escalate_window_s")), first.message)
+        log.warning("fail-job escalated to drain after %d jobs: %s", n, reason)
+        announce(EXIT_DRAIN)
+        node = cfg.node_name
+        if pend.dry_run:
+            log.warning("dry run: would drain %s: %s", node, reason)
+        elif pend.add(node, reason, recovery_of_findings([{"code": code, "action": "drain"}])):
+            pend.settle(node, reason)
+        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+        return EXIT_DRAIN
+    pend.actuator.fail_job(job_id, decision.reason)
+    _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
+    return EXIT_OK
+
+
+def _clear_fail_streak(cfg, log) -> None:
+    """The job proceeds: no fail-job code persists, so every count starts afresh
+    (:func:`gpuguard.failstreak.note`)."""
+    from gpuguard import failstreak
+
+    try:
+        failstreak.note(cfg, [], None)
+    except OSError as e:
+        log.error("tool error: fail-job streak: %s", e)
 
 
 def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
@@ -190,6 +233,8 @@ def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
     if config_error:  # nothing is written on the shipped defaults' paths
         log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
         return EXIT_OK
+    if not maint.active:  # in maintenance no job was failed: the counts stand
+        _clear_fail_streak(cfg, log)
     later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     if later is not None and later.decision.outcome == "drain" and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record

@@ -68,7 +68,8 @@ def test_an_interval_whose_zero_has_a_meaning_is_accepted():
 #: Every number key whose 0 is > 0 today, with the exact message: the lower bound is
 #: declared per key in SCHEMA, so this is the whole list (a key added without a
 #: declaration is caught by the next test).
-_ABOVE_ZERO = [("gpu", "call_timeout_s"), ("prolog", "time_budget_s"), ("collector", "interval_s"),
+_ABOVE_ZERO = [("gpu", "call_timeout_s"), ("prolog", "time_budget_s"), ("prolog", "fail_job_escalate_window_s"),
+               ("collector", "interval_s"),
                ("epilog", "time_budget_s"), ("verdict", "long_window_s"), ("verdict", "short_window_s"),
                ("nccl", "timeout_s"), ("reports", "sacct_timeout_s"), ("health", "time_budget_s"),
                ("alerts", "webhook_timeout_s")]
