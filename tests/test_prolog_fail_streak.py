@@ -116,3 +116,21 @@ def test_escalation_reason_is_cut_like_every_drain_reason():
     r = failstreak.reason("xid.48", 3, 3600.0, "x" * 300)
     assert len(r) == 200 and r.startswith("gpuguard: xid.48 failed 3 jobs in a row within 3600 s; drained: xxx")
     assert r.endswith("...")
+
+
+def test_an_escalated_drain_slurm_refuses_stays_pending(node):
+    """The escalation drains through the pending-drain list: when scontrol fails, the
+    drain is kept for the next run, and the Prolog still exits 1."""
+    from gpuguard import durable, drainq
+
+    sc = node["tmp"] / "bin" / "scontrol"
+    real = sc.read_text()
+    assert [hook.run(dict(ENV, SLURM_JOB_ID=j)) for j in ("42", "43")] == [0, 0]
+    sc.write_text("#!/bin/sh\necho 'slurm_update error: Unable to contact slurm controller' >&2\nexit 1\n")
+    assert hook.run(dict(ENV, SLURM_JOB_ID="44")) == 1
+    cfg = node["config"]()
+    entries, _ = durable.read(durable.state_dirs(cfg), drainq.FILE)
+    assert entries["n1"]["reason"] == DRAIN_REASON
+    sc.write_text(real)
+    hook.run(dict(ENV, SLURM_JOB_ID="45"))  # the next run retries the pending drain first
+    assert ["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_REASON}"] in node["calls"]()
