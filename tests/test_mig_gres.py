@@ -72,8 +72,9 @@ def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
 
 
 def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
-    """CUDA_VISIBLE_DEVICES holds MIG UUIDs on a MIG node: no NVML GPU index or GPU-UUID is
-    named, so nothing is sampled; one warning says so (it used to be silent)."""
+    """CUDA_VISIBLE_DEVICES holds MIG UUIDs and the source cannot map them to their GPU:
+    nothing is sampled, one warning says so (never a silent job without GPU metrics);
+    tests/test_collector_mig.py has the mapped cases."""
     import logging
 
     from gpuguard.collector.host import HostSampler
@@ -83,7 +84,7 @@ def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
     with caplog.at_level(logging.WARNING, logger="t"):
         c = Collector(job_id="1", node="n1", source=None, gpus=spec, host=HostSampler("1", "n1"),
                       liveness=None, open_store=lambda: None, interval_s=1, flush_s=1, log=logging.getLogger("t"))
-    assert (c.indices, c.uuids) == ([], [])
+        assert c.gpu_rows() is None
+    assert (c.indices, c.uuids, c.migs) == ([], [], [spec])
     assert [r.getMessage() for r in caplog.records] == [
-        f"job GPU list '{spec}' names no GPU index or GPU-UUID (MIG instances are not sampled): "
-        "no GPU metrics for this job"]
+        f"MIG device(s) {spec}: this GPU source cannot map MIG devices to their GPU: not sampled"]
