@@ -47,12 +47,16 @@ def test_a_busy_mig_gpu_with_unknown_utilisation_is_not_judged_idle():
     snap = _with(load_nvidia_smi(DUMP), clock_event_reasons=["hw_slowdown", "sw_thermal_slowdown"])
     assert [g.gpu_util_pct for g in snap.gpus] == [None]
     findings = _run(snap, None)
-    assert [f.code for f in findings if f.code.startswith("throttle.")] == []
+    assert [(f.code, f.severity, f.message) for f in findings if f.code.startswith("throttle.")] == [
+        ("throttle.idle_not_judged", "info", "gpu0 (0000:00:04.0) hw_slowdown+sw_thermal_slowdown active, "
+         "utilisation unknown (MIG mode: NVML reports none): idle throttle not judged")]
     assert decide(findings).outcome == "proceed"
-    # without MIG an unknown utilisation still counts as idle: the drain stays
+    # without MIG an unknown utilisation is unknown too (never 0 %): not judged, no drain
     plain = _with(snap, mig_mode=False)
-    assert [(f.code, f.severity) for f in _run(plain, None) if f.code.startswith("throttle.")] == [
-        ("throttle.hw_slowdown_idle", "critical"), ("throttle.sw_thermal_idle", "warning")]
+    findings = _run(plain, None)
+    assert [(f.code, f.severity) for f in findings if f.code.startswith("throttle.")] == [
+        ("throttle.idle_not_judged", "info")]
+    assert decide(findings).outcome == "proceed"
 
 
 def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
@@ -65,7 +69,10 @@ def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
     try:
         values = from_dict({}).values
         assert idle_findings(store, "n1", snap, values, now=1767225600.0) == ([], [])
-        findings, rows = idle_findings(store, "n1", _with(snap, mig_mode=False), values, now=1767225600.0)
+        # unknown utilisation without MIG is no idle reading either; a known 0 % is one
+        assert idle_findings(store, "n1", _with(snap, mig_mode=False), values, now=1767225600.0) == ([], [])
+        findings, rows = idle_findings(store, "n1", _with(snap, mig_mode=False, gpu_util_pct=0.0), values,
+                                       now=1767225600.0)
         assert (findings, [(r["node"], r["gpu_index"], r["flagged"]) for r in rows]) == ([], [("n1", 0, 0)])
     finally:
         store.close()
