@@ -138,8 +138,6 @@ def _memo(fn: Callable[[float, float], float | None]) -> Callable[[float, float]
 
 
 def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
-    import numpy as np
-
     from gpuguard.epilog import colstats
 
     def value(a: float, b: float) -> float | None:

@@ -117,8 +117,9 @@ def test_a_sample_of_unknown_utilisation_is_not_a_busy_clock_reading():
     from gpuguard.epilog.peers import _busy_clock
 
     class G:
-        t = np.array([0.0, 1.0, 2.0, 3.0])
-        cols = {"util": np.array([np.nan, np.nan, 90.0, 95.0]), "clock": np.array([300.0, 300.0, 1900.0, 1980.0])}
+        def __init__(self):
+            self.cols = {"util": np.array([np.nan, np.nan, 90.0, 95.0]),
+                         "clock": np.array([300.0, 300.0, 1900.0, 1980.0])}
 
         def span(self, a, b):
             return 0, 4
