@@ -75,7 +75,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),
         "pcie_require_max_link": (False, bool, "warn when an idle GPU's PCIe link is below max gen/width (idle GPUs downshift, so off by default)"),
         "temp_margin_c": (10.0, (int, float), "warn when idle temperature is within this many degrees of the slowdown threshold"),
-        "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks"),
+        "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks, the idle baseline and the health NCCL probe; an unknown utilisation (N/A, no CSV column, MIG) is never idle: those are not judged"),
         "nvlink_expected_links": (0, int, "NVLinks each GPU must have up; 0 = learn: a link counts once it was seen up on this GPU or is up on every other GPU of the same model here (links inactive by design, azurehpc-health-checks #162)"),
         "nvlink_crc_rate_per_s": (100.0, (int, float), "nvlink.errors_rising when CRC flit/data errors grow at least this fast per link (DCGM dcgm_hardware_limits.h DCGM_LIMIT_MAX_LWLINK_CRC_ERROR: 'CRC errors only matter at rates of 100+ per second')"),
         "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
