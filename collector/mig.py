@@ -18,13 +18,14 @@ wrongly. Each entry left out gets one warning naming why (and the parent GPU whe
 the mapping is known).
 
 A source tells the MIG layout through ``mig_layout() -> MigLayout | None`` (None: it
-cannot tell; the NVML source reads it once, at the first sample, so the per-tick cost
-of a non-MIG node is unchanged).
+cannot tell); a source without it is asked for one ``snapshot()`` instead
+(:func:`layout_from_snapshot`). Read once, at the first sample, so the per-tick cost of
+a non-MIG node is unchanged.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class MigLayout(NamedTuple):
@@ -33,12 +34,26 @@ class MigLayout(NamedTuple):
     * ``gpus``: physical GPU index -> its ``GPU-`` UUID (or None, unreadable);
     * ``mig_gpus``: indices of GPUs in MIG mode, or whose MIG mode could not be read
       (unknown counts as MIG: its numbering cannot be trusted);
-    * ``parents``: MIG device UUID, lower case -> the parent GPU's physical index.
+    * ``parents``: MIG device UUID, lower case -> the parent GPU's physical index;
+    * ``lists_mig_devices``: whether ``parents`` is the node's full list (False: a layout
+      from a snapshot, which has each GPU's MIG mode but not its MIG devices).
     """
 
     gpus: dict[int, str | None]
     mig_gpus: frozenset[int]
     parents: dict[str, int]
+    lists_mig_devices: bool = True
+
+
+def layout_from_snapshot(snap: Any, parents: dict[str, int] | None = None) -> MigLayout | None:
+    """The layout a :class:`~gpuguard.model.NodeSnapshot` tells: GPUs whose ``mig_mode`` is
+    true are in MIG mode (an unrecorded mode, ``None``, is not: nvidia-smi prints ``N/A``
+    for GPUs without MIG); MIG devices only from ``parents`` (None: not known). None for
+    a snapshot with an error (no GPUs read)."""
+    if getattr(snap, "error", None):
+        return None
+    return MigLayout({g.index: g.uuid for g in snap.gpus}, frozenset(g.index for g in snap.gpus if g.mig_mode),
+                     dict(parents or {}), parents is not None)
 
 
 def parse_mig_entries(value: str | None) -> list[str]:
@@ -98,7 +113,9 @@ def restrict(layout: MigLayout | None, indices: list[int], uuids: list[str],
             keep.append(u)
     for m in migs:
         i = _parent_of(layout, m)
-        if i is None:
+        if i is None and not layout.lists_mig_devices and mig_parent_uuid(m) is None:
+            warnings.append(f"MIG device {m}: this GPU source cannot map MIG devices to their GPU: not sampled")
+        elif i is None:
             warnings.append(f"MIG device {m}: not found on any GPU of this node: not sampled")
         else:
             warnings.append(f"MIG device {m} is on GPU {i} ({layout.gpus.get(i) or 'UUID unknown'}): "

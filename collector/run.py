@@ -60,7 +60,7 @@ from typing import Any
 from gpuguard.collector.cli import DEFAULT_MAX_RUNTIME_S
 from gpuguard.collector.host import HostSampler
 from gpuguard.collector.liveness import ALIVE_STATES, JobLiveness, scontrol_job_state
-from gpuguard.collector.mig import parse_mig_entries, restrict
+from gpuguard.collector.mig import layout_from_snapshot, parse_mig_entries, restrict
 from gpuguard.collector.rows import (
     MAX_BUFFERED_ROWS,
     RowBuffer,
@@ -200,27 +200,39 @@ class Collector:
         if missing:
             self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
 
-    def resolve_mig(self) -> None:
+    def resolve_mig(self) -> bool:
         """Keep only the job GPUs that name NVML GPUs not in MIG mode
         (:func:`gpuguard.collector.mig.restrict`), once, before the first sample; one
-        warning per reason something is left out. A source without ``mig_layout`` (or
-        whose layout read fails) keeps indices and UUIDs as given. Never raises."""
+        warning per reason something is left out. A source without ``mig_layout`` is
+        asked for one snapshot (its GPUs' MIG modes). While a source that can tell fails
+        to (NVML not up, a hung or failed call), nothing is sampled (one warning) and the
+        next tick asks again: an index is never sampled before the node is known to have
+        no GPU in MIG mode. A source with neither (a test double) keeps the list as
+        given. Returns whether the list is resolved. Never raises."""
+        layout_fn = getattr(self.source, "mig_layout", None)
+        snap_fn = getattr(self.source, "snapshot", None)
+        layout = None
+        if layout_fn is not None or snap_fn is not None:
+            try:
+                layout = layout_fn() if layout_fn is not None else layout_from_snapshot(snap_fn())
+            except Exception as e:  # a source bug: treated as a failed read
+                self._warn_once(f"miglayout:{type(e).__name__}", "MIG layout read failed: %s: %s",
+                                type(e).__name__, e)
+            if layout is None:
+                self._warn_once("miglayout", "GPU source cannot tell whether GPUs are in MIG mode yet: no GPU "
+                                "sampled until it can (a GPU index may name a MIG device)")
+                return False
         self._mig_pending = False
-        try:
-            layout_fn = getattr(self.source, "mig_layout", None)
-            layout = layout_fn() if layout_fn is not None else None
-        except Exception as e:  # a source bug: MIG entries stay unmapped, never mis-mapped
-            self.log.warning("MIG layout read failed: %s: %s", type(e).__name__, e)
-            layout = None
         self.indices, self.uuids, warnings = restrict(layout, self.indices, self.uuids, self.migs)
         for w in warnings:
             self.log.warning("%s", w)
+        return True
 
     def reader(self) -> Any:
         """The source's per-job reader (``job_telemetry``), or None (no GPUs, or a source
         without one: replay, nvidia-smi)."""
-        if self._mig_pending:
-            self.resolve_mig()
+        if self._mig_pending and not self.resolve_mig():
+            return None
         if self._reader is None and (self.indices or self.uuids) and hasattr(self.source, "job_telemetry"):
             self._reader = self.source.job_telemetry(self.indices, self.uuids)
         return self._reader
@@ -232,8 +244,8 @@ class Collector:
         other per-tick object; ``read``: which of its read methods, default ``read``, the
         worker hand-off with a deadline), else from a snapshot (``telemetry`` or
         ``snapshot``). Never raises."""
-        if self._mig_pending:
-            self.resolve_mig()
+        if self._mig_pending and not self.resolve_mig():
+            return None
         if not (self.indices or self.uuids):
             return None
         try:
@@ -368,12 +380,12 @@ class Collector:
     # -- the loop --
     def run(self) -> int:
         """Sample until stopped, the job is gone or the cap is reached; flush; return 0."""
-        if self._mig_pending:  # before the XID watcher takes the job's GPU indices
+        if self._mig_pending:  # the XID watcher needs the GPUs resolved: an index may be another tenant's
             self.resolve_mig()
         self.log.info("collector running: gpus idx=%s uuid=%s interval=%.3gs flush=%.3gs",
                       self.indices, self.uuids, self.interval_s, self.flush_s)
         xt = None
-        if self.xid_source_factory is not None and (self.indices or self.uuids):
+        if self.xid_source_factory is not None and not self._mig_pending and (self.indices or self.uuids):
             xt = threading.Thread(target=self._xid_thread, name="xid-watch", daemon=True)
             xt.start()
         start = time.monotonic()

@@ -127,17 +127,46 @@ def test_replay_source_knows_mig_mode_and_mig_devices(tmp_path, caplog):
         "its other MIG instances: not sampled"]
 
 
-def test_a_source_without_a_mig_layout_maps_no_mig_device(caplog):
+def test_a_source_with_only_snapshots_gives_mig_modes_but_maps_no_mig_device(caplog):
     class Plain:
-        def snapshot(self):
-            return node_snapshot(2)
+        def __init__(self, snap):
+            self.snap = snap
 
-    c = collector(Plain(), f"1,{MIG_A}")
+        def snapshot(self):
+            return self.snap
+
+    c = collector(Plain(node_snapshot(2)), f"1,{MIG_A}")
     with caplog.at_level(logging.WARNING, logger="t.mig"):
         rows = c.gpu_rows()
     assert [d["gpu_index"] for d in map(row_dict, rows)] == [1]
     assert [r.getMessage() for r in caplog.records] == [
-        f"MIG device(s) {MIG_A}: this GPU source cannot map MIG devices to their GPU: not sampled"]
+        f"MIG device {MIG_A}: this GPU source cannot map MIG devices to their GPU: not sampled"]
+    caplog.clear()
+    c = collector(Plain(node_snapshot(2, gpu0={"mig_mode": True})), "1")
+    with caplog.at_level(logging.WARNING, logger="t.mig"):
+        assert c.gpu_rows() is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "job GPU index(es) 1: GPU(s) 0 of this node are in MIG mode (or their MIG mode is unreadable), where "
+        "Slurm's GPU index counts MIG devices, not NVML's GPUs: not sampled"]
+
+
+def test_while_the_mig_layout_is_unknown_nothing_is_sampled_then_it_is(caplog):
+    fake = fp.FakeNvml(fp.h100_node()[:2])
+    fake.init_error = fp._real.NVML_ERROR_UNKNOWN
+    src = NvmlSource(call_timeout_s=5.0, pynvml_module=fake.module)
+    try:
+        c = collector(src, "1")
+        with caplog.at_level(logging.WARNING, logger="t.mig"):
+            assert [c.gpu_rows(), c.gpu_rows()] == [None, None]
+            assert sampled_gpus(fake) == set()
+            fake.init_error = None
+            rows = c.gpu_rows()
+    finally:
+        src.close()
+    assert [d["gpu_index"] for d in map(row_dict, rows)] == [1]
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU source cannot tell whether GPUs are in MIG mode yet: no GPU sampled until it can (a GPU index may "
+        "name a MIG device)"]
 
 
 def test_parsing_mig_ids():

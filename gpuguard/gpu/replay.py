@@ -181,10 +181,9 @@ class ReplaySource:
         """The recorded node's MIG layout (:class:`gpuguard.collector.mig.MigLayout`): GPUs
         whose ``mig_mode`` is true, MIG devices from the JSON's optional ``mig_devices``
         (``{"MIG-<uuid>": parent GPU index}``). A GPU without a recorded mode is not MIG."""
-        from gpuguard.collector.mig import MigLayout
+        from gpuguard.collector.mig import layout_from_snapshot
 
-        return MigLayout({g.index: g.uuid for g in self._base.gpus},
-                         frozenset(g.index for g in self._base.gpus if g.mig_mode), dict(self._mig_parents))
+        return layout_from_snapshot(self._base, self._mig_parents)
 
     def close(self) -> None:
         """Nothing to release (interface parity with the NVML source)."""
