@@ -180,10 +180,11 @@ class ReplaySource:
     def mig_layout(self) -> Any:
         """The recorded node's MIG layout (:class:`gpuguard.collector.mig.MigLayout`): GPUs
         whose ``mig_mode`` is true, MIG devices from the JSON's optional ``mig_devices``
-        (``{"MIG-<uuid>": parent GPU index}``). A GPU without a recorded mode is not MIG."""
+        (``{"MIG-<uuid>": parent GPU index}``; without it MIG devices cannot be mapped). A GPU
+        without a recorded mode is not MIG."""
         from gpuguard.collector.mig import layout_from_snapshot
 
-        return layout_from_snapshot(self._base, self._mig_parents)
+        return layout_from_snapshot(self._base, self._mig_parents or None)
 
     def close(self) -> None:
         """Nothing to release (interface parity with the NVML source)."""
