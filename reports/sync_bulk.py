@@ -92,11 +92,21 @@ def workers() -> int:
     return min(MAX_WORKERS, n) if n >= 2 else 0
 
 
+#: Secondary indexes a bulk load keeps current row by row instead of setting them aside:
+#: sacct prints jobs in job id order, so the raw-id index (16 bytes an entry, a 1 M-job
+#: cache's whole index fits the load's page cache) is appended to in key order, for about
+#: what its rebuild's extra table scan and sort would cost, and that rebuild would come
+#: after the last chunk, when nothing else runs (measured on 1 M jobs: the upserts took the
+#: same 3.8 s with it kept, the rebuilds 0.4 s less).
+KEPT_INDEXES = ("sacct_jobs_raw",)
+
+
 def set_indexes_aside(conn: sqlite3.Connection) -> list[tuple[str, str]]:
-    """Drop the secondary indexes of ``sacct_jobs`` (in the caller's transaction); returns
-    ``(name, sql)`` of each, for :func:`rebuild_indexes`."""
+    """Drop the secondary indexes of ``sacct_jobs`` but :data:`KEPT_INDEXES` (in the
+    caller's transaction); returns ``(name, sql)`` of each, for :func:`rebuild_indexes`."""
     indexes = conn.execute("SELECT name, sql FROM main.sqlite_master WHERE type = 'index' "
                            "AND tbl_name = 'sacct_jobs' AND sql IS NOT NULL").fetchall()
+    indexes = [(name, sql) for name, sql in indexes if name not in KEPT_INDEXES]
     for name, _sql in indexes:
         conn.execute(f'DROP INDEX main."{name}"')
     return indexes

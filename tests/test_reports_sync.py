@@ -288,6 +288,42 @@ def test_bulk_load_stores_what_the_batched_path_stores_and_keeps_every_index(tmp
     assert stores[1].query("PRAGMA integrity_check") == [{"integrity_check": "ok"}]
 
 
+def test_bulk_load_keeps_the_raw_id_index_current_and_sets_the_others_aside(cstore):
+    from gpuguard.reports.sync_bulk import set_indexes_aside
+
+    import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    conn = cstore.db.conn
+    with pytest.raises(KeyError):  # rolls the drops back
+        with cstore.tx():
+            aside = set_indexes_aside(conn)
+            left = [n for n, _ in _index_sql(cstore)]
+            plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN SELECT rowid FROM sacct_jobs "
+                                                        "WHERE job_id_raw = 5"))
+            raise KeyError
+    assert len(_index_sql(cstore)) == 6
+    assert sorted(n for n, _ in aside) == ["sacct_jobs_by_account", "sacct_jobs_end", "sacct_jobs_pending",
+                                           "sacct_jobs_start", "sacct_jobs_usage_end"]
+    assert left == ["sacct_jobs_raw"] and "sacct_jobs_raw" in plan
+
+
+def test_the_wait_reports_pending_tables_use_the_partial_pending_index(cstore):
+    from gpuguard.reports.queries import wait_report
+
+    import_file(cstore, str(HANDMADE), tz=UTC, synced_at=1.0)
+    assert [n for n, _ in _index_sql(cstore) if "state" in n or "pending" in n] == ["sacct_jobs_pending"]
+    seen: list[str] = []
+    cstore.db.conn.set_trace_callback(seen.append)
+    try:
+        wait_report(cstore, since=0.0, until=2e9)
+    finally:
+        cstore.db.conn.set_trace_callback(None)
+    pending = [q for q in seen if "state = 'PENDING'" in q and not q.startswith("EXPLAIN")]
+    assert len(pending) == 2
+    for q in pending:
+        plan = " ".join(r[3] for r in cstore.db.conn.execute("EXPLAIN QUERY PLAN " + q))
+        assert "sacct_jobs_pending" in plan, plan
+
+
 def test_bulk_load_failing_part_way_leaves_the_store_as_it_was(cstore, monkeypatch):
     import gpuguard.reports.sync as sync_mod
     from gpuguard.reports.sacct import TimeConverter, iter_pipe

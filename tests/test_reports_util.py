@@ -42,7 +42,8 @@ def test_migration_5_fills_the_table_from_summaries_already_stored(tmp_path):
     old.close()
     new = store_mod.open_store(path)
     try:
-        assert [m.name for m in REPORTS.applied(new.db)] == ["sacct_jobs", "job_gpu_util", "sacct_attempts"]
+        assert [m.name for m in REPORTS.applied(new.db)] == ["sacct_jobs", "job_gpu_util", "sacct_attempts",
+                                                             "sacct_pending_index"]
         assert readings(new) == [("7", "n1", 7, 10.0), ("7", "n1", 7, 90.0), ("7", "n2", 7, 4.0),
                                  ("9", "n1", 9, 33.5)]
     finally:

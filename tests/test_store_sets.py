@@ -26,7 +26,7 @@ ALL_STEPS = {("core", "health_tables"), ("core", "job_indexes"), ("core", "node_
              ("collector", "compact_minutes"),
              ("epilog", "job_records"), ("epilog", "baselines"), ("epilog", "baseline_relearn"),
              ("epilog", "cluster_jobs"),
-             ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts")}
+             ("reports", "sacct_jobs"), ("reports", "job_gpu_util"), ("reports", "sacct_attempts"), ("reports", "sacct_pending_index")}
 
 
 def every_registered_step() -> set[tuple[str, str]]:
