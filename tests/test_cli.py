@@ -316,7 +316,7 @@ def test_reader_refuses_a_store_from_a_newer_gpuguard(tmp_path, args):
     (as the writers do) instead of reading tables that may mean something else."""
     import sqlite3
 
-    from gpuguard.store import open_store
+    from gpuguard.store import NAMED_SETS_VERSION, open_store
 
     store = tmp_path / "node.db"
     open_store(str(store)).close()
@@ -324,5 +324,6 @@ def test_reader_refuses_a_store_from_a_newer_gpuguard(tmp_path, args):
         c.execute("PRAGMA user_version = 999")
     before = store.read_bytes()
     r = CliRunner().invoke(main, ["--config", _store_cfg(tmp_path, store), *args])
-    assert (r.exit_code, r.output) == (2, f"Error: store {store}: schema version 999 is newer than this gpuguard (6)\n")
+    assert (r.exit_code, r.output) == (
+        2, f"Error: store {store}: schema version 999 is newer than this gpuguard ({NAMED_SETS_VERSION})\n")
     assert store.read_bytes() == before
