@@ -513,6 +513,11 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
                 raise ConfigError(f"{where}: {sec}.{key} must be a finite number >= 0, got {v}")
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
+            # TOML integers are 64-bit signed ("if an integer cannot be represented
+            # losslessly, an error must be thrown", toml.io v1.0.0); tomllib reads any size,
+            # and SQLite (a LIMIT, a stored count) overflows past 2**63 - 1
+            if isinstance(v, int) and v > 2**63 - 1:
+                raise ConfigError(f"{where}: {sec}.{key} is above the TOML integer range (2**63 - 1), got {v}")
             # a percentage above 100 makes every GPU "idle" (the idle checks then judge
             # GPUs under load); a share is a fraction; an interval, timeout or budget of 0
             # spins (the collector sampling in a busy loop on every node) or never runs
