@@ -176,3 +176,23 @@ def test_parsing_mig_ids():
     assert mig_parent_uuid(MIG_A) is None
     layout = MigLayout({0: "GPU-a", 1: "GPU-b"}, frozenset(), {})
     assert restrict(layout, [0, 1], ["GPU-b"], []) == ([0, 1], ["GPU-b"], [])
+
+
+def test_a_hung_mig_mode_read_is_an_unknown_layout_not_a_guess():
+    fake = fp.FakeNvml(fp.h100_node()[:2])
+    fake.hang("nvmlDeviceGetMigMode", gpu=1, max_s=5.0)
+    src = NvmlSource(call_timeout_s=0.2, pynvml_module=fake.module)
+    try:
+        assert src.mig_layout() is None
+        assert [f for f, _g in fake.calls].count("nvmlDeviceGetMigMode") == 2  # stopped at the hung call
+    finally:
+        fake.release()
+        src.close()
+    fake = mig_node()
+    src = NvmlSource(call_timeout_s=5.0, pynvml_module=fake.module)
+    try:
+        layout = src.mig_layout()
+    finally:
+        src.close()
+    assert layout == MigLayout({0: fp.h100_gpu(0)["uuid"], 1: fp.h100_gpu(1)["uuid"]}, frozenset({0}),
+                               {MIG_A.lower(): 0, MIG_B.lower(): 0})
