@@ -8,7 +8,10 @@ job per node. Every ``[collector] interval_s`` it writes
   ``--gpus``: the job has no GPUs and only host rows are written). Indices are matched
   to the source's GPU index, which assumes gres.conf lists the GPUs in NVML index order
   (true for ``AutoDetect=nvml`` and for ``File=/dev/nvidia[0-N]`` on usual systems);
-  UUIDs match exactly;
+  UUIDs match exactly. On a node with a GPU in MIG mode, indices (Slurm's count MIG
+  devices) and every GPU in MIG mode are not sampled, ``MIG-...`` entries are mapped to
+  their parent GPU for the warning only (:mod:`gpuguard.collector.mig`: a MIG GPU's
+  device-level readings are every tenant's, and a row must never claim another GPU);
 * one ``host_samples`` row (:mod:`gpuguard.collector.host`);
 
 and, when the GPU source can watch NVML events (``watch_xid_events``), one ``events`` row
@@ -57,6 +60,7 @@ from typing import Any
 from gpuguard.collector.cli import DEFAULT_MAX_RUNTIME_S
 from gpuguard.collector.host import HostSampler
 from gpuguard.collector.liveness import ALIVE_STATES, JobLiveness, scontrol_job_state
+from gpuguard.collector.mig import layout_from_snapshot, parse_mig_entries, restrict
 from gpuguard.collector.rows import (
     MAX_BUFFERED_ROWS,
     RowBuffer,
@@ -148,10 +152,14 @@ class Collector:
         self.record_ingest = record_ingest
         #: where rows the store did not take at exit go (a locked store), for the epilog
         self.spill_path = spill_path
-        if gpus and gpus.strip() and not (self.indices or self.uuids):
-            # e.g. CUDA_VISIBLE_DEVICES=MIG-<uuid> or NoDevFiles: a job with GPUs that we
-            # cannot name would otherwise end with no GPU metrics and no word why
-            self.log.warning("job GPU list %r names no GPU index or GPU-UUID (MIG instances are not sampled): "
+        #: the job's MIG devices (``MIG-...`` entries), resolved with the indices and UUIDs
+        #: against the source's MIG layout before the first sample (gpuguard.collector.mig)
+        self.migs = parse_mig_entries(gpus)
+        self._mig_pending = bool(self.indices or self.uuids or self.migs)
+        if gpus and gpus.strip() and not (self.indices or self.uuids or self.migs):
+            # e.g. NoDevFiles: a job with GPUs that we cannot name would otherwise end
+            # with no GPU metrics and no word why
+            self.log.warning("job GPU list %r names no GPU index, GPU-UUID or MIG device: "
                              "no GPU metrics for this job", gpus[:200])
 
     # -- pieces --
@@ -192,9 +200,39 @@ class Collector:
         if missing:
             self._warn_once("missing", "job GPU(s) not found on this node: %s", ",".join(missing))
 
+    def resolve_mig(self) -> bool:
+        """Keep only the job GPUs that name NVML GPUs not in MIG mode
+        (:func:`gpuguard.collector.mig.restrict`), once, before the first sample; one
+        warning per reason something is left out. A source without ``mig_layout`` is
+        asked for one snapshot (its GPUs' MIG modes). While a source that can tell fails
+        to (NVML not up, a hung or failed call), nothing is sampled (one warning) and the
+        next tick asks again: an index is never sampled before the node is known to have
+        no GPU in MIG mode. A source with neither (a test double) keeps the list as
+        given. Returns whether the list is resolved. Never raises."""
+        layout_fn = getattr(self.source, "mig_layout", None)
+        snap_fn = getattr(self.source, "snapshot", None)
+        layout = None
+        if layout_fn is not None or snap_fn is not None:
+            try:
+                layout = layout_fn() if layout_fn is not None else layout_from_snapshot(snap_fn())
+            except Exception as e:  # a source bug: treated as a failed read
+                self._warn_once(f"miglayout:{type(e).__name__}", "MIG layout read failed: %s: %s",
+                                type(e).__name__, e)
+            if layout is None:
+                self._warn_once("miglayout", "GPU source cannot tell whether GPUs are in MIG mode yet: no GPU "
+                                "sampled until it can (a GPU index may name a MIG device)")
+                return False
+        self._mig_pending = False
+        self.indices, self.uuids, warnings = restrict(layout, self.indices, self.uuids, self.migs)
+        for w in warnings:
+            self.log.warning("%s", w)
+        return True
+
     def reader(self) -> Any:
         """The source's per-job reader (``job_telemetry``), or None (no GPUs, or a source
         without one: replay, nvidia-smi)."""
+        if self._mig_pending and not self.resolve_mig():
+            return None
         if self._reader is None and (self.indices or self.uuids) and hasattr(self.source, "job_telemetry"):
             self._reader = self.source.job_telemetry(self.indices, self.uuids)
         return self._reader
@@ -206,6 +244,8 @@ class Collector:
         other per-tick object; ``read``: which of its read methods, default ``read``, the
         worker hand-off with a deadline), else from a snapshot (``telemetry`` or
         ``snapshot``). Never raises."""
+        if self._mig_pending and not self.resolve_mig():
+            return None
         if not (self.indices or self.uuids):
             return None
         try:
@@ -340,10 +380,12 @@ class Collector:
     # -- the loop --
     def run(self) -> int:
         """Sample until stopped, the job is gone or the cap is reached; flush; return 0."""
+        if self._mig_pending:  # the XID watcher needs the GPUs resolved: an index may be another tenant's
+            self.resolve_mig()
         self.log.info("collector running: gpus idx=%s uuid=%s interval=%.3gs flush=%.3gs",
                       self.indices, self.uuids, self.interval_s, self.flush_s)
         xt = None
-        if self.xid_source_factory is not None and (self.indices or self.uuids):
+        if self.xid_source_factory is not None and not self._mig_pending and (self.indices or self.uuids):
             xt = threading.Thread(target=self._xid_thread, name="xid-watch", daemon=True)
             xt.start()
         start = time.monotonic()

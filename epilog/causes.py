@@ -282,9 +282,28 @@ def gpu_throttling(ctx: Context) -> Found | None:
     return None
 
 
+def _beyond_usual_peak(ctx: Context, leak: dict[str, Any]) -> dict[str, Any] | None:
+    """``leak`` without the GPU rises that end at or below the GPU memory peak the
+    template's healthy runs reach (baseline median of ``mem_peak_mib``), or ``None`` when
+    none is left. A caching allocator grows to the job's working set and stays there, so
+    in a run shorter than its history's (cancelled, time limit) the whole span after the
+    warm-up can be that growth, rising quarter after quarter; leaked memory is never given
+    back, so a leak ends above the peak the same code reached when it ran healthy. Host
+    rises are kept (the baseline has no host peak to hold them against)."""
+    c = ctx.comps.get("mem_peak_mib")
+    peak = c.median if ctx.judged and c is not None and c.n else None
+    if peak is None:
+        return leak
+    hits = [h for h in leak["leaks"] if h["kind"] != "gpu" or h["last_mib"] > peak]
+    return {"leaks": hits, "worst": hits[0]} if hits else None
+
+
 def memory_leak(ctx: Context) -> Found | None:
     """GPU memory or host RSS rising steadily after warm-up (:mod:`gpuguard.epilog.leak`)."""
     leak = leak_mod.memory_leak(ctx.data, ctx.wins, ctx.s)
+    if not leak:
+        return None
+    leak = _beyond_usual_peak(ctx, leak)
     if not leak:
         return None
     w = leak["worst"]

@@ -138,14 +138,13 @@ def _memo(fn: Callable[[float, float], float | None]) -> Callable[[float, float]
 
 
 def _busy_clock(g: GpuSeries) -> Callable[[float, float], float | None]:
-    import numpy as np
-
     from gpuguard.epilog import colstats
 
     def value(a: float, b: float) -> float | None:
         i, j = g.span(a, b)
         u = g.array("util")[i:j]
-        return colstats.median(g.array("clock")[i:j][np.isnan(u) | (u >= BUSY_UTIL_PCT)])
+        # NaN >= x is False: a sample of unknown utilisation is not a busy reading
+        return colstats.median(g.array("clock")[i:j][u >= BUSY_UTIL_PCT])
     return _memo(value)
 
 

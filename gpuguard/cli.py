@@ -93,7 +93,25 @@ def _cannot_check(msg: str) -> None:
     sys.exit(CHECK_UNKNOWN)
 
 
-@click.group()
+class _MainGroup(click.Group):
+    """The top-level group: a store failure no command caught (a table missing from a
+    store no writer has migrated, a store turned corrupt while read) ends as one line
+    naming the store, exit 2 (``check``: :data:`CHECK_UNKNOWN`), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            store_mod = sys.modules.get("gpuguard.store")  # not imported: no StoreError was raised
+            if store_mod is None or not isinstance(e, store_mod.StoreError):
+                raise
+            err = click.ClickException(str(e))
+            if ctx.invoked_subcommand == "check":
+                err.exit_code = CHECK_UNKNOWN
+            raise err from None
+
+
+@click.group(cls=_MainGroup)
 @click.option("--config", "config_path", metavar="FILE", help="config file (default: $GPUGUARD_CONFIG, "
               "gpuguard.toml beside $SLURM_CONF, /etc/gpuguard/gpuguard.toml, beside /etc/slurm/slurm.conf; "
               "see the README)")

@@ -85,7 +85,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, ...]]] = {
         "disabled": ([], list, "check names to switch off (see `gpuguard check --list`)"),
         "pcie_require_max_link": (False, bool, "warn when an idle GPU's PCIe link is below max gen/width (idle GPUs downshift, so off by default)"),
         "temp_margin_c": (10.0, (int, float), "warn when idle temperature is within this many degrees of the slowdown threshold"),
-        "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks"),
+        "idle_util_pct": (5.0, (int, float), "a GPU under this utilisation counts as idle for the throttle checks, the idle baseline and the health NCCL probe; an unknown utilisation (N/A, no CSV column, MIG) is never idle: those are not judged"),
         "nvlink_expected_links": (0, int, "NVLinks each GPU must have up; 0 = learn: a link counts once it was seen up on this GPU or is up on every other GPU of the same model here (links inactive by design, azurehpc-health-checks #162)"),
         "nvlink_crc_rate_per_s": (100.0, (int, float), "nvlink.errors_rising when CRC flit/data errors grow at least this fast per link (DCGM dcgm_hardware_limits.h DCGM_LIMIT_MAX_LWLINK_CRC_ERROR: 'CRC errors only matter at rates of 100+ per second')"),
         "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
@@ -525,6 +525,11 @@ def _check_numbers(values: dict[str, dict[str, Any]], where: str) -> None:
                 raise ConfigError(f"{where}: {sec}.{key} must be a finite number >= 0, got {v}")
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
+            # TOML integers are 64-bit signed ("if an integer cannot be represented
+            # losslessly, an error must be thrown", toml.io v1.0.0); tomllib reads any size,
+            # and SQLite (a LIMIT, a stored count) overflows past 2**63 - 1
+            if isinstance(v, int) and v > 2**63 - 1:
+                raise ConfigError(f"{where}: {sec}.{key} is above the TOML integer range (2**63 - 1), got {v}")
             # a percentage above 100 makes every GPU "idle" (the idle checks then judge
             # GPUs under load); a share is a fraction; the lower bound is the key's own
             if key.endswith("_pct") and v > 100:

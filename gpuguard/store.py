@@ -359,8 +359,13 @@ def open_readonly(path: str) -> Store:
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
         conn.execute("select count(*) from sqlite_master").fetchone()
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as e:
         raise StoreError(f"store {path}: cannot open read-only: {e}") from None
+    if version > NAMED_SETS_VERSION:  # its tables may mean something else than this code reads
+        conn.close()
+        raise StoreError(f"store {path}: schema version {version} is newer than this gpuguard "
+                         f"({NAMED_SETS_VERSION})")
     return Store(conn, path)
 
 

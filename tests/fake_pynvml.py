@@ -23,6 +23,11 @@ Fault injection:
 * ``init_error``: code (or exception) raised by ``nvmlInit``.
 * ``queue_xid(gpu, xid)``: an XID event for ``nvmlEventSetWait``.
 
+MIG: a device with ``"mig": [1, 1]`` and ``"mig_devices": ["MIG-<uuid>", None, ...]``
+(slot -> MIG device UUID, None: empty slot; ``nvmlDeviceGetMaxMigDeviceCount`` answers the
+list's length) has MIG device handles (:class:`FakeMigHandle`): ``nvmlDeviceGetUUID`` on
+one answers its MIG UUID, ``nvmlDeviceGetHandleByUUID`` finds GPUs and MIG devices.
+
 ``calls`` records ``(func, gpu_index_or_None)`` for every call made.
 """
 
@@ -47,6 +52,17 @@ class FakeHandle:
 
     def __repr__(self) -> str:
         return f"FakeHandle({self.index})"
+
+
+class FakeMigHandle(FakeHandle):
+    """Stands in for a MIG device's ``c_nvmlDevice_t``: slot ``slot`` of GPU ``index``."""
+
+    def __init__(self, index: int, slot: int) -> None:
+        super().__init__(index)
+        self.slot = slot
+
+    def __repr__(self) -> str:
+        return f"FakeMigHandle({self.index}, {self.slot})"
 
 
 class _Struct(types.SimpleNamespace):
@@ -335,7 +351,41 @@ class FakeNvml:
     # -- identity --------------------------------------------------------------
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
-        return self._get(self._dev("nvmlDeviceGetUUID", handle), "uuid")
+        dev = self._dev("nvmlDeviceGetUUID", handle)
+        if isinstance(handle, FakeMigHandle):
+            return dev["mig_devices"][handle.slot]
+        return self._get(dev, "uuid")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        for i, dev in enumerate(self.devices):
+            if dev.get("uuid") == uuid:
+                return FakeHandle(i)
+            for k, m in enumerate(dev.get("mig_devices") or []):
+                if m == uuid:
+                    return FakeMigHandle(i, k)
+        raise NVMLError(_real.NVML_ERROR_NOT_FOUND)
+
+    # -- MIG -------------------------------------------------------------------
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeHandle) -> bool:
+        self._enter("nvmlDeviceIsMigDeviceHandle", handle.index)
+        return isinstance(handle, FakeMigHandle)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
+        return len(self._get(self._dev("nvmlDeviceGetMaxMigDeviceCount", handle), "mig_devices"))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeMigHandle:
+        slots = self._get(self._dev("nvmlDeviceGetMigDeviceHandleByIndex", handle), "mig_devices")
+        if not 0 <= index < len(slots) or slots[index] is None:
+            raise NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(handle.index, index)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeHandle) -> FakeHandle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle.index)
+        if not isinstance(handle, FakeMigHandle):
+            raise NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(handle.index)
 
     def nvmlDeviceGetSerial(self, handle: FakeHandle) -> str:
         return self._get(self._dev("nvmlDeviceGetSerial", handle), "serial")

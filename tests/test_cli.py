@@ -291,3 +291,39 @@ def test_check_with_xid_lines_it_could_not_accept_is_unknown_not_healthy(tmp_pat
     log.write_text("Nov 30 03:39:00 n1 kernel: usb 1-1: new high-speed USB device\n")
     r = runner.invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", healthy, "--kernel-log", str(log)])
     assert (r.exit_code, r.stderr) == (0, "")
+
+
+def _store_cfg(tmp_path, store):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[paths]\nstore = "{store}"\n')
+    return str(cfg)
+
+
+@pytest.mark.parametrize("args", [["template", "list"], ["baseline", "show", "x"]])
+def test_reader_on_a_store_without_tables_is_one_line_exit_2(tmp_path, args):
+    """An empty file (a valid, table-less SQLite database no writer has migrated) read by
+    a listing command: one line naming the store, exit 2, no traceback, file untouched."""
+    store = tmp_path / "node.db"
+    store.write_bytes(b"")
+    r = CliRunner().invoke(main, ["--config", _store_cfg(tmp_path, store), *args])
+    assert (r.exit_code, r.output) == (2, f"Error: store {store}: query failed: no such table: templates\n")
+    assert store.read_bytes() == b""
+
+
+@pytest.mark.parametrize("args", [["template", "list"], ["baseline", "show", "x"]])
+def test_reader_refuses_a_store_from_a_newer_gpuguard(tmp_path, args):
+    """A store whose schema version is above this code's: the read-only commands say so
+    (as the writers do) instead of reading tables that may mean something else."""
+    import sqlite3
+
+    from gpuguard.store import NAMED_SETS_VERSION, open_store
+
+    store = tmp_path / "node.db"
+    open_store(str(store)).close()
+    with sqlite3.connect(store) as c:
+        c.execute("PRAGMA user_version = 999")
+    before = store.read_bytes()
+    r = CliRunner().invoke(main, ["--config", _store_cfg(tmp_path, store), *args])
+    assert (r.exit_code, r.output) == (
+        2, f"Error: store {store}: schema version 999 is newer than this gpuguard ({NAMED_SETS_VERSION})\n")
+    assert store.read_bytes() == before

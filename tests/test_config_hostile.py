@@ -46,6 +46,11 @@ def test_every_code_gpuguard_raises_may_be_overridden(code):
     ("[verdict]\nshort_window_s = 0", "c.toml: verdict.short_window_s must be > 0"),
     ("[health]\ntime_budget_s = 0", "c.toml: health.time_budget_s must be > 0"),
     ("[gpu]\ncall_timeout_s = 0", "c.toml: gpu.call_timeout_s must be > 0"),
+    # past TOML's 64-bit integers: the verdict's baseline query (LIMIT runs) overflowed
+    ("[baseline]\nruns = 99999999999999999999999",
+     "c.toml: baseline.runs is above the TOML integer range (2**63 - 1), got 99999999999999999999999"),
+    ("[baseline]\nmin_runs = 9223372036854775808",
+     "c.toml: baseline.min_runs is above the TOML integer range (2**63 - 1), got 9223372036854775808"),
 ])
 def test_numbers_outside_their_meaning_are_config_errors(text, msg):
     """A percentage over 100 made every loaded GPU 'idle' for the throttle checks; a zero

@@ -47,12 +47,16 @@ def test_a_busy_mig_gpu_with_unknown_utilisation_is_not_judged_idle():
     snap = _with(load_nvidia_smi(DUMP), clock_event_reasons=["hw_slowdown", "sw_thermal_slowdown"])
     assert [g.gpu_util_pct for g in snap.gpus] == [None]
     findings = _run(snap, None)
-    assert [f.code for f in findings if f.code.startswith("throttle.")] == []
+    assert [(f.code, f.severity, f.message) for f in findings if f.code.startswith("throttle.")] == [
+        ("throttle.idle_not_judged", "info", "gpu0 (0000:00:04.0) hw_slowdown+sw_thermal_slowdown active, "
+         "utilisation unknown (MIG mode: NVML reports none): idle throttle not judged")]
     assert decide(findings).outcome == "proceed"
-    # without MIG an unknown utilisation still counts as idle: the drain stays
+    # without MIG an unknown utilisation is unknown too (never 0 %): not judged, no drain
     plain = _with(snap, mig_mode=False)
-    assert [(f.code, f.severity) for f in _run(plain, None) if f.code.startswith("throttle.")] == [
-        ("throttle.hw_slowdown_idle", "critical"), ("throttle.sw_thermal_idle", "warning")]
+    findings = _run(plain, None)
+    assert [(f.code, f.severity) for f in findings if f.code.startswith("throttle.")] == [
+        ("throttle.idle_not_judged", "info")]
+    assert decide(findings).outcome == "proceed"
 
 
 def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
@@ -65,15 +69,19 @@ def test_a_mig_gpu_of_unknown_utilisation_adds_no_idle_reading(tmp_path):
     try:
         values = from_dict({}).values
         assert idle_findings(store, "n1", snap, values, now=1767225600.0) == ([], [])
-        findings, rows = idle_findings(store, "n1", _with(snap, mig_mode=False), values, now=1767225600.0)
+        # unknown utilisation without MIG is no idle reading either; a known 0 % is one
+        assert idle_findings(store, "n1", _with(snap, mig_mode=False), values, now=1767225600.0) == ([], [])
+        findings, rows = idle_findings(store, "n1", _with(snap, mig_mode=False, gpu_util_pct=0.0), values,
+                                       now=1767225600.0)
         assert (findings, [(r["node"], r["gpu_index"], r["flagged"]) for r in rows]) == ([], [("n1", 0, 0)])
     finally:
         store.close()
 
 
 def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
-    """CUDA_VISIBLE_DEVICES holds MIG UUIDs on a MIG node: no NVML GPU index or GPU-UUID is
-    named, so nothing is sampled; one warning says so (it used to be silent)."""
+    """CUDA_VISIBLE_DEVICES holds MIG UUIDs and the source cannot map them to their GPU:
+    nothing is sampled, one warning says so (never a silent job without GPU metrics);
+    tests/test_collector_mig.py has the mapped cases."""
     import logging
 
     from gpuguard.collector.host import HostSampler
@@ -83,7 +91,7 @@ def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
     with caplog.at_level(logging.WARNING, logger="t"):
         c = Collector(job_id="1", node="n1", source=None, gpus=spec, host=HostSampler("1", "n1"),
                       liveness=None, open_store=lambda: None, interval_s=1, flush_s=1, log=logging.getLogger("t"))
-    assert (c.indices, c.uuids) == ([], [])
+        assert c.gpu_rows() is None
+    assert (c.indices, c.uuids, c.migs) == ([], [], [spec])
     assert [r.getMessage() for r in caplog.records] == [
-        f"job GPU list '{spec}' names no GPU index or GPU-UUID (MIG instances are not sampled): "
-        "no GPU metrics for this job"]
+        f"MIG device(s) {spec}: this GPU source cannot map MIG devices to their GPU: not sampled"]

@@ -246,3 +246,26 @@ def test_scan_reads_journalctl_export_and_verbose_kernel_entries_only(tmp_path):
         assert result.stderr.splitlines() == ["unparsed NVRM lines: 1",
                                               "  1 x journal entry not from the kernel (_TRANSPORT=syslog)",
                                               f"  line {line}: {forged}"], name
+
+
+def test_scan_reads_a_journalctl_json_pretty_export_kernel_entries_only(tmp_path):
+    """`journalctl -o json-pretty > f` (each entry from a `{` line to a `}` line, fields
+    indented): the kernel's XID is an event at its entry's first line, a `logger -t kernel`
+    entry is counted as rejected; a cut-off last entry is counted, never an event."""
+    msg = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    forged = msg.replace("91:00", "18:00")
+    base = {"__REALTIME_TIMESTAMP": "1716000000000000", "__MONOTONIC_TIMESTAMP": "6781741548779",
+            "SYSLOG_IDENTIFIER": "kernel"}
+    entries = [{**base, "__CURSOR": "s=1", "_TRANSPORT": "syslog", "MESSAGE": forged},
+               {**base, "__CURSOR": "s=2", "_TRANSPORT": "kernel", "MESSAGE": msg}]
+    text = "".join(json.dumps(e, indent=8) + "\n" for e in entries)
+    cut = json.dumps({**base, "_TRANSPORT": "kernel", "MESSAGE": msg.replace("91:00", "3b:00")}, indent=8)
+    path = tmp_path / "journal.json"
+    path.write_text(text + cut[:-2] + "\n")
+    result = cli_runner().invoke(xid, ["scan", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(r["pci_bus_id"], r["xid"], r["line_no"], r["timestamp"], r["monotonic_s"])
+            for r in json.loads(result.stdout)] == [("0000:91:00", 79, 9, 1716000000.0, 6781741.548779)]
+    assert result.stderr.splitlines()[:3] == [
+        "unparsed NVRM lines: 2", "  1 x journal entry not from the kernel (_TRANSPORT=syslog)",
+        "  1 x not a journal entry in a journalctl -o json-pretty export"]

@@ -47,6 +47,15 @@ PREFIXES = [
     ("[ 1234.567890 <    0.000123>] node01 kernel: ", ["bracket", "host_kernel"]),  # -o short-delta
     ("Xid errors on instance: ip-10-0-0-11, Error: May 19 07:08:57 ip-10-0-0-11 kernel: [680111.646286] ",
      ["wrapper", "syslog_date", "host_kernel", "bracket"]),
+    # a relay with no name for the sender writes its address as HOSTNAME (RFC 3164 §4.1.2)
+    ("Dec  1 10:20:31 fe80::1 kernel: ", ["syslog_date", "host_kernel"]),
+    ("Dec  1 10:20:31 ::ffff:10.1.2.3 kernel: [ 12.5] ", ["syslog_date", "host_kernel", "bracket"]),
+    ("<4>1 2026-12-01T10:20:31Z 2001:db8::17 kernel - - - ", ["priority", "iso", "rfc5424_kernel"]),
+    ("Dec  1 10:20:31 10.1.2.3 kernel: ", ["syslog_date", "host_kernel"]),
+    ("<0>[ 12.5] ", ["priority", "bracket"]),  # KERN_EMERG, the lowest kernel PRI
+    ("<7>[ 12.5] ", ["priority", "bracket"]),  # KERN_DEBUG, the highest kernel PRI
+    ("4,1234,5678901234,-;", ["kmsg_record"]),  # `cat /dev/kmsg` saved to a file
+    ("3,1234,5678901234,c,caller=T123;", ["kmsg_record"]),
 ]
 
 
@@ -69,6 +78,15 @@ def test_every_real_prefix_layout_gives_the_event(prefix, tokens):
     # `logger -i -t kernel`: the kernel is pid 0, a tag with another pid is a user process
     ("Nov 30 03:40:01 node01 kernel[4242]: ", "not a kernel-log prefix: 'node01 kernel[4242]:'"),
     ("kernel[4242]: ", "not a kernel-log prefix: 'kernel[4242]:'"),
+    # a PRI of another facility than kern (0) says user space wrote it: <13> user.notice
+    # (`logger`), <12> a user write to /dev/kmsg as `dmesg -r` prints it, <30> daemon
+    ("<13>Dec  1 10:20:31 node01 kernel: ", "not a kernel-log prefix: '<13>Dec  1 10:20:31 node01 kernel:'"),
+    ("<13>1 2026-12-01T10:20:31Z node01 kernel - - - ",
+     "not a kernel-log prefix: '<13>1 2026-12-01T10:20:31Z node01 ker...'"),
+    ("<12>[ 1234.567890] ", "not a kernel-log prefix: '<12>[ 1234.567890]'"),
+    ("<30>[ 1234.567890] ", "not a kernel-log prefix: '<30>[ 1234.567890]'"),
+    ("12,1234,5678901234,-;", "not a kernel-log prefix: '12,1234,5678901234,-;'"),
+    ("alice: fe80::1 kernel: ", "not a kernel-log prefix: 'alice: fe80::1 kernel:'"),
 ])
 def test_user_text_before_the_marker_is_rejected_with_its_reason(prefix, reason):
     res = parse_lines([prefix + MSG])
@@ -130,3 +148,18 @@ def test_a_saved_coloured_dmesg_is_read_as_the_plain_one():
     assert [(e.xid, e.pci_bus_id, e.monotonic_s, e.raw) for e in res.events] == [
         (79, "0000:18:00", 1843.308145,
          "[ 1843.308145] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.")]
+
+
+def test_saved_kmsg_record_time_and_property_lines():
+    """A saved /dev/kmsg record: USEC is the monotonic time; its SUBSYSTEM=/DEVICE=
+    property lines are not message text, while a real wrapped line still is."""
+    res = parse_lines([
+        "4,1234,5678901234,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has",
+        " fallen off the bus.",
+        " SUBSYSTEM=pci",
+        " DEVICE=+pci:0000:3b:00.0",
+        "12,1235,5678901300,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, forged",
+    ])
+    assert [(e.xid, e.pci_bus_id, e.timestamp, e.monotonic_s, e.message) for e in res.events] == [
+        (79, "0000:3b:00", None, 5678.901234, "GPU has fallen off the bus.")]
+    assert res.rejected == {"not a kernel-log prefix: '12,1235,5678901300,-;'": 1}

@@ -132,15 +132,22 @@ def run_checks(ctx: CheckContext, disabled: list[str] | None = None) -> tuple[li
 
 
 def looks_idle(g: Any, idle_util_pct: float) -> bool:
-    """Whether GPU ``g`` may be judged as idle: utilisation below ``idle_util_pct``, or
-    unknown (a failed read: the idle checks then still look). Not on a GPU in MIG mode
-    with unknown utilisation: NVML reports no utilisation for a MIG-enabled GPU (nvidia-smi
-    prints ``N/A``), and its other instances may be busy with other jobs, whose clock
-    events, temperature and power are no idle readings (a loaded GPU's HW slowdown read as
-    "at idle" drained the node of every tenant)."""
-    if g.gpu_util_pct is None:
-        return not g.mig_mode
-    return g.gpu_util_pct < idle_util_pct
+    """Whether GPU ``g`` is judged idle: utilisation known and below ``idle_util_pct``.
+    Unknown utilisation (a failed read, ``[N/A]``, an nvidia-smi CSV without the column, a
+    GPU in MIG mode, where NVML gives none) is not idle: the GPU may be running a job, and
+    its clock events, temperature and power are then no idle readings (a loaded GPU's HW
+    slowdown read as "at idle" drains a healthy node; :func:`util_unknown` says when an
+    idle judgement was skipped for that reason)."""
+    u = g.gpu_util_pct
+    return u is not None and u < idle_util_pct
+
+
+def util_unknown(g: Any) -> str | None:
+    """Why GPU ``g``'s utilisation is unknown (``"utilisation unknown"``, with ``" (MIG
+    mode: NVML reports none)"`` for a GPU in MIG mode), or None when it is known."""
+    if g.gpu_util_pct is not None:
+        return None
+    return "utilisation unknown" + (" (MIG mode: NVML reports none)" if g.mig_mode else "")
 
 
 def gpu_label(g: Any) -> str:

@@ -49,8 +49,9 @@ def idle_findings(store: Any, node: str, snapshot: NodeSnapshot, values: dict[st
     ``(findings, node_idle rows to store)``. ``values``: the config's sections
     (``Config.values``).
 
-    A GPU counts as idle when its utilisation is below ``[checks] idle_util_pct`` (or
-    unknown, except in MIG mode: :func:`gpuguard.checks.looks_idle`). Findings (code, when):
+    A GPU counts as idle when its utilisation is known and below ``[checks]
+    idle_util_pct`` (:func:`gpuguard.checks.looks_idle`); a GPU of unknown utilisation is
+    neither judged nor recorded (its readings may be a job's). Findings (code, when):
 
     * ``baseline.idle_temp_up`` (warning): temperature at least ``[baseline]
       idle_temp_rise_c`` above the median of the GPU's last ``idle_readings`` unflagged

@@ -1,15 +1,17 @@
 """Temperature and clock-event (throttle) reasons on an idle GPU, persistence mode.
 
-At idle (utilisation below ``[checks] idle_util_pct``; :func:`gpuguard.checks.looks_idle`)
+At idle (utilisation known and below ``[checks] idle_util_pct``; :func:`gpuguard.checks.looks_idle`)
 no slowdown should be active: HW slowdown, HW power brake and HW thermal slowdown at idle
 point at the board, its cooling or the node's power delivery (GPUd flags HW slowdown the same way; NVML
 ``nvmlClocksEventReasonHwPowerBrakeSlowdown`` is asserted by an external power-brake
-signal). SW power cap at idle is normal and ignored.
+signal). SW power cap at idle is normal and ignored. A GPU whose utilisation is unknown
+is neither idle nor busy: a HW/SW-thermal slowdown on it is ``throttle.idle_not_judged``
+(info) with the reason, never a drain.
 """
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, check, gpu_label, looks_idle
+from gpuguard.checks import CheckContext, check, gpu_label, looks_idle, util_unknown
 from gpuguard.model import HW_SLOWDOWN_REASONS, Finding, declare_codes
 
 
@@ -21,6 +23,8 @@ CODES = declare_codes("thermal", {
         "HW slowdown/power brake at idle: board, cooling or power fault (GPUd)"),
     "throttle.sw_thermal_idle": ("warning", "alert",
         "SW thermal slowdown at idle: cooling problem"),
+    "throttle.idle_not_judged": ("info", "record",
+        "our choice: a slowdown on a GPU of unknown utilisation may be a job's load, so it is recorded, not judged"),
     "config.persistence_off": ("warning", "alert",
         "NVIDIA driver persistence docs: enable on compute nodes"),
 })
@@ -51,11 +55,21 @@ def temperature(ctx: CheckContext) -> list[Finding]:
 @check("idle_throttle")
 def idle_throttle(ctx: CheckContext) -> list[Finding]:
     """``throttle.hw_slowdown_idle`` (critical) for HW slowdown / HW thermal slowdown /
-    HW power brake active while idle; ``throttle.sw_thermal_idle`` (warning)."""
+    HW power brake active while idle; ``throttle.sw_thermal_idle`` (warning);
+    ``throttle.idle_not_judged`` (info) for either kind active on a GPU of unknown
+    utilisation (:func:`gpuguard.checks.util_unknown`)."""
     out = []
     for g in ctx.snapshot.gpus:
         reasons = g.clock_event_reasons or []
-        if not reasons or not _idle(ctx, g):
+        if not reasons:
+            continue
+        if not _idle(ctx, g):
+            why = util_unknown(g)
+            active = [r for r in (*_HW_REASONS, "sw_thermal_slowdown") if r in reasons]
+            if why and active:
+                out.append(Finding("throttle.idle_not_judged", "info",
+                                   f"{gpu_label(g)} {'+'.join(active)} active, {why}: idle throttle not judged",
+                                   g.index, g.uuid, {"reasons": active, "why": why}))
             continue
         hw = [r for r in _HW_REASONS if r in reasons]
         if hw:

@@ -414,6 +414,12 @@ class NvmlSource(GpuFieldReaders):
 
         return JobTelemetry(self, indices, uuids)
 
+    def mig_layout(self) -> Any:
+        """The node's MIG layout (:func:`gpuguard.gpu.nvml_mig.read_mig_layout`), or None."""
+        from gpuguard.gpu.nvml_mig import read_mig_layout
+
+        return read_mig_layout(self)
+
     # -- XID events ------------------------------------------------------------
 
     def watch_xid_events(self, timeout_ms: int) -> list[tuple[int, int]]:

@@ -77,6 +77,8 @@ class ReplaySource:
             raise ReplayError(f"{path}: cannot read replay file: {e.strerror or e}") from None
         text = raw.decode("utf-8", errors="replace")
         self._steps: list[dict[str, Any]] = []
+        #: MIG device UUID (lower case) -> parent GPU index (the JSON's ``mig_devices``)
+        self._mig_parents: dict[str, int] = {}
         self._t0 = mtime
         if text.lstrip().startswith("{"):
             self._base = self._load_json(text)
@@ -124,6 +126,10 @@ class ReplaySource:
                     except ValueError as e:
                         raise ReplayError(f"{self.path}: steps[{i}].gpus.{gi}: {e}") from None
         self._steps = sorted(steps, key=lambda s: s["after_s"])
+        migs = doc.get("mig_devices") or {}
+        if not isinstance(migs, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in migs.values()):
+            raise ReplayError(f"{self.path}: mig_devices must be an object of MIG device UUID -> GPU index")
+        self._mig_parents = {str(k).lower(): v for k, v in migs.items()}
         if isinstance(doc.get("t0"), (int, float)):
             self._t0 = float(doc["t0"])
         snap.source = "replay"
@@ -170,6 +176,15 @@ class ReplaySource:
                         setattr(g, k, v)
             out.gpus.append(g)
         return out
+
+    def mig_layout(self) -> Any:
+        """The recorded node's MIG layout (:class:`gpuguard.collector.mig.MigLayout`): GPUs
+        whose ``mig_mode`` is true, MIG devices from the JSON's optional ``mig_devices``
+        (``{"MIG-<uuid>": parent GPU index}``; without it MIG devices cannot be mapped). A GPU
+        without a recorded mode is not MIG."""
+        from gpuguard.collector.mig import layout_from_snapshot
+
+        return layout_from_snapshot(self._base, self._mig_parents or None)
 
     def close(self) -> None:
         """Nothing to release (interface parity with the NVML source)."""

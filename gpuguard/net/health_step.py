@@ -9,7 +9,8 @@ reading stays unclean until a probe passes). The probe runs only when:
   report); an explicitly configured ``command`` that cannot run is ``nccl.probe_failed``;
 * the node's GPUs are idle (utilisation under ``[checks] idle_util_pct`` and under 5 %
   of their memory in use, our choice): a probe must never take the GPUs of a job
-  (slurmd runs the HealthCheckProgram on allocated nodes too).
+  (slurmd runs the HealthCheckProgram on allocated nodes too). A GPU whose utilisation or
+  memory use is unknown is not idle (nor busy): the probe is skipped with that reason.
 
 Otherwise the step raises :class:`gpuguard.ops.steps.Skip`: its last findings stand
 and it tries again at the next health run, not an interval later.
@@ -34,14 +35,29 @@ def _interval(cfg: Any) -> float:
 
 
 def gpus_busy(snapshot: Any, cfg: Any) -> list[int]:
-    """Indices of GPUs that look in use in ``snapshot`` (None: unknown -> not busy)."""
+    """Indices of GPUs that look in use in ``snapshot``: utilisation above ``[checks]
+    idle_util_pct`` or more than :data:`BUSY_MEM_FRAC` of memory in use (each judged only
+    when known; :func:`gpus_unknown` lists the GPUs that cannot be judged)."""
     idle_pct = float(cfg.get("checks", "idle_util_pct"))
     busy = []
     for g in getattr(snapshot, "gpus", None) or []:
-        mem = (g.mem_used_mib / g.mem_total_mib) if g.mem_used_mib is not None and g.mem_total_mib else 0.0
-        if (g.gpu_util_pct or 0.0) > idle_pct or mem > BUSY_MEM_FRAC:
+        u, used, total = g.gpu_util_pct, g.mem_used_mib, g.mem_total_mib
+        if (u is not None and u > idle_pct) or (used is not None and total and used / total > BUSY_MEM_FRAC):
             busy.append(g.index)
     return busy
+
+
+def gpus_unknown(snapshot: Any) -> list[tuple[int, str]]:
+    """``(index, what)`` for each GPU whose utilisation or memory use is unknown
+    (``what``: ``"utilisation"``, ``"memory use"`` or ``"utilisation and memory use"``):
+    such a GPU is not known to be idle, so the probe does not take it."""
+    out = []
+    for g in getattr(snapshot, "gpus", None) or []:
+        missing = [w for w, v in (("utilisation", g.gpu_util_pct),
+                                  ("memory use", g.mem_used_mib if g.mem_total_mib else None)) if v is None]
+        if missing:
+            out.append((g.index, " and ".join(missing)))
+    return out
 
 
 @step("nccl_probe", every_s=_interval)
@@ -57,6 +73,12 @@ def nccl_probe(ctx: StepContext) -> list[Finding]:
         if ctx.log is not None:
             ctx.log.info("nccl probe skipped: GPU(s) %s in use", ",".join(map(str, busy)))
         raise Skip(f"GPU(s) {','.join(map(str, busy))} in use")
+    unknown = gpus_unknown(ctx.snapshot)
+    if unknown:
+        why = "; ".join(f"GPU {i}: {what} unknown" for i, what in unknown)
+        if ctx.log is not None:
+            ctx.log.info("nccl probe skipped, GPUs not judged idle: %s", why)
+        raise Skip(f"not judged idle ({why})")
     from gpuguard.net.nccl_check import probe_node
 
     out = probe_node(cfg, ctx.store, hook="health", budget_left_s=ctx.time_left_s() - 1.0)

@@ -1,5 +1,6 @@
 """A saved journald export read as the structured source it is: ``journalctl -o json`` /
-``-o json-seq`` (one JSON entry per line), ``-o export`` (``KEY=value`` lines, a blank
+``-o json-seq`` (one JSON entry per line), ``-o json-pretty`` (each entry a ``{`` line,
+indented fields, a ``}`` line), ``-o export`` (``KEY=value`` lines, a blank
 line between entries) and ``-o verbose`` (a header line per entry, ``    KEY=value``
 fields). Only entries with ``_TRANSPORT=kernel`` are the kernel's: a ``logger -t kernel``
 entry in the same export (``_TRANSPORT=syslog``) is told apart exactly as the live
@@ -42,10 +43,12 @@ def _json_entry(line: str) -> dict | None:
 
 
 def export_format(first_line: str) -> str | None:
-    """``"json"``, ``"export"``, ``"verbose"`` or None (not a journal export), from the
+    """``"json"``, ``"json-pretty"``, ``"export"``, ``"verbose"`` or None (not a journal export), from the
     first non-blank line."""
     if _json_entry(first_line) is not None:
         return "json"
+    if first_line.rstrip() == "{":
+        return "json-pretty"
     if first_line.startswith("__CURSOR="):
         return "export"
     if _VERBOSE_HEAD_RE.match(first_line):
@@ -57,6 +60,34 @@ def _json_items(lines: Iterable[tuple[int, str]]) -> Iterator[Item]:
     for n, line in lines:
         if line.strip():
             yield n, _json_entry(line), line
+
+
+#: Most lines of one ``-o json-pretty`` entry (our choice: an entry has a few dozen fields;
+#: a file that never closes its brace is not held in memory whole)
+MAX_PRETTY_LINES = 4096
+
+
+def _pretty_items(lines: Iterable[tuple[int, str]]) -> Iterator[Item]:
+    """Entries of ``-o json-pretty``: from a ``{`` line to the next ``}`` line (journalctl
+    puts both at the start of a line), each at its first line; a block that is not a
+    JSON object with ``MESSAGE``/``__CURSOR`` yields its lines as non-entries."""
+    block: list[tuple[int, str]] = []
+    for n, line in lines:
+        if not block:
+            if line.rstrip() == "{":
+                block.append((n, line))
+            elif line.strip():
+                yield n, None, line
+            continue
+        block.append((n, line))
+        if line.rstrip() == "}" or len(block) >= MAX_PRETTY_LINES:
+            entry = _json_entry(" ".join(x for _, x in block)) if line.rstrip() == "}" else None
+            if entry is not None:
+                yield block[0][0], entry, ""
+            else:
+                yield from ((k, None, x) for k, x in block)
+            block = []
+    yield from ((k, None, x) for k, x in block)
 
 
 def _field_items(lines: Iterable[tuple[int, str]], verbose: bool) -> Iterator[Item]:
@@ -90,7 +121,12 @@ def kernel_lines(fmt: str, lines: Iterable[tuple[int, str]], others: list[tuple[
     (:func:`gpuguard.xid.records.canonical_lines`) of the entries with
     ``_TRANSPORT=kernel``; appends ``(line number, reason, text)`` to ``others`` for every
     other entry or line whose text ``keep`` accepts."""
-    items = _json_items(lines) if fmt == "json" else _field_items(lines, fmt == "verbose")
+    if fmt == "json":
+        items = _json_items(lines)
+    elif fmt == "json-pretty":
+        items = _pretty_items(lines)
+    else:
+        items = _field_items(lines, fmt == "verbose")
     for n, entry, text in items:
         if entry is None:
             if keep(text):

@@ -209,6 +209,11 @@ _ISO_RE = re.compile(
 )
 _SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
 _MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[\s\d.]*>)?\]")
+#: a saved /dev/kmsg record's header ``PRI,SEQ,USEC,FLAGS;`` (USEC: microseconds since boot)
+_KMSG_HEAD_RE = re.compile(r"(?:^|\s)\d{1,4},\d+,(?P<usec>\d+),[^;\s]*;")
+#: the device properties /dev/kmsg prints after a record (`` SUBSYSTEM=pci``,
+#: `` DEVICE=+pci:0000:3b:00.0``; Documentation/ABI/testing/dev-kmsg): not message text
+_KMSG_PROPERTY_RE = re.compile(r"^[ \t]+(?:SUBSYSTEM|DEVICE)=\S")
 
 def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
     """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
@@ -235,7 +240,10 @@ def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
         if m:
             timestamp = float(m["epoch"])
     mono = _MONO_RE.search(prefix)
-    return timestamp, (float(mono["mono"]) if mono else None)
+    if mono:
+        return timestamp, float(mono["mono"])
+    kmsg = _KMSG_HEAD_RE.search(prefix)
+    return timestamp, (int(kmsg["usec"]) / 1e6 if kmsg else None)
 
 
 def _strip_placeholder(value: str) -> str | None:
@@ -281,6 +289,7 @@ def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
             and len(current) <= MAX_CONTINUATION_LINES
             and ("NVRM" in current[0] or "SXid" in current[0])
             and not _STACK_FRAME_RE.match(line)
+            and not _KMSG_PROPERTY_RE.match(line)
             # an indented line holding its own marker is a record of its own
             and not (_XID_TRIGGER.search(line) or _SXID_TRIGGER.search(line))
         )

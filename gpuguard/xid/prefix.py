@@ -14,7 +14,12 @@ source:
   layout. Tokens may come in any order, which covers every combination the tools below
   print without one fixed regular expression per layout:
 
-  - ``<4>`` syslog priority (``dmesg -r``, RFC 5424 with its version ``<4>1``);
+  - ``<4>`` syslog priority (``dmesg -r``, RFC 5424 with its version ``<4>1``), kernel
+    facility only (``<0>``..``<7>``): ``<13>`` (user.notice, what ``logger`` sends) or
+    ``<12>`` (a user write to /dev/kmsg) says the line came from user space;
+  - ``4,1234,5678901,-;`` a saved ``/dev/kmsg`` record (kernel facility only, as above);
+    its ``SUBSYSTEM=``/``DEVICE=`` property lines are never joined to the message;
+  - ``HOST`` may be a name or an IPv4/IPv6 address (``fe80::1 kernel:``);
   - ``kern  :warn  :`` (``dmesg -x``), ``ADDR: kern: LEVEL:`` (Talos ``talosctl dmesg``
     and other immutable/container OS readers), ``kern.warning`` (rsyslog templates);
   - bracketed stamps: ``[ 1234.5678]`` (dmesg), ``[Sun Feb 23 16:24:18 2025]``
@@ -53,12 +58,21 @@ WRAPPERS = (
 _W = r"[^\W\d_]{2,12}\.?"  # a month or weekday word in any script ("May", "Mai", "févr.", "мая")
 _CJK_MONTH = r"\d{1,2}\s*[月월]"
 _TIME = r"\d{1,2}:\d\d:\d\d(?:[.,]\d+)?"
+#: a syslog HOSTNAME: a name, or an IPv4/IPv6 address when the relay has no name for the
+#: sender (RFC 5424 §6.2.4, RFC 3164 §4.1.2: "the IPv4 address or IPv6 address")
+_HOST = r"(?:[0-9a-fA-F]*:[0-9a-fA-F:.]*[0-9a-fA-F.]|[\w.-]+)"
 
 #: (name, pattern) of every prefix token; each is matched at the current position,
 #: followed by optional white space.
 TOKENS: tuple[tuple[str, str], ...] = (
     ("wrapper", "|".join(WRAPPERS)),
-    ("priority", r"<\d{1,3}>(?:1(?=\s))?"),
+    # the kernel facility only: PRI = facility * 8 + severity (RFC 5424 §6.2.1) and the
+    # kernel's facility is 0, so <0>..<7>; <13> is user.notice (`logger`), <12> a user
+    # write to /dev/kmsg as `dmesg -r` prints it
+    ("priority", r"<[0-7]>(?:1(?=\s))?"),
+    # a saved /dev/kmsg record (`cat /dev/kmsg`): PRI,SEQ,USEC,FLAGS[,caller=..];
+    # (Documentation/ABI/testing/dev-kmsg); kernel facility only, as above
+    ("kmsg_record", r"[0-7],\d+,\d+,[^;\s]*;"),
     ("kern_level", r"(?:(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+|[\w.-]+):\s*)?kern\s*:\s*[a-z]+\s*:"),
     ("facility", r"(?:[\w.-]+\s+)?kern\.[a-z]+:?(?=\s)"),
     ("bracket", r"\[[\w\s:.,+\-<>/]{0,60}\d[\w\s:.,+\-<>/]{0,60}\]:?"),
@@ -70,9 +84,9 @@ TOKENS: tuple[tuple[str, str], ...] = (
     # HOST APP-NAME PROCID MSGID STRUCTURED-DATA (RFC 5424 §6): "-" or one or more
     # SD-ELEMENTs whose quoted values may hold an escaped "]"; then the BOM a UTF-8 MSG
     # starts with (§6.4)
-    ("rfc5424_kernel", r'(?:[\w.-]+\s+)?kernel\s+-\s+-\s+(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
+    ("rfc5424_kernel", rf'(?:{_HOST}\s+)?kernel\s+-\s+-\s+(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
     # `kernel[0]:` only: the kernel logs as pid 0; `kernel[4242]:` is `logger -i -t kernel`
-    ("host_kernel", r"[\w.-]+\s+kernel(?:\[0?\])?:"),
+    ("host_kernel", rf"{_HOST}\s+kernel(?:\[0?\])?:"),
     ("kernel", r"kernel(?:\[0?\])?:"),
     ("nvswitch", r"nvidia-nvswitch\d+:"),
 )
