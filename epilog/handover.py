@@ -29,7 +29,7 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
     job = {"user": h.job_user, "uid": h.job_uid, "account": env.get("SLURM_JOB_ACCOUNT"),
            "partition": h.job_partition, "comment": h.job_comment, "num_nodes": h.job_num_nodes,
            "nodelist": h.job_nodelist, "exit_code_raw": h.exit_status_raw}
-    # the template lookup (scontrol show job) is capped by what is left of the budget
+    # the template lookup (SlurmCli.show_job: two squeue calls) is capped by what is left of the budget
     slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
                      deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
     if not spool and (job["num_nodes"] or 1) > 1:

@@ -7,8 +7,9 @@ none: SLURM-FACTS.md §4); ``sacct -o Comment`` has it afterwards.
 
 Otherwise derived from what makes runs comparable: partition, GPU type, GPUs per node,
 node count and job name, e.g. ``gpu.h100-80gb-hbm3.x8.n2.train-llama``. The Epilog does
-not see ``SLURM_JOB_NAME`` (SLURM-FACTS.md §4), so the name comes from
-``scontrol show job`` (:meth:`gpuguard.slurm.SlurmCli.show_job`).
+not see ``SLURM_JOB_NAME`` (SLURM-FACTS.md §4), so the name comes from Slurm
+(:meth:`gpuguard.slurm.SlurmCli.show_job`: ``squeue``, read so that no user text forges
+another field).
 
 Names are sanitised to ``[A-Za-z0-9._-]{1,64}``: every other character becomes ``-``,
 and a name longer than 64 characters keeps its first 55 characters, a ``-`` and an
@@ -77,7 +78,7 @@ def gpu_type_of(name: str | None) -> str | None:
 
 
 def _gpus_from_tres(tres: str | None) -> tuple[str | None, int | None]:
-    """``TresPerNode`` of ``scontrol show job``: ``gres:gpu:h100:4`` / ``gres/gpu:4`` /
+    """``TresPerNode`` (``squeue -o %b``, as ``scontrol show job`` names it): ``gres:gpu:h100:4`` / ``gres/gpu:4`` /
     ``gres/gpu=4`` -> (type or None, count or None)."""
     if not tres:
         return None, None
@@ -106,7 +107,8 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
                  slurm: Any = None, gpu_name: str | None = None) -> Template:
     """The template of the job described by the hook environment ``env``.
 
-    ``job_info``: ``scontrol show job`` fields if the caller already has them; else,
+    ``job_info``: the job's Slurm fields (the names :meth:`~gpuguard.slurm.SlurmCli.show_job`
+    returns) if the caller already has them; else,
     when a name must be derived, ``slurm.show_job(SLURM_JOB_ID)`` is called (``slurm`` a
     :class:`gpuguard.slurm.SlurmCli`); its :class:`~gpuguard.slurm.SlurmError` is caught
     and the derived name then has ``_`` for the job name. ``gpu_name``: this node's NVML
