@@ -70,12 +70,15 @@ def mig_parent_uuid(entry: str) -> str | None:
     return entry[4:].split("/", 1)[0]
 
 
+def _index_of(layout: MigLayout, uuid: str) -> int | None:
+    """The physical index of the GPU with ``GPU-`` UUID ``uuid`` (any case), or None."""
+    want = uuid.lower()
+    return next((i for i, u in layout.gpus.items() if (u or "").lower() == want), None)
+
+
 def _parent_of(layout: MigLayout, entry: str) -> int | None:
     parent = mig_parent_uuid(entry)
-    if parent is None:
-        return layout.parents.get(entry.lower())
-    want = parent.lower()
-    return next((i for i, u in layout.gpus.items() if (u or "").lower() == want), None)
+    return layout.parents.get(entry.lower()) if parent is None else _index_of(layout, parent)
 
 
 def restrict(layout: MigLayout | None, indices: list[int], uuids: list[str],
@@ -105,7 +108,7 @@ def restrict(layout: MigLayout | None, indices: list[int], uuids: list[str],
         indices = []
     keep: list[str] = []
     for u in uuids:
-        i = next((i for i, g in layout.gpus.items() if (g or "").lower() == u.lower()), None)
+        i = _index_of(layout, u)
         if i is not None and i in layout.mig_gpus:
             warnings.append(f"job GPU {u} (GPU {i}) is in MIG mode: its device-level readings are shared with "
                             "its MIG tenants: not sampled")

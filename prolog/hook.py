@@ -143,23 +143,14 @@ def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
     fails the job, else None (the job proceeds; also in maintenance, exactly as for the
     live check: the node's drain is suppressed and recorded as such)."""
     from gpuguard.drainq import decision_recovery
-    from gpuguard.hookrun import announce
     from gpuguard.policy import decide
 
-    job_id = henv.job_id
     d = decide(live.result.findings + nccl, cfg.policy, cfg.xid_policy)
     if _unless_maintenance(cfg, maint, d.outcome, d.reason, log) == "proceed":
         return None
     if d.outcome == "drain":
-        announce(EXIT_DRAIN)
-        node = cfg.node_name
-        if pend.dry_run:
-            log.warning("dry run: would drain %s: %s", node, d.reason)
-        elif pend.add(node, d.reason, decision_recovery(d)):
-            pend.settle(node, d.reason)
-        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-        return EXIT_DRAIN
-    if d.outcome == "fail-job" and job_id:
+        return _drain_now(cfg, live, pend, henv, d.reason, decision_recovery(d), log, nccl)
+    if d.outcome == "fail-job" and henv.job_id:
         return _fail_job(cfg, live, pend, henv, d, log, nccl)
     return None
 
@@ -172,7 +163,6 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
     drain the node through the pending-drain list and exit 1, so Slurm requeues the job
     elsewhere as for any drain. Returns the exit status."""
     from gpuguard import failstreak
-    from gpuguard.hookrun import announce
     from gpuguard.recovery import recovery_of_findings
 
     job_id = henv.job_id
@@ -181,39 +171,46 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
         _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
         return EXIT_OK
     hits = [f for f, a in decision.actions if a == "fail-job"]
-    codes = list(dict.fromkeys(f.code for f in hits))
-    try:
-        esc = failstreak.note(cfg, codes, job_id)
-    except OSError as e:  # our fault: counts nothing, escalates nothing
-        log.error("tool error: fail-job streak: %s", e)
-        esc = None
+    esc = _note_fail_streak(cfg, list(dict.fromkeys(f.code for f in hits)), job_id, log)
     if esc is not None:
         code, n = esc
         first = next(f for f in hits if f.code == code)
         reason = failstreak.reason(code, n, float(cfg.get("prolog", "fail_job_escalate_window_s")), first.message)
         log.warning("fail-job escalated to drain after %d jobs: %s", n, reason)
-        announce(EXIT_DRAIN)
-        node = cfg.node_name
-        if pend.dry_run:
-            log.warning("dry run: would drain %s: %s", node, reason)
-        elif pend.add(node, reason, recovery_of_findings([{"code": code, "action": "drain"}])):
-            pend.settle(node, reason)
-        _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
-        return EXIT_DRAIN
+        return _drain_now(cfg, live, pend, henv, reason, recovery_of_findings([{"code": code, "action": "drain"}]),
+                          log, nccl)
     pend.actuator.fail_job(job_id, decision.reason)
     _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     return EXIT_OK
 
 
-def _clear_fail_streak(cfg, log) -> None:
-    """The job proceeds: no fail-job code persists, so every count starts afresh
-    (:func:`gpuguard.failstreak.note`)."""
+def _drain_now(cfg, live, pend, henv, reason: str, recovery, log, nccl) -> int:
+    """Drain this node for a decision taken after the live check (the NCCL probe's, or a
+    fail-job escalation): announce the exit, drain through the pending-drain list (a dry
+    run only logs), record the run. Returns :data:`EXIT_DRAIN`."""
+    from gpuguard.hookrun import announce
+
+    announce(EXIT_DRAIN)
+    node = cfg.node_name
+    if pend.dry_run:
+        log.warning("dry run: would drain %s: %s", node, reason)
+    elif pend.add(node, reason, recovery):
+        pend.settle(node, reason)
+    _record(cfg, live, pend, henv.job_id, henv.job_gpus, log, nccl)
+    return EXIT_DRAIN
+
+
+def _note_fail_streak(cfg, codes: list[str], job_id: str | None, log) -> tuple[str, int] | None:
+    """:func:`gpuguard.failstreak.note` (``codes`` empty: the job proceeds, every count
+    starts afresh); a count file that cannot be written is our fault: logged, nothing
+    escalates."""
     from gpuguard import failstreak
 
     try:
-        failstreak.note(cfg, [], None)
+        return failstreak.note(cfg, codes, job_id)
     except OSError as e:
         log.error("tool error: fail-job streak: %s", e)
+        return None
 
 
 def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
@@ -234,7 +231,7 @@ def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
         log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
         return EXIT_OK
     if not maint.active:  # in maintenance no job was failed: the counts stand
-        _clear_fail_streak(cfg, log)
+        _note_fail_streak(cfg, [], None, log)
     later = _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     if later is not None and later.decision.outcome == "drain" and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
