@@ -18,8 +18,6 @@ from typing import Any
 from gpuguard.slurm import REASON_PREFIX
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
-#: ``Reason=text [user@2026-11-30T18:20:01]`` as ``scontrol show node`` prints it.
-
 
 @dataclass(frozen=True)
 class NodeInfo:
