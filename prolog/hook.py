@@ -226,7 +226,8 @@ def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
             log.error("tool error: job preparation (job dir, collector): %s: %s", type(e).__name__, e)
         from gpuguard.ops.jobmap import job_started
 
-        job_started(cfg, env, log)  # exporters' GPU -> job files; fails open
+        # exporters' GPU -> job files, named through the live snapshot (MIG); fails open
+        job_started(cfg, env, log, snapshot=live.collected.snapshot)
     if config_error:  # nothing is written on the shipped defaults' paths
         log.info("proceed (%d finding(s); config broken: nothing recorded)", len(live.result.findings))
         return EXIT_OK

@@ -15,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.ops import jobmap, metrics
 from gpuguard.store import open_store
+from conftest import node_snapshot
 
 LOG = logging.getLogger("test")
+#: the Prolog's snapshot of a node without MIG: Slurm's GPU index is NVML's
+SNAP = node_snapshot(4)
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "1,3", "SLURM_JOB_USER": "gg_alice", "SLURM_JOB_UID": "1001",
        "SLURM_JOB_ACCOUNT": "acct_a", "SLURM_JOB_PARTITION": "gpu"}
 
@@ -29,8 +32,9 @@ def cfg(tmp_path, make_config):
 
 
 def test_job_mapping_files_follow_the_jobs(cfg, tmp_path):
-    jobmap.job_started(cfg, ENV, LOG)
-    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="43", SLURM_JOB_GPUS="3", SLURM_JOB_UID="1002"), LOG)
+    jobmap.job_started(cfg, ENV, LOG, snapshot=SNAP)
+    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="43", SLURM_JOB_GPUS="3", SLURM_JOB_UID="1002"), LOG,
+                       snapshot=SNAP)
     dcgm, gpustat = tmp_path / "dcgm", tmp_path / "gpustat"
     assert sorted(os.listdir(dcgm)) == ["1", "3"]
     assert ((dcgm / "1").read_text(), (dcgm / "3").read_text()) == ("42\n", "42\n43\n")
@@ -44,12 +48,80 @@ def test_job_mapping_files_follow_the_jobs(cfg, tmp_path):
     assert [j["job_id"] for j in jobmap.running_jobs(cfg)] == ["43"]
 
 
+#: A node whose GPU 0 is in MIG mode with two instances (Slurm AutoDetect=nvml: gres
+#: devices 0 and 1 are its MIG devices, 2 and 3 are NVML GPUs 1 and 2), GPUs 1-3 whole.
+MIG_A = "MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f"
+MIG_B = "MIG-7e1a3b2c-0f4d-5e6a-8b9c-0d1e2f3a4b5c"
+MIG_SNAP = node_snapshot(4, gpu0={"mig_mode": True})
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_mig_job_never_labels_another_tenants_gpu(cfg, tmp_path, caplog):
+    """Job 42 holds MIG device B (Slurm gres index 1): file '1' would say it owns NVML GPU
+    1, which job 43 holds whole. jobstats gets the MIG UUID's file, dcgm-exporter nothing
+    (its HPC map names whole GPUs); each gap is one warning."""
+    dcgm, gpustat = tmp_path / "dcgm", tmp_path / "gpustat"
+    with caplog.at_level(logging.WARNING):
+        jobmap.job_started(cfg, dict(ENV, SLURM_JOB_GPUS="1", CUDA_VISIBLE_DEVICES=MIG_B), LOG, snapshot=MIG_SNAP)
+    assert not dcgm.exists() or os.listdir(dcgm) == []
+    assert sorted(os.listdir(gpustat)) == [MIG_B]
+    assert (gpustat / MIG_B).read_text() == "42 1001\n"
+    assert _warnings(caplog) == [
+        f"job mapping files: MIG device(s) {MIG_B}: dcgm-exporter's HPC job mapping names whole GPUs only "
+        "(every MIG instance of a GPU carries its index): no dcgm job mapping file written",
+        "job mapping files: job GPU index(es) 1: GPU(s) 0 of this node are in MIG mode (or their MIG mode is "
+        "unreadable), where Slurm's GPU index counts MIG devices, not NVML's GPUs: no GPU-index job mapping "
+        "file written"]
+    [rec] = jobmap.running_jobs(cfg)
+    assert (rec["gpus"], rec["mig_devices"]) == ([], [MIG_B])
+    # a whole GPU named by its UUID on the same node is still mapped to its NVML index
+    uuid2 = MIG_SNAP.gpus[2].uuid
+    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="43", SLURM_JOB_GPUS="3", SLURM_JOB_UID="1002",
+                                 CUDA_VISIBLE_DEVICES=uuid2), LOG, snapshot=MIG_SNAP)
+    assert sorted(os.listdir(dcgm)) == ["2"] and (dcgm / "2").read_text() == "43\n"
+    assert sorted(os.listdir(gpustat)) == ["2", MIG_B]
+    jobmap.job_ended(cfg, dict(ENV, SLURM_JOB_GPUS="1", CUDA_VISIBLE_DEVICES=MIG_B), LOG)
+    assert sorted(os.listdir(gpustat)) == ["2"]
+    assert sorted(os.listdir(dcgm)) == ["2"]
+    jobmap.job_ended(cfg, dict(ENV, SLURM_JOB_ID="43", SLURM_JOB_GPUS="3", CUDA_VISIBLE_DEVICES=uuid2), LOG)
+    assert os.listdir(gpustat) == [] and os.listdir(dcgm) == []
+
+
+@pytest.mark.parametrize("gpu0", [{"mig_mode": None, "read_errors": {"mig_mode": "Unknown"}},
+                                  {"mig_mode": None, "read_errors": {"handle": "NoPermission"}}])
+def test_unreadable_mig_mode_counts_as_mig(cfg, tmp_path, gpu0):
+    """A GPU whose MIG mode (or handle) could not be read may be in MIG mode: no index is
+    trusted on that node (the collector's rule)."""
+    jobmap.job_started(cfg, ENV, LOG, snapshot=node_snapshot(4, gpu0=gpu0))
+    assert not (tmp_path / "dcgm").exists() and not (tmp_path / "gpustat").exists()
+    assert [j["gpus"] for j in jobmap.running_jobs(cfg)] == [[]]
+
+
+def test_no_snapshot_writes_no_index_file(cfg, tmp_path, caplog):
+    """Without the Prolog's snapshot nobody knows whether Slurm's index is NVML's: nothing
+    is written by index (one warning); a MIG UUID still names its own device."""
+    with caplog.at_level(logging.WARNING):
+        jobmap.job_started(cfg, dict(ENV, CUDA_VISIBLE_DEVICES=f"{MIG_A},MIG-GPU-{MIG_SNAP.gpus[0].uuid[4:]}/1/0"),
+                           LOG, snapshot=None)
+    assert not (tmp_path / "dcgm").exists()
+    assert os.listdir(tmp_path / "gpustat") == [MIG_A]
+    w = _warnings(caplog)
+    assert w[0] == (f"job mapping files: MIG device(s) MIG-GPU-{MIG_SNAP.gpus[0].uuid[4:]}/1/0: a pre-R470 MIG "
+                    "id names no file: no job mapping file written")
+    assert w[2] == ("job mapping files: job GPU(s) 1,3: no GPU snapshot, so whether Slurm's GPU index is NVML's "
+                    "(no GPU in MIG mode) is unknown: no GPU-index job mapping file written")
+    assert len(w) == 3
+
+
 def test_job_mapping_fails_open(cfg, tmp_path, caplog):
     (tmp_path / "dcgm").write_text("not a directory")
     with caplog.at_level(logging.ERROR):
-        jobmap.job_started(cfg, ENV, LOG)
+        jobmap.job_started(cfg, ENV, LOG, snapshot=SNAP)
     assert "tool error: job mapping files: " in caplog.text
-    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="../../etc"), LOG)  # not a job id: ignored
+    jobmap.job_started(cfg, dict(ENV, SLURM_JOB_ID="../../etc"), LOG, snapshot=SNAP)  # not a job id: ignored
     assert [j["job_id"] for j in jobmap.running_jobs(cfg)] == ["42"]
 
 
@@ -76,7 +148,7 @@ def _samples_by(text, name):
 
 def test_job_metrics_carry_job_labels_and_parse(cfg):
     now = time.time()
-    jobmap.job_started(cfg, ENV, LOG)
+    jobmap.job_started(cfg, ENV, LOG, snapshot=SNAP)
     st = open_store(cfg.store_path)
     _samples(st, now)
     reg, errors = metrics.build_registry(cfg, st, now=now)
@@ -104,7 +176,7 @@ def test_job_metrics_carry_job_labels_and_parse(cfg):
 
 def test_stale_job_drops_out(cfg):
     now = time.time()
-    jobmap.job_started(cfg, ENV, LOG)
+    jobmap.job_started(cfg, ENV, LOG, snapshot=SNAP)
     st = open_store(cfg.store_path)
     _samples(st, now - 3600)
     reg, _ = metrics.build_registry(cfg, st, now=now)
@@ -150,7 +222,7 @@ def test_grafana_dashboard_queries_only_metrics_gpuguard_writes(cfg):
     import re
 
     now = time.time()
-    jobmap.job_started(cfg, ENV, LOG)
+    jobmap.job_started(cfg, ENV, LOG, snapshot=SNAP)
     st = open_store(cfg.store_path)
     _samples(st, now)
     st.insert_many("events", [{"node": "n1", "at": 2.0, "kind": "xid", "code": 79, "gpu_index": 0}])

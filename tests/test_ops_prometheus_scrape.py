@@ -19,6 +19,7 @@ import pytest
 
 from gpuguard.ops import jobmap, metrics
 from gpuguard.store import open_store
+from conftest import node_snapshot
 
 PROM = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROM is None, reason="prometheus binary not installed (apt-get install prometheus)")
@@ -34,7 +35,7 @@ def test_prometheus_scrapes_the_textfile_and_sees_job_labels(tmp_path, make_conf
     _, cfg = make_config(f'[metrics]\ntextfile_dir = "{tmp_path}/textfile"\n')
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "1", "SLURM_JOB_USER": "gg_alice", "SLURM_JOB_UID": "1001",
            "SLURM_JOB_ACCOUNT": "acct_a"}
-    jobmap.job_started(cfg, env, logging.getLogger("t"))
+    jobmap.job_started(cfg, env, logging.getLogger("t"), snapshot=node_snapshot(4))
     st = open_store(cfg.store_path)
     st.insert("samples", {"job_id": "42", "node": "n1", "at": time.time(), "gpu_index": 1, "gpu_uuid": "GPU-1",
                           "gpu_util_pct": 87.0, "mem_used_mib": 1.0, "power_w": 300.0, "temp_c": 60.0,

@@ -368,3 +368,19 @@ def test_rejected_job_id_cannot_break_or_forge_log_lines(node, job_id):
     assert lines and all(f" job={label} " in ln for ln in lines)
     assert not any("forged" in ln and "ERROR" in ln.split(" job=")[0] for ln in lines)
     assert any(f"tool error: SLURM_JOB_ID {job_id[:80]!r} is not a job id; node checks only" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("mig0, files", [(False, ["1"]), (True, [])])
+def test_prolog_names_exporter_files_through_its_snapshot(tmp_path, make_config, write_replay, fake_slurm_bin,
+                                                          mig0, files):
+    """The Prolog hands its live snapshot to the job map: on a node whose GPU 0 is in MIG
+    mode, Slurm's gres index 1 (a MIG device) gets no dcgm-exporter file, which would
+    label NVML GPU 1; without MIG the same index is NVML's GPU 1."""
+    kl = tmp_path / "kern.log"
+    kl.write_text("")
+    replay = write_replay(node_snapshot(4, gpu0={"mig_mode": mig0}))
+    make_config(f'[prolog]\nstart_collector = false\n[metrics]\ndcgm_job_map_dir = "{tmp_path}/dcgm"\n',
+                replay=replay, kernel_log=str(kl))
+    assert hook.run(dict(ENV, SLURM_JOB_GPUS="1")) == 0
+    got = sorted(os.listdir(tmp_path / "dcgm")) if (tmp_path / "dcgm").exists() else []
+    assert got == files
