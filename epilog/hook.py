@@ -343,7 +343,8 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: %s", err)
     from gpuguard.ops.nodes import record_hook_drain
 
-    record_hook_drain(store, node, live, by="epilog", run_id=getattr(rec, "run_id", None), log=log)
+    record_hook_drain(store, node, live, by="epilog", run_id=getattr(rec, "run_id", None), log=log,
+                      decision=rec.decision)
     if not job_id:
         log.info("epilog done without a summary (no job id)")
         return

@@ -120,18 +120,35 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
 
 def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains, *, hook: str,
                       job_id: str | None, job_gpus: list[int] | None,
-                      extra_findings: list[Any] | None = None) -> HealthResult:
+                      extra_findings: list[Any] | None = None, acted: Any = None) -> HealthResult:
     """Step 3 of the module docstring. Returns the result with history (the live result
     when the store fails). ``extra_findings`` (the Prolog's NCCL probe) are recorded and
-    decided with the run's."""
+    decided with the run's. ``acted``: the :class:`gpuguard.policy.Decision` the hook acted
+    on after the live check (a fail-job escalated to a drain, the NCCL probe's drain); it
+    is what the run records (outcome, reason, and the action of each finding whose code it
+    names), since it is what was done. A drain only the history shows is made here, once
+    (never a second time for a drain already made: ``live.drain``)."""
     res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus,
                 extra_findings=extra_findings)
+    if acted is not None:
+        res.decision = _as_acted(res.decision, acted)
     try:
         res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor)
     except Exception as e:  # locked, corrupt, read-only, full: the verdict is already acted on
         live.result.tool_errors.append(f"store: {e}")
         return live.result
-    if res.decision.outcome == "drain" and live.result.decision.outcome != "drain":
-        if not pend.dry_run and pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
+    if res.decision.outcome == "drain" and live.result.decision.outcome != "drain" and live.drain is None:
+        if not pend.dry_run:
+            if not pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
+                live.result.tool_errors.append("pending drains: not recorded; drained all the same")
             live.drain = pend.settle(cfg.node_name, res.decision.reason)
     return res
+
+
+def _as_acted(decision: Any, acted: Any) -> Any:
+    """``decision`` (the checks' with history) as ``acted`` was done: its outcome and
+    reason, and for each finding the acted action of its code (else its own)."""
+    from gpuguard.policy import Decision
+
+    by_code = {f.code: a for f, a in acted.actions}
+    return Decision(acted.outcome, acted.reason, [(f, by_code.get(f.code, a)) for f, a in decision.actions])

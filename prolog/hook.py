@@ -149,7 +149,7 @@ def _act_on_nccl(cfg, live, pend, henv, nccl, maint, log) -> int | None:
     if _unless_maintenance(cfg, maint, d.outcome, d.reason, log) == "proceed":
         return None
     if d.outcome == "drain":
-        return _drain_now(cfg, live, pend, henv, d.reason, decision_recovery(d), log, nccl)
+        return _drain_now(cfg, live, pend, henv, d, decision_recovery(d), log, nccl)
     if d.outcome == "fail-job" and henv.job_id:
         return _fail_job(cfg, live, pend, henv, d, log, nccl)
     return None
@@ -173,30 +173,42 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
     hits = [f for f, a in decision.actions if a == "fail-job"]
     esc = _note_fail_streak(cfg, list(dict.fromkeys(f.code for f in hits)), job_id, log)
     if esc is not None:
+        from gpuguard.policy import Decision
+
         code, n = esc
         first = next(f for f in hits if f.code == code)
         reason = failstreak.reason(code, n, float(cfg.get("prolog", "fail_job_escalate_window_s")), first.message)
         log.warning("fail-job escalated to drain after %d jobs: %s", n, reason)
-        return _drain_now(cfg, live, pend, henv, reason, recovery_of_findings([{"code": code, "action": "drain"}]),
+        # what is done, as it is recorded: the node is drained for this code (no job is failed)
+        acted = Decision("drain", reason, [(f, "drain" if f.code == code and a == "fail-job" else a)
+                                           for f, a in decision.actions])
+        return _drain_now(cfg, live, pend, henv, acted, recovery_of_findings([{"code": code, "action": "drain"}]),
                           log, nccl)
     pend.actuator.fail_job(job_id, decision.reason)
     _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     return EXIT_OK
 
 
-def _drain_now(cfg, live, pend, henv, reason: str, recovery, log, nccl) -> int:
-    """Drain this node for a decision taken after the live check (the NCCL probe's, or a
-    fail-job escalation): announce the exit, drain through the pending-drain list (a dry
-    run only logs), record the run. Returns :data:`EXIT_DRAIN`."""
+def _drain_now(cfg, live, pend, henv, acted, recovery, log, nccl) -> int:
+    """Drain this node for ``acted``, a :class:`gpuguard.policy.Decision` taken after the
+    live check (the NCCL probe's, or a fail-job escalation): announce the exit, drain
+    through the pending-drain list (a dry run only logs; a list that cannot be written
+    still drains, as the live check's drain does), keep the outcome in ``live.drain``
+    (the ``node_actions`` row), and record the run with ``acted`` as its decision (what
+    was done, not the live check's fail-job/proceed). Returns :data:`EXIT_DRAIN`."""
     from gpuguard.hookrun import announce
 
     announce(EXIT_DRAIN)
-    node = cfg.node_name
+    node, reason = cfg.node_name, acted.reason
     if pend.dry_run:
         log.warning("dry run: would drain %s: %s", node, reason)
-    elif pend.add(node, reason, recovery):
-        pend.settle(node, reason)
-    _record(cfg, live, pend, henv.job_id, henv.job_gpus, log, nccl)
+    else:
+        if not pend.add(node, reason, recovery):
+            log.error("tool error: pending drains: not recorded; draining %s all the same", node)
+        live.drain = pend.settle(node, reason)
+        if live.drain.status != "confirmed":
+            log.error("tool error: drain not confirmed (%s); it stays pending", live.drain.why)
+    _record(cfg, live, pend, henv.job_id, henv.job_gpus, log, nccl, acted=acted)
     return EXIT_DRAIN
 
 
@@ -281,10 +293,11 @@ def _nccl_probe(cfg, env, job_id, started, log) -> list:
     return found
 
 
-def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
+def _record(cfg, live, pend, job_id, job_gpus, log, extra=None, acted=None):
     """Open the store and record the run with history (after the verdict was acted on),
-    with ``extra`` findings (the NCCL probe's). Returns the result with history, or None
-    when the store could not be opened."""
+    with ``extra`` findings (the NCCL probe's) and ``acted``, the decision acted on after
+    the live check (:func:`_drain_now`). Returns the result with history, or None when
+    the store could not be opened."""
     from gpuguard.nodecheck import bound_store_waits, record_with_store
     from gpuguard.ops.nodes import record_hook_drain  # also registers the "ops" tables
     from gpuguard.store import StoreError, open_store
@@ -298,10 +311,11 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None):
     try:
         n_err = len(live.result.tool_errors)
         res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
-                                extra_findings=extra)
+                                extra_findings=extra, acted=acted)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
-        record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log)
+        record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log,
+                          decision=res.decision)
         return res
     finally:
         store.close()

@@ -229,6 +229,24 @@ def test_prolog_probe_errors_drain_with_reason(prolog_node):
     assert rows == [{"code": "nccl.errors", "action": "drain", "job_id": "42"}]
 
 
+def test_prolog_probe_drains_when_the_pending_list_cannot_be_written(prolog_node, monkeypatch):
+    """The Prolog exits 1 for the probe's drain, so it drains with gpuguard's reason even
+    when the pending-drain list cannot be written (as the live check's drain does):
+    otherwise Slurm drains with 'Prolog error', a reason gpuguard never resumes, while the
+    run records a gpuguard drain."""
+    from gpuguard import drainq
+    from gpuguard.prolog import hook
+
+    fake, calls, db = prolog_node
+    monkeypatch.setattr(drainq.PendingDrains, "add", lambda self, *a, **k: False)
+    fake.push((DATA / "nccl-allreduce-2.18.3-dgxh100-wrong-nonzero.txt").read_text())
+    assert hook.run(PENV) == 1
+    assert calls() == [["scontrol", "update", "nodename=n1", "state=drain",
+                        "reason=gpuguard: nccl.errors NCCL probe: #wrong 475896"]]
+    assert open_store(db).query("select decision, reason from health_runs") == [
+        {"decision": "drain", "reason": "gpuguard: nccl.errors NCCL probe: #wrong 475896"}]
+
+
 def test_prolog_probe_hang_stays_inside_the_budget_and_proceeds(prolog_node):
     from gpuguard.prolog import hook
 

@@ -384,3 +384,25 @@ def test_prolog_names_exporter_files_through_its_snapshot(tmp_path, make_config,
     assert hook.run(dict(ENV, SLURM_JOB_GPUS="1")) == 0
     got = sorted(os.listdir(tmp_path / "dcgm")) if (tmp_path / "dcgm").exists() else []
     assert got == files
+
+
+def test_a_drain_only_the_history_shows_is_made_when_the_pending_list_cannot_be_written(node, monkeypatch):
+    """The Prolog exits 1 for a drain the checks with history decide; it must drain with
+    gpuguard's reason then even when the pending-drain list cannot be written (Slurm's own
+    drain would read 'Prolog error', which gpuguard never resumes)."""
+    from gpuguard import drainq, nodecheck
+    from gpuguard.policy import Decision
+
+    real = nodecheck.judge
+    why = "gpuguard: idle.hot gpu1 hot at idle in 3 runs"
+
+    def judge(cfg, col, **kw):
+        res = real(cfg, col, **kw)
+        if kw.get("store") is not None:  # the second judgement, with history
+            res.decision = Decision("drain", why, res.decision.actions)
+        return res
+
+    monkeypatch.setattr(nodecheck, "judge", judge)
+    monkeypatch.setattr(drainq.PendingDrains, "add", lambda self, *a, **k: False)
+    assert hook.run(ENV) == 1
+    assert node["calls"]() == [["scontrol", "update", "nodename=n1", "state=drain", f"reason={why}"]]

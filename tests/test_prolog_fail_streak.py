@@ -3,6 +3,8 @@
 ``fail_job_escalate_window_s`` (gpuguard.failstreak): without it a node with a persistent
 fault stays up, attracts every job and the Prolog cancels each one."""
 
+import json
+
 import pytest
 from conftest import node_snapshot
 
@@ -134,3 +136,26 @@ def test_an_escalated_drain_slurm_refuses_stays_pending(node):
     sc.write_text(real)
     hook.run(dict(ENV, SLURM_JOB_ID="45"))  # the next run retries the pending drain first
     assert ["scontrol", "update", "nodename=n1", "state=drain", f"reason={DRAIN_REASON}"] in node["calls"]()
+
+
+def test_an_escalated_drain_is_recorded_as_the_drain_it_was(node):
+    """The third job's run drained the node (no job was failed): health_runs, its findings
+    and node_actions say drain with the escalation reason, not the live check's fail-job,
+    so `node show`, the history and the metrics tell what was done."""
+    from gpuguard.store import open_store
+
+    assert [hook.run(dict(ENV, SLURM_JOB_ID=j)) for j in ("42", "43", "44")] == [0, 0, 1]
+    st = open_store(str(node["tmp"] / "node.db"))
+    assert st.query("select job_id, decision, reason from health_runs order by id") == [
+        {"job_id": "42", "decision": "fail-job", "reason": FAIL_REASON},
+        {"job_id": "43", "decision": "fail-job", "reason": FAIL_REASON},
+        {"job_id": "44", "decision": "drain", "reason": DRAIN_REASON}]
+    assert st.query("select job_id, code, action from findings where code = 'config.persistence_off' "
+                    "order by id") == [
+        {"job_id": "42", "code": "config.persistence_off", "action": "fail-job"},
+        {"job_id": "43", "code": "config.persistence_off", "action": "fail-job"},
+        {"job_id": "44", "code": "config.persistence_off", "action": "drain"}]
+    [act] = st.query("select action, by, outcome, reason, evidence from node_actions")
+    assert (act["action"], act["by"], act["outcome"], act["reason"]) == ("drain", "prolog", "done", DRAIN_REASON)
+    assert [e["code"] for e in json.loads(act["evidence"])] == ["config.persistence_off"]
+

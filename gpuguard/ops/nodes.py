@@ -188,18 +188,21 @@ def history(store: Any, node: str, since: float = 0.0, limit: int = 200) -> list
     return out[:limit]
 
 
-def record_hook_drain(store: Any, node: str, live: Any, *, by: str, run_id: int | None, log: Any) -> None:
+def record_hook_drain(store: Any, node: str, live: Any, *, by: str, run_id: int | None, log: Any,
+                      decision: Any = None) -> None:
     """After a Prolog/Epilog recorded its run: the drain it made (``live.drain``, a
     :class:`gpuguard.drainq.Outcome`) as a ``node_actions`` row, with the drain findings
-    as evidence and their recovery kind. The stamped Slurm reason is filled in by the
-    next ``gpuguard health`` run (no extra Slurm call inside the hook). Never raises."""
+    of ``decision`` (the recorded run's; default the live check's) as evidence and their
+    recovery kind. The stamped Slurm reason is filled in by the next ``gpuguard health``
+    run (no extra Slurm call inside the hook). Never raises."""
     try:
         o = getattr(live, "drain", None)
         if o is None or o.status == "dry-run":
             return
         from gpuguard.recovery import recovery_of_findings
 
-        drains = [dict(f.to_dict(), action=a) for f, a in live.result.decision.actions if a == "drain"]
+        d = decision if decision is not None else live.result.decision
+        drains = [dict(f.to_dict(), action=a) for f, a in d.actions if a == "drain"]
         outcome = {"confirmed": "done", "refused": "refused"}.get(o.status, "failed")
         record_action(store, node=node, action="drain", by=by, outcome=outcome, why=o.why, reason=o.reason,
                       recovery=recovery_of_findings(drains), evidence=drains, run_id=run_id, user="root")
