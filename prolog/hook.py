@@ -184,7 +184,9 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
                                            for f, a in decision.actions])
         return _drain_now(cfg, live, pend, henv, acted, recovery_of_findings([{"code": code, "action": "drain"}]),
                           log, nccl)
-    pend.actuator.fail_job(job_id, decision.reason)
+    done = pend.actuator.fail_job(job_id, decision.reason)
+    if done.status == "failed":  # logged by the actuator; the run's record says so too
+        live.collected.tool_errors.append(f"fail-job of job {job_id} not done: {done.why}")
     _record(cfg, live, pend, job_id, henv.job_gpus, log, nccl)
     return EXIT_OK
 

@@ -159,3 +159,18 @@ def test_an_escalated_drain_is_recorded_as_the_drain_it_was(node):
     assert (act["action"], act["by"], act["outcome"], act["reason"]) == ("drain", "prolog", "done", DRAIN_REASON)
     assert [e["code"] for e in json.loads(act["evidence"])] == ["config.persistence_off"]
 
+
+
+def test_a_fail_job_slurm_refuses_is_recorded_with_the_run(node):
+    """The run that decided fail-job but could not cancel the job says so in its record
+    (the actuator's log line alone leaves `node show` and the metrics saying it was done)."""
+    from gpuguard.store import open_store
+
+    sc = node["tmp"] / "bin" / "scancel"
+    sc.write_text("#!/bin/sh\necho 'scancel: error: Kill job error on job id 42: Unable to contact slurm "
+                  "controller' >&2\nexit 1\n")
+    assert hook.run(ENV) == 0
+    [run] = open_store(str(node["tmp"] / "node.db")).query("select decision, tool_errors from health_runs")
+    assert run["decision"] == "fail-job"
+    [err] = json.loads(run["tool_errors"])
+    assert err.startswith("fail-job of job 42 not done: ") and "Unable to contact slurm controller" in err, err
