@@ -47,12 +47,13 @@ class MigLayout(NamedTuple):
 
 def layout_from_snapshot(snap: Any, parents: dict[str, int] | None = None) -> MigLayout | None:
     """The layout a :class:`~gpuguard.model.NodeSnapshot` tells: GPUs whose ``mig_mode`` is
-    true are in MIG mode (an unrecorded mode, ``None``, is not: nvidia-smi prints ``N/A``
-    for GPUs without MIG); MIG devices only from ``parents`` (None: not known). None for
-    a snapshot with an error (no GPUs read)."""
+    true, or whose MIG mode could not be read, count as in MIG mode
+    (:attr:`~gpuguard.model.GpuState.mig_or_unknown`; an unrecorded mode, ``None``, without
+    a read error is not: nvidia-smi prints ``N/A`` for GPUs without MIG); MIG devices only
+    from ``parents`` (None: not known). None for a snapshot with an error (no GPUs read)."""
     if getattr(snap, "error", None):
         return None
-    return MigLayout({g.index: g.uuid for g in snap.gpus}, frozenset(g.index for g in snap.gpus if g.mig_mode),
+    return MigLayout({g.index: g.uuid for g in snap.gpus}, frozenset(g.index for g in snap.gpus if g.mig_or_unknown),
                      dict(parents or {}), parents is not None)
 
 

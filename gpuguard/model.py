@@ -229,6 +229,16 @@ class GpuState:
         return any(e in ("GpuIsLost", "Timeout", "ResetRequired") or (e == "Unknown" and k in CORE_READS)
                    for k, e in self.read_errors.items())
 
+    @property
+    def mig_or_unknown(self) -> bool:
+        """In MIG mode, or its MIG mode (or its handle) could not be read (``read_errors``
+        names ``mig_mode`` or ``handle``). On a node with such a GPU, Slurm's GPU index may
+        count MIG devices (gres.conf(5), MIG with ``AutoDetect=nvml``) and so cannot be
+        taken as NVML's: the collector, the GPU-count check and the exporters' job map
+        all read it this way. ``mig_mode`` None without a read error is no MIG (nvidia-smi
+        prints ``N/A``, NVML answers NotSupported on GPUs without MIG)."""
+        return bool(self.mig_mode) or "mig_mode" in self.read_errors or "handle" in self.read_errors
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (nested NvLinkState become dicts)."""
         return dataclasses.asdict(self)

@@ -196,3 +196,19 @@ def test_a_hung_mig_mode_read_is_an_unknown_layout_not_a_guess():
         src.close()
     assert layout == MigLayout({0: fp.h100_gpu(0)["uuid"], 1: fp.h100_gpu(1)["uuid"]}, frozenset({0}),
                                {MIG_A.lower(): 0, MIG_B.lower(): 0})
+
+
+def test_a_snapshot_with_an_unreadable_mig_mode_samples_no_index(caplog):
+    """A source with snapshots only: a GPU whose MIG mode read failed counts as MIG (its
+    node's Slurm indices may count MIG devices), as MigLayout says, so index 1 is not
+    sampled as NVML GPU 1."""
+    class Plain:
+        def snapshot(self):
+            return node_snapshot(2, gpu0={"mig_mode": None, "read_errors": {"mig_mode": "Unknown"}})
+
+    c = collector(Plain(), "1")
+    with caplog.at_level(logging.WARNING, logger="t.mig"):
+        assert c.gpu_rows() is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "job GPU index(es) 1: GPU(s) 0 of this node are in MIG mode (or their MIG mode is unreadable), where "
+        "Slurm's GPU index counts MIG devices, not NVML's GPUs: not sampled"]

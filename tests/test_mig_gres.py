@@ -95,3 +95,16 @@ def test_the_collector_says_why_a_mig_job_has_no_gpu_metrics(caplog):
     assert (c.indices, c.uuids, c.migs) == ([], [], [spec])
     assert [r.getMessage() for r in caplog.records] == [
         f"MIG device(s) {spec}: this GPU source cannot map MIG devices to their GPU: not sampled"]
+
+
+def test_an_unreadable_mig_mode_does_not_drain_for_a_gres_index_nvml_lacks():
+    """A GPU whose MIG mode read failed may be in MIG mode, where the job's gres index 1
+    is its second MIG device: no count mismatch (that drained a healthy node); the failed
+    read is its own finding, and a GPU index check without MIG still drains."""
+    snap = load_nvidia_smi(DUMP)
+    snap = _with(snap, mig_mode=None, read_errors={"mig_mode": "Unknown"})
+    findings = _run(snap, [1])
+    assert [f.code for f in findings if f.code.startswith("gpu.")] == ["gpu.read_error"]
+    assert decide(findings).outcome == "proceed"
+    plain = _with(snap, mig_mode=None, read_errors={})
+    assert [f.code for f in _run(plain, [1]) if f.code == "gpu.count_mismatch"] == ["gpu.count_mismatch"]

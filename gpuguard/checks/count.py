@@ -50,10 +50,12 @@ def gpu_count(ctx: CheckContext) -> list[Finding]:
     """``gpu.count_mismatch`` (critical) when fewer GPUs answer than ``[node] gpu_count``,
     or a GPU index of the job's gres (``SLURM_JOB_GPUS``) is missing. More GPUs than
     configured is a warning (a config out of date, not a broken node). The job's gres
-    indices are not compared when a GPU is in MIG mode: each MIG instance is then a gres
-    device of its own (Slurm gres.conf(5), MIG: ``AutoDetect=nvml``), so a node with 7
-    instances per GPU hands out gres indices far above NVML's GPU indices, and a healthy
-    node would be drained for its job's second instance."""
+    indices are not compared when a GPU is in MIG mode, or its MIG mode could not be read
+    (:attr:`~gpuguard.model.GpuState.mig_or_unknown`; the read error is its own
+    ``gpu.read_error`` finding): each MIG instance is then a gres device of its own (Slurm
+    gres.conf(5), MIG: ``AutoDetect=nvml``), so a node with 7 instances per GPU hands out
+    gres indices far above NVML's GPU indices, and a healthy node would be drained for
+    its job's second instance."""
     snap = ctx.snapshot
     if snap.error:
         return []  # reported by the driver check
@@ -67,7 +69,7 @@ def gpu_count(ctx: CheckContext) -> list[Finding]:
         elif seen > exp:
             out.append(Finding("gpu.count_unexpected", "warning", f"{seen} GPUs visible, node configured for {exp}",
                                evidence={"visible": seen, "expected": exp}))
-    if ctx.job_gpu_indices and not any(g.mig_mode for g in snap.gpus):
+    if ctx.job_gpu_indices and not any(g.mig_or_unknown for g in snap.gpus):
         indices = {g.index for g in snap.gpus}
         missing = [i for i in ctx.job_gpu_indices if i not in indices]
         if missing and not any(f.code == "gpu.count_mismatch" for f in out):

@@ -78,13 +78,6 @@ def _cvd_entries(env: dict[str, str]) -> list[str]:
     return [x for x in (s.strip() for s in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")) if x]
 
 
-def _mig_state_unknown_or_on(g: Any) -> bool:
-    """A GPU in MIG mode, or whose MIG mode (or handle) could not be read: its numbering
-    cannot be trusted (:class:`gpuguard.collector.mig.MigLayout`'s rule)."""
-    errors = getattr(g, "read_errors", None) or {}
-    return bool(g.mig_mode) or "mig_mode" in errors or "handle" in errors
-
-
 def resolve_gpus(env: dict[str, str], snapshot: Any) -> tuple[list[int], list[str], list[str]]:
     """The job's GPUs as the exporters name them (the module docstring): ``(indices,
     mig_uuids, warnings)``. ``indices``: NVML indices of whole GPUs the job holds, each
@@ -111,7 +104,7 @@ def resolve_gpus(env: dict[str, str], snapshot: Any) -> tuple[list[int], list[st
                             "whether Slurm's GPU index is NVML's (no GPU in MIG mode) is unknown: no GPU-index "
                             "job mapping file written")
         return [], mig_uuids, warnings
-    mig_gpus = sorted(g.index for g in snapshot.gpus if _mig_state_unknown_or_on(g))
+    mig_gpus = sorted(g.index for g in snapshot.gpus if g.mig_or_unknown)
     if indices and mig_gpus:
         warnings.append(f"job GPU index(es) {','.join(map(str, indices))}: GPU(s) {','.join(map(str, mig_gpus))} "
                         "of this node are in MIG mode (or their MIG mode is unreadable), where Slurm's GPU index "
