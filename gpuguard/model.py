@@ -194,6 +194,10 @@ class GpuState:
     ecc_volatile_uncorrected: int | None = None
     ecc_aggregate_corrected: int | None = None
     ecc_aggregate_uncorrected: int | None = None
+    #: the driver's SRAM uncorrectable-error threshold flag (NVML
+    #: nvmlEccSramErrorStatus_v1_t.bThresholdExceeded, "if the error threshold of field
+    #: diag is exceeded"; nvidia-smi -q "ECC Errors / Aggregate / SRAM Threshold Exceeded")
+    sram_threshold_exceeded: bool | None = None
     retired_pages_sbe: int | None = None
     retired_pages_dbe: int | None = None
     retired_pages_pending: bool | None = None

@@ -34,12 +34,17 @@ one answers its MIG UUID, ``nvmlDeviceGetHandleByUUID`` finds GPUs and MIG devic
 from __future__ import annotations
 
 import copy
+import ctypes
 import threading
 import time
 import types
 from typing import Any
 
 import pynvml as _real
+
+#: Structures (and their version constants) callers fill through the binding, copied
+#: into the fake module as they are.
+_STRUCTS = frozenset({"c_nvmlEccSramErrorStatus_v1_t", "nvmlEccSramErrorStatus_v1"})
 
 NVMLError = _real.NVMLError
 
@@ -303,7 +308,7 @@ class FakeNvml:
     def _build_module(self) -> types.ModuleType:
         mod = types.ModuleType("fake_pynvml")
         for name in dir(_real):
-            if name.startswith(("NVML_", "NVMLError", "nvmlEventType")):
+            if name.startswith(("NVML_", "NVMLError", "nvmlEventType")) or name in _STRUCTS:
                 setattr(mod, name, getattr(_real, name))
         for name in dir(self):
             if name.startswith("nvml"):
@@ -481,6 +486,15 @@ class FakeNvml:
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
         dev = self._dev("nvmlDeviceGetRetiredPagesPendingStatus", handle)
         return self._get(dev, "retired_pending")
+
+    def nvmlDeviceGetSramEccErrorStatus(self, handle: FakeHandle, status: Any) -> int:
+        """Fills the caller's ``nvmlEccSramErrorStatus_v1_t`` (passed by reference, its
+        ``version`` set) from the device's ``sram_threshold`` (absent: NotSupported)."""
+        st = ctypes.cast(status, ctypes.POINTER(_real.c_nvmlEccSramErrorStatus_v1_t)).contents
+        if st.version != _real.nvmlEccSramErrorStatus_v1:
+            raise NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        st.bThresholdExceeded = int(self._get(self._dev("nvmlDeviceGetSramEccErrorStatus", handle), "sram_threshold"))
+        return _real.NVML_SUCCESS
 
     def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
         return tuple(self._get(self._dev("nvmlDeviceGetRemappedRows", handle), "remapped"))

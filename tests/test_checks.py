@@ -221,3 +221,17 @@ def test_an_nvidia_smi_dump_with_unknown_error_in_auxiliary_fields_does_not_drai
     snap = parse_nvsmi_text(hot)
     assert snap.gpus[0].read_errors == {"temp_c": "Unknown"}
     assert codes(run(snap)) == [("gpu.lost", "critical", 0)]
+
+
+def test_sram_threshold_flag_is_a_finding_that_alerts_and_outlives_a_reset():
+    """After a reset the volatile count is 0 and the aggregate does not grow, but the
+    driver's SRAM threshold flag stays: one warning (DCGM diag: WARN), never a drain."""
+    from gpuguard.policy import decide
+
+    snap = node_snapshot(2, gpu1={"sram_threshold_exceeded": True, "ecc_aggregate_uncorrected": 9})
+    f = run(snap, previous={snap.gpus[1].uuid: {"ecc_aggregate_uncorrected": 9}})
+    assert codes(f) == [("ecc.sram_threshold_exceeded", "warning", 1)]
+    assert f[0].message == ("gpu1 (0000:29:00.0) SRAM uncorrectable ECC errors exceeded the driver's threshold "
+                            "(run field diagnostics)")
+    d = decide(f)
+    assert (d.outcome, [a for _f, a in d.actions]) == ("proceed", ["alert"])

@@ -618,3 +618,14 @@ def test_gpu_state_round_trips_through_dict(h100):
     g = snap_of(h100).gpus[5]
     assert GpuState.from_dict(g.to_dict()) == g
     assert dataclasses.asdict(g)["nvlinks"][3]["crc_flit_errors"] == 40
+
+
+def test_sram_threshold_flag_is_read_through_the_callers_struct(h100):
+    """nvmlDeviceGetSramEccErrorStatus fills an nvmlEccSramErrorStatus_v1_t the caller
+    passes with its version set; its bThresholdExceeded is the driver's SRAM threshold
+    flag. A driver answering NotSupported (the fake's GPUs without the key) leaves None."""
+    h100.devices[2]["sram_threshold"] = 1
+    h100.devices[3]["sram_threshold"] = 0
+    gpus = snap_of(h100).gpus
+    assert [g.sram_threshold_exceeded for g in gpus[:4]] == [None, None, True, False]
+    assert [g.read_errors for g in gpus[:4]] == [{}, {}, {}, {}]

@@ -466,3 +466,12 @@ def test_xml_after_blank_lines_is_read():
     [g] = snap.gpus
     assert (snap.driver_version, g.name, g.pci_bus_id, g.power_w, g.power_limit_w) == (
         "535.54.03", "NVIDIA A100-SXM4-80GB", "0000:01:00.0", 67.03, 500.0)
+
+
+def test_hopper_sram_threshold_flag_is_read():
+    """'SRAM Threshold Exceeded' (ECC Errors / Aggregate, 535+): No in the real dump; a
+    dump reading Yes (a GPU past the driver's SRAM error threshold) gives True."""
+    text = (DATA / "nvsmi-q-h100-535.161.08-powerbrake.txt").read_text()
+    assert parse_nvsmi_text(text).gpus[0].sram_threshold_exceeded is False
+    text = text.replace("SRAM Threshold Exceeded       : No", "SRAM Threshold Exceeded       : Yes", 1)
+    assert parse_nvsmi_text(text).gpus[0].sram_threshold_exceeded is True

@@ -20,6 +20,10 @@ CODES = declare_codes("ecc", {
         "lifetime count grew: already drained via the volatile count if current"),
     "ecc.disabled": ("warning", "alert",
         "ECC off on a data-center GPU is a configuration drift"),
+    "ecc.sram_threshold_exceeded": ("warning", "alert",
+        "NVML nvmlEccSramErrorStatus_v1_t.bThresholdExceeded; DCGM diag checkForSramThreshold: "
+        "DCGM_FR_SRAM_THRESHOLD = WARN; NV XID catalog WORKFLOW_XID_48: flag set after reset -> "
+        "run field diagnostics. Disputed: a site that pulls such GPUs sets drain"),
     "ecc.retired_pages_pending": ("critical", "drain",
         "NVIDIA Dynamic Page Retirement: pending pages retire at the next reset"),
     "ecc.row_remap_pending": ("critical", "drain",
@@ -32,8 +36,13 @@ CODES = declare_codes("ecc", {
 @check("ecc")
 def ecc(ctx: CheckContext) -> list[Finding]:
     """``ecc.uncorrectable_volatile`` (critical): uncorrectable errors since the last
-    driver load; ``ecc.uncorrectable_aggregate`` (warning): lifetime uncorrectable count
-    grew since the last run; ``ecc.disabled`` (warning) when ECC mode is off on a GPU that
+    driver load (DCGM health watch MEM, ``MonitorMemVolatileDbes``: "Fail for any
+    volatile DBEs"; the count includes SRAM errors an XID 94 contained, and it clears
+    only with the GPU reset/driver reload that is the documented remedy);
+    ``ecc.uncorrectable_aggregate`` (warning): lifetime uncorrectable count grew since the
+    last run; ``ecc.sram_threshold_exceeded`` (warning): the driver's SRAM error threshold
+    flag, which outlives a reset (DCGM diag rates it WARN; NVIDIA's XID 48 workflow: run
+    field diagnostics); ``ecc.disabled`` (warning) when ECC mode is off on a GPU that
     reports it."""
     out = []
     for g in ctx.snapshot.gpus:
@@ -51,6 +60,11 @@ def ecc(ctx: CheckContext) -> list[Finding]:
             out.append(Finding("ecc.uncorrectable_aggregate", "warning",
                                f"{gpu_label(g)} lifetime uncorrectable ECC rose {before_a} -> {a}",
                                g.index, g.uuid, {"aggregate_uncorrected": a, "previous": before_a}))
+        if g.sram_threshold_exceeded:
+            out.append(Finding("ecc.sram_threshold_exceeded", "warning",
+                               f"{gpu_label(g)} SRAM uncorrectable ECC errors exceeded the driver's threshold "
+                               "(run field diagnostics)", g.index, g.uuid,
+                               {"aggregate_uncorrected": a, "volatile_uncorrected": v}))
         if g.ecc_enabled is False:
             out.append(Finding("ecc.disabled", "warning", f"{gpu_label(g)} ECC mode is disabled",
                                g.index, g.uuid, {}))

@@ -10,6 +10,7 @@ memory, ECC/retired pages/row remapping, PCIe, NVLink, modes).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from gpuguard.gpu.nvml_calls import END, SKIP, _GpuRead
@@ -211,6 +212,7 @@ class GpuFieldReaders:
             "nvmlDeviceGetRetiredPagesPendingStatus",
             h,
         )
+        self._read_sram_status(nv, rd, h)
         r(
             rd,
             {
@@ -222,6 +224,20 @@ class GpuFieldReaders:
             "nvmlDeviceGetRemappedRows",
             h,
         )
+
+    def _read_sram_status(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """``sram_threshold_exceeded`` from ``nvmlDeviceGetSramEccErrorStatus`` (NVML API
+        reference: fills an ``nvmlEccSramErrorStatus_v1_t`` whose ``version`` the caller
+        sets; ``bThresholdExceeded``). A binding without the struct, or a driver without
+        the call (NotSupported / FunctionNotFound), leaves the field None."""
+        struct = getattr(nv, "c_nvmlEccSramErrorStatus_v1_t", None)
+        version = getattr(nv, "nvmlEccSramErrorStatus_v1", None)
+        if struct is None or version is None:
+            return
+        st = struct()
+        st.version = version
+        self._read(rd, {"sram_threshold_exceeded": lambda _ok: bool(st.bThresholdExceeded)},
+                   "nvmlDeviceGetSramEccErrorStatus", h, ctypes.byref(st))
 
     def _read_pcie(self, rd: _GpuRead, h: Any) -> None:
         """PCIe link generation and width (current, max) and the replay counter."""

@@ -266,6 +266,9 @@ def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
     gpu.ecc_aggregate_corrected, gpu.ecc_aggregate_uncorrected = _ecc_totals(
         rd, ecc.find("Aggregate") if ecc else None, "aggregate"
     )
+    gpu.sram_threshold_exceeded = rd.bool(
+        "sram_threshold_exceeded", g.get("ECC Errors", "Aggregate", "SRAM Threshold Exceeded")
+    )
     gpu.retired_pages_sbe = rd.int(
         "retired_pages_sbe", g.get("Retired Pages", "Single Bit ECC")
     )

@@ -173,6 +173,9 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     gpu.ecc_aggregate_corrected, gpu.ecc_aggregate_uncorrected = _ecc_totals(
         rd, el.find("ecc_errors/aggregate"), "aggregate"
     )
+    gpu.sram_threshold_exceeded = rd.bool(
+        "sram_threshold_exceeded", el.findtext("ecc_errors/aggregate/sram_threshold_exceeded")
+    )
     gpu.retired_pages_sbe = rd.int(
         "retired_pages_sbe",
         el.findtext("retired_pages/multiple_single_bit_retirement/retired_count"),
