@@ -66,6 +66,9 @@ def main() -> None:
         env = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_JOB_USER": "u", "SLURM_JOB_UID": "1000",
                "SLURM_JOB_ACCOUNT": "a"}
         alert = [(Finding("xid.63", "warning", "remap", 1, None, {"count": 1}), "alert")]
+        from gpuguard.gpu.replay import ReplaySource
+
+        live = ReplaySource(snap).snapshot()  # what the Prolog hands the job map
         rows = [
             ("maintenance.cached (every hook)", per_call_us(lambda: maintenance.cached(cfg, "bench"), n * 10)),
             ("enqueue_from_hook, healthy", per_call_us(
@@ -73,7 +76,7 @@ def main() -> None:
             ("enqueue_from_hook, one alert", per_call_us(
                 lambda: alert_spool.enqueue_from_hook(cfg, "bench", alert, source="prolog", job_id="42", log=log), n)),
             ("job_started + job_ended, 4 GPUs", per_call_us(
-                lambda: (jobmap.job_started(cfg, env, log), jobmap.job_ended(cfg, env, log)), n)),
+                lambda: (jobmap.job_started(cfg, env, log, snapshot=live), jobmap.job_ended(cfg, env, log)), n)),
         ]
         total = sum(us for _, us in rows[:2]) + rows[3][1]
         for name, us in rows:
