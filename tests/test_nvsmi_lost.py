@@ -180,3 +180,41 @@ def test_whole_node_nvidia_smi_failure_is_an_unusable_driver_not_bad_input(tmp_p
     assert (r.exit_code, doc["outcome"]) == (2, "drain")
     assert [(f["code"], f["severity"], f["action"], f["message"]) for f in doc["findings"]] == [
         ("gpu.driver_unusable", "critical", "drain", f"GPU driver/NVML unusable: nvidia-smi: {first}")]
+
+
+def test_query_csv_gpu_requires_reset_cells_are_a_lost_gpu():
+    # real paste of a Slurm H100 node (--query-gpu with [GPU requires reset] cells)
+    rc, doc = check_json(DATA / "nvsmi-query-gpu-csv-h100-gpu-requires-reset.csv")
+    assert (rc, doc["outcome"], doc["gpus"]) == (2, "drain", 1)
+    assert [(f["code"], f["gpu_index"], f["action"]) for f in doc["findings"]] == [("gpu.lost", 0, "drain")]
+    assert doc["findings"][0]["message"] == "gpu0 lost or hung: gpu_util_pct=ResetRequired, temp_c=ResetRequired"
+
+
+def test_recovery_action_cell_with_a_read_error_is_that_gpus_finding_not_bad_input():
+    # a [GPU requires reset] in the gpu_recovery_action column refused the whole CSV: the
+    # GPU that needs a reset got no finding and the healthy GPU was not read either
+    snap = load_nvidia_smi(DATA / "nvsmi-query-gpu-recovery-action-reset-required-constructed.csv")
+    assert [(g.index, g.pci_bus_id, g.recovery_action, g.read_errors) for g in snap.gpus] == [
+        (0, "0000:18:00.0", None, {"recovery_action": "ResetRequired", "temp_c": "ResetRequired"}),
+        (1, "0000:2a:00.0", 0, {})]
+    rc, doc = check_json(DATA / "nvsmi-query-gpu-recovery-action-reset-required-constructed.csv")
+    assert (rc, doc["outcome"], doc["gpus"]) == (2, "drain", 2)
+    assert [(f["code"], f["gpu_index"]) for f in doc["findings"]] == [("gpu.lost", 0)]
+
+
+@pytest.mark.parametrize("cell,action,errors", [
+    ("[GPU requires reset]", None, {"recovery_action": "ResetRequired"}),
+    ("[Unknown Error]", None, {"recovery_action": "Unknown"}),
+    ("[Not Supported]", None, {}), ("[N/A]", None, {}), ("Reset", 1, {})])
+def test_recovery_action_sentinels_in_every_format(cell, action, errors):
+    bare = cell.strip("[]")
+    header_less = parse_nvidia_smi(f"0, {cell}\n1, None\n")  # the GPU in trouble is the first row
+    with_header = parse_nvidia_smi(f"index, gpu_recovery_action\n0, {cell}\n1, None\n")
+    text = parse_nvidia_smi("GPU 00000000:07:00.0\n    Product Name : NVIDIA H200\n"
+                            f"    GPU Recovery Action : {bare}\n")
+    xml = parse_nvidia_smi('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000000:07:00.0">'
+                           f'<gpu_recovery_action>{bare}</gpu_recovery_action></gpu></nvidia_smi_log>\n')
+    for snap in (header_less, with_header):
+        assert [(g.recovery_action, g.read_errors) for g in snap.gpus] == [(action, errors), (0, {})]
+    for snap in (text, xml):
+        assert [(g.recovery_action, g.read_errors) for g in snap.gpus] == [(action, errors)]

@@ -466,3 +466,21 @@ def test_xml_after_blank_lines_is_read():
     [g] = snap.gpus
     assert (snap.driver_version, g.name, g.pci_bus_id, g.power_w, g.power_limit_w) == (
         "535.54.03", "NVIDIA A100-SXM4-80GB", "0000:01:00.0", 67.03, 500.0)
+
+
+def test_rtx5080_580_layout_reads_every_used_field():
+    # driver 580: wider key column, `Utilization > GPU`, `Clocks Event Reasons Counters`
+    # (same labels as the reasons, in us: never read as reasons), Blackwell repair fields
+    snap = load("nvsmi-q-rtx5080-580.173.02-blackwell-repair-fields.txt")
+    assert (snap.driver_version, snap.cuda_version, snap.incomplete, len(snap.gpus)) == ("580.173.02", "13.0", None, 1)
+    g = snap.gpus[0]
+    assert (g.name, g.pci_bus_id, g.serial, g.vbios_version, g.inforom_version) == (
+        "NVIDIA GeForce RTX 5080 Laptop GPU", "0000:01:00.0", "0", "98.03.5C.00.73", "G005.0000.98.01")
+    assert (g.temp_c, g.temp_slowdown_c, g.temp_shutdown_c, g.power_w, g.power_limit_w) == (49.0, None, None, 12.72, 80.0)
+    assert (g.sm_clock_mhz, g.mem_clock_mhz, g.sm_clock_max_mhz, g.mem_clock_max_mhz) == (427.0, 405.0, 3090.0, 14001.0)
+    assert (g.gpu_util_pct, g.mem_util_pct, g.mem_used_mib, g.mem_total_mib) == (0.0, 0.0, 570.0, 16303.0)
+    assert g.clock_event_reasons == []
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max, g.pcie_replay_count) == (1, 5, 8, 16, 0)
+    assert (g.ecc_enabled, g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected, g.retired_pages_pending) == (None,) * 4
+    assert (g.remapped_rows_pending, g.remapped_rows_failure, g.recovery_action) == (None, None, 0)
+    assert (g.persistence_mode, g.mig_mode, g.read_errors) == (False, None, {})

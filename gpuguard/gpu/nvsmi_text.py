@@ -277,9 +277,7 @@ def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
     pend = [rd.bool("retired_pages_pending", g.get("Retired Pages", k))
             for k in ("Pending Page Blacklist", "Pending Page Retirement", "Pending")]
     gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
-    from gpuguard.xid.catalog import recovery_action_code
-
-    gpu.recovery_action = recovery_action_code(g.get("GPU Recovery Action"))
+    gpu.recovery_action = rd.recovery_action(g.get("GPU Recovery Action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", g.get("Remapped Rows", "Correctable Error")
     )

@@ -185,9 +185,7 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     pend = [rd.bool("retired_pages_pending", el.findtext(p))
             for p in ("retired_pages/pending_blacklist", "retired_pages/pending_retirement")]
     gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
-    from gpuguard.xid.catalog import recovery_action_code
-
-    gpu.recovery_action = recovery_action_code(el.findtext("gpu_recovery_action"))
+    gpu.recovery_action = rd.recovery_action(el.findtext("gpu_recovery_action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", el.findtext("remapped_rows/remapped_row_corr")
     )
