@@ -484,3 +484,22 @@ def test_rtx5080_580_layout_reads_every_used_field():
     assert (g.ecc_enabled, g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected, g.retired_pages_pending) == (None,) * 4
     assert (g.remapped_rows_pending, g.remapped_rows_failure, g.recovery_action) == (None, None, 0)
     assert (g.persistence_mode, g.mig_mode, g.read_errors) == (False, None, {})
+
+
+def test_gh200_c2c_x1_link_and_a_remapped_uncorrectable_row_proceed():
+    # GH200 (NVLink-C2C): the PCIe link is x1 at its maximum, not a degraded x16; one
+    # uncorrectable row remapped long ago (aggregate 1, nothing pending) is no fault today
+    snap = load("nvsmi-q-gh200-550.127.05-c2c-x1-remapped-unc.txt")
+    (g,) = snap.gpus
+    assert (g.name, g.pci_bus_id, g.pcie_width_current, g.pcie_width_max, g.pcie_gen_current, g.pcie_gen_max) == (
+        "NVIDIA GH200 480GB", "0000:dd:00.0", 1, 1, 4, 4)
+    assert (g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected, g.remapped_rows_uncorrectable,
+            g.remapped_rows_pending, g.remapped_rows_failure) == (0, 1, 1, False, False)
+    assert (g.power_w, g.power_limit_w, g.temp_c, g.clock_event_reasons, g.recovery_action) == (
+        87.88, 700.0, 31.0, ["gpu_idle"], None)
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--json", "--from-nvidia-smi",
+                                  str(DATA / "nvsmi-q-gh200-550.127.05-c2c-x1-remapped-unc.txt")])
+    assert (r.exit_code, r.output.count('"outcome": "proceed"'), r.output.count('"findings": []')) == (0, 1, 1)
