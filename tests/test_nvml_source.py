@@ -618,3 +618,19 @@ def test_gpu_state_round_trips_through_dict(h100):
     g = snap_of(h100).gpus[5]
     assert GpuState.from_dict(g.to_dict()) == g
     assert dataclasses.asdict(g)["nvlinks"][3]["crc_flit_errors"] == 40
+
+
+def test_nvml_repair_status_read_where_the_driver_has_it():
+    # R575+ nvmlDeviceGetRepairStatus / nvmlDeviceGetUnrepairableMemoryFlag_v1; older GPUs
+    # answer NotSupported: None, no read error
+    devs = fp.h100_node()
+    devs[2].update(repair=(1, 0), unrepairable=0)
+    devs[3].update(repair=(0, 0), unrepairable=1)
+    fake = fp.FakeNvml(devs)
+    try:
+        snap = snap_of(fake)
+    finally:
+        fake.release()
+    assert [(g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) for g in snap.gpus[:4]] == [
+        (None, None, None), (None, None, None), (True, False, False), (False, False, True)]
+    assert all(not g.read_errors for g in snap.gpus)

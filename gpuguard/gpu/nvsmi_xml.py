@@ -198,6 +198,9 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     gpu.remapped_rows_failure = rd.bool(
         "remapped_rows_failure", el.findtext("remapped_rows/remapped_row_failure")
     )
+    gpu.channel_repair_pending = rd.bool("channel_repair_pending", el.findtext("ecc_errors/channel_repair_pending"))
+    gpu.tpc_repair_pending = rd.bool("tpc_repair_pending", el.findtext("ecc_errors/tpc_repair_pending"))
+    gpu.unrepairable_memory = rd.bool("unrepairable_memory", el.findtext("ecc_errors/unrepairable_memory"))
 
 
 def _read_thermal_power_clocks(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
