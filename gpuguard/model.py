@@ -205,6 +205,14 @@ class GpuState:
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    #: Blackwell memory/TPC repair (NVML ``nvmlDeviceGetRepairStatus``, R575+; nvidia-smi
+    #: ``ECC Errors > Channel Repair Pending`` / ``TPC Repair Pending``): a repair waits
+    #: for a GPU reset. None = not reported (older drivers and GPUs)
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    #: NVML ``nvmlDeviceGetUnrepairableMemoryFlag_v1`` / nvidia-smi ``Unrepairable Memory``:
+    #: memory faults the GPU can no longer repair (replace the GPU)
+    unrepairable_memory: bool | None = None
     pcie_gen_current: int | None = None
     pcie_gen_max: int | None = None
     pcie_width_current: int | None = None

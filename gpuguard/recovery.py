@@ -49,6 +49,8 @@ FINDING_RECOVERY: dict[str, tuple[str, str]] = {
     "ecc.retired_pages_pending": ("reset", "MEM: pending pages are retired at the next GPU reset"),
     "ecc.row_remap_pending": ("reset", "MEM: a pending row remap takes effect at the next GPU reset"),
     "ecc.row_remap_failure": ("rma", "MEM: remapping failed, no spare rows left: replace the GPU (NV XID 64)"),
+    "ecc.repair_pending": ("reset", "NVML nvmlDeviceGetRepairStatus: a pending channel/TPC repair applies at the next GPU reset"),
+    "ecc.unrepairable_memory": ("rma", "NVML nvmlDeviceGetUnrepairableMemoryFlag: nothing left to repair with: replace the GPU"),
     "nvlink.link_down": ("reset", "NV NVLink workflow: a link that dropped trains again only after a GPU reset"),
     "throttle.hw_slowdown_idle": ("auto", "HW slowdown/power brake is a live clock-event reason, re-read every run"),
     "pcie.width_degraded": ("auto", "link width is re-read every run"),

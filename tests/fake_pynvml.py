@@ -499,6 +499,14 @@ class FakeNvml:
     def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
         return tuple(self._get(self._dev("nvmlDeviceGetRemappedRows", handle), "remapped"))
 
+    def nvmlDeviceGetRepairStatus(self, handle: FakeHandle) -> list[int]:
+        """R575+ (Blackwell): ``[bChannelRepairPending, bTpcRepairPending]``, as pynvml returns
+        it; a device without a ``repair`` key answers NotSupported (pre-Blackwell GPUs)."""
+        return list(self._get(self._dev("nvmlDeviceGetRepairStatus", handle), "repair"))
+
+    def nvmlDeviceGetUnrepairableMemoryFlag_v1(self, handle: FakeHandle) -> int:
+        return self._get(self._dev("nvmlDeviceGetUnrepairableMemoryFlag_v1", handle), "unrepairable")
+
     # -- PCIe ------------------------------------------------------------------
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: FakeHandle) -> int:

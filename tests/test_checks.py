@@ -22,7 +22,7 @@ def test_healthy_node_has_no_findings():
 
 def test_registry_has_every_family():
     assert set(load_all()) == {"driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap",
-                               "pcie_link", "pcie_replay", "nvlink", "temperature", "idle_throttle",
+                               "memory_repair", "pcie_link", "pcie_replay", "nvlink", "temperature", "idle_throttle",
                                "persistence", "inventory", "xid", "idle_baseline", "ib"}
 
 

@@ -114,7 +114,7 @@ def test_check_list_names_every_check():
     r = invoke("check", "--list")
     assert r.exit_code == 0
     assert [ln.split()[0] for ln in r.output.splitlines()] == sorted(
-        ["driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap", "pcie_link", "pcie_replay",
+        ["driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap", "memory_repair", "pcie_link", "pcie_replay",
          "nvlink", "temperature", "idle_throttle", "idle_baseline", "persistence", "inventory", "xid", "ib"])
 
 

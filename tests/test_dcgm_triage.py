@@ -207,12 +207,13 @@ def test_json_3x_and_4x():
     assert rep.metadata == {"DCGM Version": "3.3.5", "Driver Version Detected": "535.129.03",
                             "GPU Device IDs Detected": "20b5, 20b5"}
     assert [(t.category, t.name, t.status, t.per_gpu) for t in rep.tests] == [
-        ("Deployment", "Denylist", "Pass", {}), ("Deployment", "Persistence Mode", "Fail", {1: "Fail"}),
+        # printed "Fail", read "Warn": its one warning has a workable error_severity (1, monitor)
+        ("Deployment", "Denylist", "Pass", {}), ("Deployment", "Persistence Mode", "Warn", {1: "Warn"}),
         ("Hardware", "GPU Memory", "Fail", {0: "Fail", 1: "Pass"}),
         ("Stress", "Targeted Power", "Skip", {0: "Skip", 1: "Skip"})]
     res = _triage("dcgmi-diag-j-3x-memory-fail.json")
     assert _found(res) == [
-        ("dcgm.diag_setup_fail", "warning", 1, 'gpu1 DCGM diag Persistence Mode (Deployment) Fail: Persistence mode '
+        ("dcgm.diag_warn", "warning", 1, 'gpu1 DCGM diag Persistence Mode (Deployment) Warn: Persistence mode '
          'for GPU 1 is disabled. Enable persistence mode by running "nvidia-smi -i <gpuId> -pm 1 " as root.'),
         ("dcgm.diag_fail", "critical", 0, "gpu0 DCGM diag GPU Memory (Hardware) Fail: Pending page retirements "
          "together with a DBE were detected on GPU 0. Drain the GPU and reset it or reboot the node to resolve "
@@ -228,6 +229,31 @@ def test_json_3x_and_4x():
         ("Info", 0, "GPU 0 GPU to Host bandwidth:  24.97 GB/s")]
     assert [(f.code, f.gpu_index) for f in _triage("dcgmi-diag-j-4x-warn-and-fail.json").findings] == [
         ("dcgm.diag_warn", 1), ("dcgm.diag_fail", 0)]
+
+
+def test_json_warn_printed_as_fail_and_the_summarys_own_warnings():
+    # dcgmi -j prints a Warn result as "Fail" (dcgmi/Diag.cpp HelperJsonAddResult, default
+    # DDR_NO_DISPLAY_WARN; dcgmi/tests/DiagTests.cpp: a WARN test's summary reads "Fail"); the
+    # warnings' error_severity tells them apart. The test summary also carries the warnings
+    # of no entity (the table prints them as the test's own Warning rows).
+    rep = parse(_read("dcgmi-diag-j-4x-warn-printed-as-fail.json"))
+    assert [(t.name, t.status, t.per_gpu, t.cells) for t in rep.tests] == [
+        ("software", "Warn", {0: "Warn", 1: "Pass"}, ["Fail", "Pass"]),
+        ("memory", "Fail", {0: "Pass", 1: "Pass"}, ["Pass", "Pass"]),
+        ("diagnostic", "Warn", {0: "Pass", 1: "Warn"}, ["Pass", "Fail"]),
+        ("pcie", "Fail", {0: "Fail", 1: "Pass"}, ["Fail", "Pass"])]
+    assert [(m.kind, m.gpu, m.text) for m in rep.tests[1].messages] == [
+        ("Warning", None, "There was an internal error during the test: 'Couldn't find the memory test binary'")]
+    assert [(m.kind, m.gpu) for m in rep.tests[3].messages] == [("Warning", 0), ("Info", 0)]  # no duplicate
+    assert _found(_triage("dcgmi-diag-j-4x-warn-printed-as-fail.json")) == [
+        ("dcgm.diag_warn", "warning", 0, 'gpu0 DCGM diag software (Deployment) Warn: Persistence mode for GPU 0 '
+         'is disabled. Enable persistence mode by running "nvidia-smi -i <gpuId> -pm 1 " as root.'),
+        ("dcgm.diag_fail", "critical", None, "node DCGM diag memory (Hardware) Fail: There was an internal error "
+         "during the test: 'Couldn't find the memory test binary'"),
+        ("dcgm.diag_warn", "warning", 1, "gpu1 DCGM diag diagnostic (Hardware) Warn: Detected clocks event due to "
+         "thermal violation in GPU 1."),
+        ("dcgm.diag_fail", "critical", 0, "gpu0 DCGM diag pcie (Integration) Fail: GPU 0's NvLink link 3 is "
+         "currently down Run a field diagnostic on the GPU.")]
 
 
 def test_json_runtime_error_iterations_and_foreign_json():

@@ -394,3 +394,30 @@ def test_nccl_tests_1x_layout():
         8, 2, "float", "sum", None, 10.0, 9.0)
     assert (b.out_of_place.max_error, b.out_of_place.wrong) == (2.0, None)
     assert log.has_errors and log.out_of_bounds_total == 1
+
+
+def test_json_report_of_nccl_tests_2_17_3_to_2_17_8_misspelled_footer():
+    # nccl-tests v2.17.3-v2.17.8 src/util.cu writeResultFooter wrote
+    # jsonKey("average_bus_bandwidith") / jsonKey("bandwidith") (fixed by commit 85ca91d, v2.17.9)
+    doc = json.loads(_json_report(version=1))
+    doc["average_bus_bandwidith"] = {"bandwidith": 466.54, "okay": "unchecked"}
+    del doc["average_bus_bandwidth"]
+    log = parse(json.dumps(doc))
+    (t,) = log.tables
+    assert (t.avg_busbw_gbs, t.out_of_bounds, len(t.rows)) == (466.54, 3, 2)
+
+
+def test_nccl_tests_2_19_6_two_node_gb10_table_and_library_version():
+    # real 2.19.6 output: "# nccl-tests version ... nccl-library=22809" is the only NCCL version
+    # printed with NCCL_DEBUG unset; host names right-aligned by "%10s" ("on  spark-101")
+    log = parse((DATA / "nccl-allgather-2.19.6-gb10-roce-2node.txt").read_text())
+    assert (log.readable, log.has_errors, log.nccl_version, log.problems, log.incomplete) == (True, False, "2.28.9", [], [])
+    (t,) = log.tables
+    assert (t.test, t.ngpus, t.min_bytes, t.max_bytes, t.out_of_bounds, t.avg_busbw_gbs) == (
+        "all_gather_perf", 1, 536870912, 17179869184, 0, 22.1205)
+    assert t.devices == [(0, "spark-101", 0, "000f:01:00", "NVIDIA GB10"), (1, "spark-102", 0, "000f:01:00", "NVIDIA GB10")]
+    last = t.rows[-1]
+    assert (last.size_b, last.count, last.dtype, last.redop, last.root) == (17179869184, 2147483648, "float", "none", -1)
+    assert (last.out_of_place.time_us, last.out_of_place.busbw_gbs, last.in_place.time_us, last.in_place.busbw_gbs) == (
+        361820.0, 23.74, 354934.0, 24.2)
+    assert [r.wrong for r in t.rows] == [0] * 6

@@ -629,3 +629,19 @@ def test_sram_threshold_flag_is_read_through_the_callers_struct(h100):
     gpus = snap_of(h100).gpus
     assert [g.sram_threshold_exceeded for g in gpus[:4]] == [None, None, True, False]
     assert [g.read_errors for g in gpus[:4]] == [{}, {}, {}, {}]
+
+
+def test_nvml_repair_status_read_where_the_driver_has_it():
+    # R575+ nvmlDeviceGetRepairStatus / nvmlDeviceGetUnrepairableMemoryFlag_v1; older GPUs
+    # answer NotSupported: None, no read error
+    devs = fp.h100_node()
+    devs[2].update(repair=(1, 0), unrepairable=0)
+    devs[3].update(repair=(0, 0), unrepairable=1)
+    fake = fp.FakeNvml(devs)
+    try:
+        snap = snap_of(fake)
+    finally:
+        fake.release()
+    assert [(g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) for g in snap.gpus[:4]] == [
+        (None, None, None), (None, None, None), (True, False, False), (False, False, True)]
+    assert all(not g.read_errors for g in snap.gpus)

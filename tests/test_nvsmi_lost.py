@@ -180,3 +180,81 @@ def test_whole_node_nvidia_smi_failure_is_an_unusable_driver_not_bad_input(tmp_p
     assert (r.exit_code, doc["outcome"]) == (2, "drain")
     assert [(f["code"], f["severity"], f["action"], f["message"]) for f in doc["findings"]] == [
         ("gpu.driver_unusable", "critical", "drain", f"GPU driver/NVML unusable: nvidia-smi: {first}")]
+
+
+def test_query_csv_gpu_requires_reset_cells_are_a_lost_gpu():
+    # real paste of a Slurm H100 node (--query-gpu with [GPU requires reset] cells)
+    rc, doc = check_json(DATA / "nvsmi-query-gpu-csv-h100-gpu-requires-reset.csv")
+    assert (rc, doc["outcome"], doc["gpus"]) == (2, "drain", 1)
+    assert [(f["code"], f["gpu_index"], f["action"]) for f in doc["findings"]] == [("gpu.lost", 0, "drain")]
+    assert doc["findings"][0]["message"] == "gpu0 lost or hung: gpu_util_pct=ResetRequired, temp_c=ResetRequired"
+
+
+def test_recovery_action_cell_with_a_read_error_is_that_gpus_finding_not_bad_input():
+    # a [GPU requires reset] in the gpu_recovery_action column refused the whole CSV: the
+    # GPU that needs a reset got no finding and the healthy GPU was not read either
+    snap = load_nvidia_smi(DATA / "nvsmi-query-gpu-recovery-action-reset-required-constructed.csv")
+    assert [(g.index, g.pci_bus_id, g.recovery_action, g.read_errors) for g in snap.gpus] == [
+        (0, "0000:18:00.0", None, {"recovery_action": "ResetRequired", "temp_c": "ResetRequired"}),
+        (1, "0000:2a:00.0", 0, {})]
+    rc, doc = check_json(DATA / "nvsmi-query-gpu-recovery-action-reset-required-constructed.csv")
+    assert (rc, doc["outcome"], doc["gpus"]) == (2, "drain", 2)
+    assert [(f["code"], f["gpu_index"]) for f in doc["findings"]] == [("gpu.lost", 0)]
+
+
+@pytest.mark.parametrize("cell,action,errors", [
+    ("[GPU requires reset]", None, {"recovery_action": "ResetRequired"}),
+    ("[Unknown Error]", None, {"recovery_action": "Unknown"}),
+    ("[Not Supported]", None, {}), ("[N/A]", None, {}), ("Reset", 1, {})])
+def test_recovery_action_sentinels_in_every_format(cell, action, errors):
+    bare = cell.strip("[]")
+    header_less = parse_nvidia_smi(f"0, {cell}\n1, None\n")  # the GPU in trouble is the first row
+    with_header = parse_nvidia_smi(f"index, gpu_recovery_action\n0, {cell}\n1, None\n")
+    text = parse_nvidia_smi("GPU 00000000:07:00.0\n    Product Name : NVIDIA H200\n"
+                            f"    GPU Recovery Action : {bare}\n")
+    xml = parse_nvidia_smi('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000000:07:00.0">'
+                           f'<gpu_recovery_action>{bare}</gpu_recovery_action></gpu></nvidia_smi_log>\n')
+    for snap in (header_less, with_header):
+        assert [(g.recovery_action, g.read_errors) for g in snap.gpus] == [(action, errors), (0, {})]
+    for snap in (text, xml):
+        assert [(g.recovery_action, g.read_errors) for g in snap.gpus] == [(action, errors)]
+
+
+@pytest.mark.parametrize("channel,tpc,unrepairable,codes", [
+    ("No", "No", "No", []),
+    ("Yes", "No", "No", [("ecc.repair_pending", "gpu0 (0000:01:00.0) channel repair pending (reset the GPU to apply)")]),
+    ("Yes", "Yes", "N/A", [("ecc.repair_pending",
+                            "gpu0 (0000:01:00.0) channel and TPC repair pending (reset the GPU to apply)")]),
+    ("No", "No", "Yes", [("ecc.unrepairable_memory",
+                          "gpu0 (0000:01:00.0) memory fault the GPU can no longer repair (replace the GPU)")]),
+])
+def test_blackwell_repair_fields_of_the_580_dump_are_judged(tmp_path, channel, tpc, unrepairable, codes):
+    # R575+ `ECC Errors > Channel Repair Pending / TPC Repair Pending / Unrepairable Memory`
+    # (real 580.173.02 layout) were not read: a GPU waiting for a repair reset got no finding
+    text = (DATA / "nvsmi-q-rtx5080-580.173.02-blackwell-repair-fields.txt").read_text()
+    text = (text.replace("Channel Repair Pending                         : No", f"Channel Repair Pending                         : {channel}")
+                .replace("TPC Repair Pending                             : No", f"TPC Repair Pending                             : {tpc}")
+                .replace("Unrepairable Memory                            : N/A", f"Unrepairable Memory                            : {unrepairable}"))
+    p = tmp_path / "q.txt"
+    p.write_text(text)
+    g = load_nvidia_smi(p).gpus[0]
+    assert (g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) == (
+        channel == "Yes", tpc == "Yes", None if unrepairable == "N/A" else unrepairable == "Yes")
+    rc, doc = check_json(p)  # the laptop's x8 link and persistence off are warnings of their own
+    assert [(f["code"], f["message"]) for f in doc["findings"] if f["code"].startswith("ecc.")] == codes
+    assert [f["action"] for f in doc["findings"] if f["code"].startswith("ecc.")] == ["drain"] * len(codes)
+    assert (rc, doc["outcome"]) == ((2, "drain") if codes else (1, "proceed"))  # 1: warnings only
+
+
+def test_repair_pending_read_error_and_xml():
+    # "Channel Repair Pending : GPU requires reset" is how a wedged GPU prints it
+    text = ("GPU 00000000:9A:00.0\n    Product Name : NVIDIA B200\n    ECC Errors\n"
+            "        Channel Repair Pending : GPU requires reset\n        TPC Repair Pending : GPU requires reset\n")
+    g = parse_nvidia_smi(text).gpus[0]
+    assert (g.channel_repair_pending, g.read_errors, g.lost) == (
+        None, {"channel_repair_pending": "ResetRequired", "tpc_repair_pending": "ResetRequired"}, True)
+    xml = ('<?xml version="1.0" ?>\n<nvidia_smi_log><gpu id="00000000:07:00.0"><ecc_errors>'
+           '<channel_repair_pending>No</channel_repair_pending><tpc_repair_pending>Yes</tpc_repair_pending>'
+           '</ecc_errors></gpu></nvidia_smi_log>\n')
+    g = parse_nvidia_smi(xml).gpus[0]
+    assert (g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) == (False, True, None)

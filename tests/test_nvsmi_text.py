@@ -475,3 +475,40 @@ def test_hopper_sram_threshold_flag_is_read():
     assert parse_nvsmi_text(text).gpus[0].sram_threshold_exceeded is False
     text = text.replace("SRAM Threshold Exceeded       : No", "SRAM Threshold Exceeded       : Yes", 1)
     assert parse_nvsmi_text(text).gpus[0].sram_threshold_exceeded is True
+
+
+def test_rtx5080_580_layout_reads_every_used_field():
+    # driver 580: wider key column, `Utilization > GPU`, `Clocks Event Reasons Counters`
+    # (same labels as the reasons, in us: never read as reasons), Blackwell repair fields
+    snap = load("nvsmi-q-rtx5080-580.173.02-blackwell-repair-fields.txt")
+    assert (snap.driver_version, snap.cuda_version, snap.incomplete, len(snap.gpus)) == ("580.173.02", "13.0", None, 1)
+    g = snap.gpus[0]
+    assert (g.name, g.pci_bus_id, g.serial, g.vbios_version, g.inforom_version) == (
+        "NVIDIA GeForce RTX 5080 Laptop GPU", "0000:01:00.0", "0", "98.03.5C.00.73", "G005.0000.98.01")
+    assert (g.temp_c, g.temp_slowdown_c, g.temp_shutdown_c, g.power_w, g.power_limit_w) == (49.0, None, None, 12.72, 80.0)
+    assert (g.sm_clock_mhz, g.mem_clock_mhz, g.sm_clock_max_mhz, g.mem_clock_max_mhz) == (427.0, 405.0, 3090.0, 14001.0)
+    assert (g.gpu_util_pct, g.mem_util_pct, g.mem_used_mib, g.mem_total_mib) == (0.0, 0.0, 570.0, 16303.0)
+    assert g.clock_event_reasons == []
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max, g.pcie_replay_count) == (1, 5, 8, 16, 0)
+    assert (g.ecc_enabled, g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected, g.retired_pages_pending) == (None,) * 4
+    assert (g.remapped_rows_pending, g.remapped_rows_failure, g.recovery_action) == (None, None, 0)
+    assert (g.persistence_mode, g.mig_mode, g.read_errors) == (False, None, {})
+
+
+def test_gh200_c2c_x1_link_and_a_remapped_uncorrectable_row_proceed():
+    # GH200 (NVLink-C2C): the PCIe link is x1 at its maximum, not a degraded x16; one
+    # uncorrectable row remapped long ago (aggregate 1, nothing pending) is no fault today
+    snap = load("nvsmi-q-gh200-550.127.05-c2c-x1-remapped-unc.txt")
+    (g,) = snap.gpus
+    assert (g.name, g.pci_bus_id, g.pcie_width_current, g.pcie_width_max, g.pcie_gen_current, g.pcie_gen_max) == (
+        "NVIDIA GH200 480GB", "0000:dd:00.0", 1, 1, 4, 4)
+    assert (g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected, g.remapped_rows_uncorrectable,
+            g.remapped_rows_pending, g.remapped_rows_failure) == (0, 1, 1, False, False)
+    assert (g.power_w, g.power_limit_w, g.temp_c, g.clock_event_reasons, g.recovery_action) == (
+        87.88, 700.0, 31.0, ["gpu_idle"], None)
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--json", "--from-nvidia-smi",
+                                  str(DATA / "nvsmi-q-gh200-550.127.05-c2c-x1-remapped-unc.txt")])
+    assert (r.exit_code, r.output.count('"outcome": "proceed"'), r.output.count('"findings": []')) == (0, 1, 1)

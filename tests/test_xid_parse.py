@@ -105,6 +105,10 @@ EXPECTED = {
         ("0000:01:00", "xid", 95, 7062, None),
     ],
     "xid-none-fallen-off-bus-multiline.txt": [("0000:b3:00", "fallen_off_bus", 79, None, None)],
+    "xid-120-gsp-exception-575-and-nvlink5-nonfatal.txt": [
+        ("0000:06:00", "xid", 120, None, None), ("0000:01:00", "xid", 144, None, None),
+        ("0000:00:00", "xid", 149, None, None), ("0019:01:00", "xid", 149, None, None),
+        ("0018:01:00", "xid", 145, None, None)],
 }
 
 
@@ -390,3 +394,18 @@ def test_an_impossible_ctime_stamp_loses_the_time_not_the_event():
     assert [(e.xid, e.pci_bus_id, e.timestamp) for e in res.events] == [(79, "0000:18:00", None),
                                                                           (48, "0000:19:00", None)]
     assert res.unparsed == 0
+
+
+def test_xid_120_gsp_exception_575_and_nvlink5_fatal_flags():
+    # real lines: open-gpu-kernel-modules#829 (575.51.02, GSP register dump lines carry their own
+    # stamp: separate NVRM records, not Xids) and the GB200 kmsg inputs of leptonai/gpud #1160/#1174
+    from gpuguard.xid.catalog import classify
+
+    r = parse_text((DATA / "xid-120-gsp-exception-575-and-nvlink5-nonfatal.txt").read_text())
+    assert (r.unparsed, r.gpu_uuids) == (0, {"0000:06:00": "GPU-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b"})
+    assert [(e.pci_bus_id, e.xid, e.pid, e.monotonic_s, classify(e).action) for e in r.events] == [
+        ("0000:06:00", 120, None, 605633.376794, "drain"), ("0000:01:00", 144, None, None, "alert"),
+        ("0000:00:00", 149, None, None, "drain"), ("0019:01:00", 149, None, None, "drain"),
+        ("0018:01:00", 145, None, None, "alert")]
+    assert r.events[0].message == ("GSP task exception: store access page fault (cause:0xf) @ pc:0x13ebd80, "
+                                   "partition:2#0, task:3")

@@ -30,6 +30,10 @@ CODES = declare_codes("ecc", {
         "NVIDIA GPU Memory Error Management: a pending remap needs a GPU reset"),
     "ecc.row_remap_failure": ("critical", "drain",
         "NVIDIA GPU Memory Error Management: remap failure = replace the GPU (XID 64)"),
+    "ecc.repair_pending": ("critical", "drain",
+        "NVML nvmlDeviceGetRepairStatus (R575, Blackwell): a channel/TPC repair applies at the next GPU reset"),
+    "ecc.unrepairable_memory": ("critical", "drain",
+        "NVML nvmlDeviceGetUnrepairableMemoryFlag: no repair left for the fault: replace the GPU"),
 })
 
 
@@ -97,4 +101,26 @@ def row_remap(ctx: CheckContext) -> list[Finding]:
         if g.remapped_rows_pending:
             out.append(Finding("ecc.row_remap_pending", "critical",
                                f"{gpu_label(g)} row remap pending (reset the GPU to apply)", g.index, g.uuid, ev))
+    return out
+
+
+@check("memory_repair")
+def memory_repair(ctx: CheckContext) -> list[Finding]:
+    """Blackwell's repair state (R575+ drivers; NVML ``nvmlDeviceGetRepairStatus`` and
+    ``nvmlDeviceGetUnrepairableMemoryFlag_v1``, nvidia-smi ``ECC Errors > Channel Repair
+    Pending`` / ``TPC Repair Pending`` / ``Unrepairable Memory``): ``ecc.unrepairable_memory``
+    (critical, RMA) and ``ecc.repair_pending`` (critical: the repair waits for a GPU
+    reset, as a pending row remap does). Not reported (None): nothing."""
+    out = []
+    for g in ctx.snapshot.gpus:
+        if g.unrepairable_memory:
+            out.append(Finding("ecc.unrepairable_memory", "critical",
+                               f"{gpu_label(g)} memory fault the GPU can no longer repair (replace the GPU)",
+                               g.index, g.uuid, {"unrepairable_memory": True}))
+        pending = [n for n, v in (("channel", g.channel_repair_pending), ("TPC", g.tpc_repair_pending)) if v]
+        if pending:
+            out.append(Finding("ecc.repair_pending", "critical",
+                               f"{gpu_label(g)} {' and '.join(pending)} repair pending (reset the GPU to apply)",
+                               g.index, g.uuid, {"channel_repair_pending": g.channel_repair_pending,
+                                                 "tpc_repair_pending": g.tpc_repair_pending}))
     return out

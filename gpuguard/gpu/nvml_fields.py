@@ -224,6 +224,10 @@ class GpuFieldReaders:
             "nvmlDeviceGetRemappedRows",
             h,
         )
+        # R575+ (Blackwell); an older pynvml lacks the names and the fields stay None
+        r(rd, {"channel_repair_pending": lambda t: bool(t[0]), "tpc_repair_pending": lambda t: bool(t[1])},
+          "nvmlDeviceGetRepairStatus", h)
+        r(rd, {"unrepairable_memory": bool}, "nvmlDeviceGetUnrepairableMemoryFlag_v1", h)
 
     def _read_sram_status(self, nv: Any, rd: _GpuRead, h: Any) -> None:
         """``sram_threshold_exceeded`` from ``nvmlDeviceGetSramEccErrorStatus`` (NVML API

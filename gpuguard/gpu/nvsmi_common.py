@@ -153,6 +153,29 @@ class ValueReader:
         )
         return None
 
+    def recovery_action(self, raw: str | None, strict: bool = False) -> int | None:
+        """The NVML ``nvmlDeviceGpuRecoveryAction_t`` value of a printed GPU recovery
+        action (``None``, ``Reset``, ``0x2 (OS Reboot)``...:
+        :func:`gpuguard.xid.catalog.recovery_action_code`), field ``recovery_action``.
+
+        Its sentinels are those of every other field: ``N/A`` / ``[Not Supported]`` ->
+        ``None``; ``[GPU requires reset]``, ``[Unknown Error]``, ``[GPU is lost]`` ->
+        ``None`` and recorded in ``read_errors`` (a GPU nvidia-smi cannot read is a
+        finding, not a parse failure of the whole dump). Text that is neither a sentinel
+        nor a known action -> ``None`` and logged, or ``ValueError`` with ``strict``."""
+        from gpuguard.xid.catalog import recovery_action_code
+
+        code = recovery_action_code(clean_value(raw))  # first: "None" is action 0, not N/A
+        if code is not None:
+            return code
+        s = self.text("recovery_action", raw)
+        if s is None:
+            return None
+        if strict:
+            raise ValueError(f"unknown GPU recovery action {s!r}")
+        log.warning("%s: cannot read recovery_action from %r; left as None", self.where or "nvidia-smi", s)
+        return None
+
     def counter_sum(self, field: str, raws: Iterable[str | None]) -> int | None:
         """Sum of several counters (SRAM + DRAM, parity + SEC-DED). ``None`` when no
         part is available; parts that are ``N/A`` are left out of the sum."""

@@ -31,7 +31,6 @@ from datetime import datetime
 
 from gpuguard.gpu.nvsmi_common import NvsmiParseError, ValueReader, clean_value, order_reasons
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, decode_clock_event_reasons, norm_pci
-from gpuguard.xid.catalog import recovery_action_code
 
 SOURCE = "nvidia-smi-query"
 
@@ -178,9 +177,7 @@ def _gpu(row: dict[str, str], n: int, where: str) -> GpuState:
             text = rd.text(field, raw)
             v = norm_pci(text) if text else None
         elif kind == "recovery":
-            v = recovery_action_code(raw)
-            if v is None and (clean_value(raw) or "").lower() not in ("n/a", "not supported", ""):
-                raise NvsmiParseError(f"{where}: row {n}: unknown GPU recovery action {clean_value(raw)!r}")
+            v = rd.recovery_action(raw, strict=True)
         else:
             v = rd.text(field, raw)
         if v is None:

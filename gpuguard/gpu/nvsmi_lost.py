@@ -28,7 +28,7 @@ import csv
 import io
 import re
 
-from gpuguard.gpu.nvsmi_common import READ_ERROR_NAMES, NvsmiParseError
+from gpuguard.gpu.nvsmi_common import READ_ERROR_NAMES, NvsmiParseError, ValueReader
 from gpuguard.model import GpuState, NodeSnapshot, norm_pci
 from gpuguard.xid.catalog import recovery_action_code
 
@@ -134,10 +134,11 @@ def parse_recovery_csv(text: str, where: str, taken_at: float) -> NodeSnapshot:
             raw = row[cols["gpu_recovery_action"]]
         except (IndexError, ValueError):
             raise NvsmiParseError(f"{where}: row {n}: expected index, gpu_recovery_action") from None
-        code = recovery_action_code(raw)
-        if code is None and raw.strip().lower() not in ("n/a", "[n/a]", "not supported"):
-            raise NvsmiParseError(f"{where}: row {n}: unknown GPU recovery action {raw.strip()!r}")
-        g = GpuState(index=index, recovery_action=code)
+        g = GpuState(index=index)
+        try:  # [Not Supported] -> None; [GPU requires reset] -> a read error of that GPU
+            g.recovery_action = ValueReader(g.read_errors, where=where).recovery_action(raw, strict=True)
+        except ValueError as e:
+            raise NvsmiParseError(f"{where}: row {n}: {e}") from None
         if "pci.bus_id" in cols:
             try:
                 g.pci_bus_id = norm_pci(row[cols["pci.bus_id"]])
@@ -147,10 +148,25 @@ def parse_recovery_csv(text: str, where: str, taken_at: float) -> NodeSnapshot:
     return snap
 
 
+#: A bracketed nvidia-smi sentinel cell (``[N/A]``, ``[Not Supported]``, ``[GPU requires reset]``).
+_SENTINEL_CELL_RE = re.compile(r"^\[[A-Za-z/][A-Za-z/ ]*\]$")
+
+
 def looks_like_recovery_csv(text: str) -> bool:
-    """True for ``--query-gpu`` CSV whose columns are what :func:`parse_recovery_csv` reads."""
-    first = next((ln for ln in text.splitlines() if ln.strip()), "")
-    if "gpu_recovery_action" in first.lower():
+    """True for ``--query-gpu`` CSV whose columns are what :func:`parse_recovery_csv` reads:
+    a header naming ``gpu_recovery_action``, or header-less ``index, action`` rows, every
+    one a known action or a bracketed sentinel (the GPU that needs a reset may be the
+    first row) and at least one a known action."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines and "gpu_recovery_action" in lines[0].lower():
         return True
-    cells = [c.strip() for c in first.split(",")]
-    return len(cells) == 2 and cells[0].isdigit() and recovery_action_code(cells[1]) is not None
+    named = False
+    for ln in lines:
+        cells = [c.strip() for c in ln.split(",")]
+        if len(cells) != 2 or not cells[0].isdigit():
+            return False
+        if recovery_action_code(cells[1]) is not None:
+            named = True
+        elif not _SENTINEL_CELL_RE.match(cells[1]):
+            return False
+    return named

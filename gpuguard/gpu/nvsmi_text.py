@@ -19,6 +19,8 @@ Layout variants handled (old name / new name):
   (``Current Power Limit``); ``Power Draw`` or, from R545, ``Average Power Draw``.
 * ``Remapped Rows`` as a block or as a single ``N/A`` line (then all ``None``).
 * ``Replays Since Reset`` / ``Replay Number``.
+* R575+ (Blackwell) ``ECC Errors > Channel Repair Pending`` / ``TPC Repair Pending`` /
+  ``Unrepairable Memory`` (580 dump in tests/data); absent on older drivers (``None``).
 
 Temperatures: ``GPU Current Temp`` -> ``temp_c``, ``GPU Slowdown Temp`` ->
 ``temp_slowdown_c``, ``GPU Shutdown Temp`` -> ``temp_shutdown_c``. The 535+ Hopper
@@ -280,9 +282,7 @@ def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
     pend = [rd.bool("retired_pages_pending", g.get("Retired Pages", k))
             for k in ("Pending Page Blacklist", "Pending Page Retirement", "Pending")]
     gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
-    from gpuguard.xid.catalog import recovery_action_code
-
-    gpu.recovery_action = recovery_action_code(g.get("GPU Recovery Action"))
+    gpu.recovery_action = rd.recovery_action(g.get("GPU Recovery Action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", g.get("Remapped Rows", "Correctable Error")
     )
@@ -295,6 +295,10 @@ def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
     gpu.remapped_rows_failure = rd.bool(
         "remapped_rows_failure", g.get("Remapped Rows", "Remapping Failure Occurred")
     )
+    # R575+ (Blackwell): under ECC Errors, next to Volatile / Aggregate
+    gpu.channel_repair_pending = rd.bool("channel_repair_pending", g.get("ECC Errors", "Channel Repair Pending"))
+    gpu.tpc_repair_pending = rd.bool("tpc_repair_pending", g.get("ECC Errors", "TPC Repair Pending"))
+    gpu.unrepairable_memory = rd.bool("unrepairable_memory", g.get("ECC Errors", "Unrepairable Memory"))
 
 
 def _read_thermal_power_clocks(rd: ValueReader, g: Entry, gpu: GpuState) -> None:

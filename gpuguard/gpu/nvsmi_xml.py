@@ -188,9 +188,7 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     pend = [rd.bool("retired_pages_pending", el.findtext(p))
             for p in ("retired_pages/pending_blacklist", "retired_pages/pending_retirement")]
     gpu.retired_pages_pending = True if True in pend else (False if False in pend else None)
-    from gpuguard.xid.catalog import recovery_action_code
-
-    gpu.recovery_action = recovery_action_code(el.findtext("gpu_recovery_action"))
+    gpu.recovery_action = rd.recovery_action(el.findtext("gpu_recovery_action"))
     gpu.remapped_rows_correctable = rd.int(
         "remapped_rows_correctable", el.findtext("remapped_rows/remapped_row_corr")
     )
@@ -203,6 +201,9 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     gpu.remapped_rows_failure = rd.bool(
         "remapped_rows_failure", el.findtext("remapped_rows/remapped_row_failure")
     )
+    gpu.channel_repair_pending = rd.bool("channel_repair_pending", el.findtext("ecc_errors/channel_repair_pending"))
+    gpu.tpc_repair_pending = rd.bool("tpc_repair_pending", el.findtext("ecc_errors/tpc_repair_pending"))
+    gpu.unrepairable_memory = rd.bool("unrepairable_memory", el.findtext("ecc_errors/unrepairable_memory"))
 
 
 def _read_thermal_power_clocks(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:

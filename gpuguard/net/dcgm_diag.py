@@ -43,6 +43,11 @@ Format facts, with their sources:
   could not start is ``{"DCGM ...": {"runtime_error": "..."}}``. 3.x Deployment entries
   name the message key ``warnings`` instead of ``warning`` (``HelperJsonAddBasicTests``):
   both are read.
+* ``-j`` prints a *Warn* result as ``Fail`` (3.x ``HelperDisplayDiagResult`` returns Fail
+  for all but Pass/Skip; 4.x JSON uses its default ``DDR_NO_DISPLAY_WARN``, the table the
+  ``DDR_DISPLAY_WARN`` test row): a ``Fail`` whose warnings all carry a workable
+  ``error_severity`` (``dcgm_errors.h``: 1 monitor, 5 config) is read as Warn. The 4.x
+  ``test_summary`` repeats the test's warnings and holds those of no entity: read too.
 """
 
 from __future__ import annotations
@@ -370,15 +375,48 @@ def _json_metadata(run: dict[str, Any], rep: DiagReport) -> None:
         rep.metadata["GPU Device IDs Detected"] = ", ".join(str(x) for x in ids)
 
 
+#: ``dcgmErrorSeverity_t`` values (``dcgmlib/dcgm_errors.h``) that mean the GPU can go on
+#: working: 1 DCGM_ERROR_MONITOR ("Can perform workload, but needs to be monitored"),
+#: 5 DCGM_ERROR_CONFIG ("This error can be configured").
+_SOFT_SEVERITIES = (1, 5)
+
+
+def _json_word(word: str, warnings: list[Any]) -> str:
+    """The result a JSON ``status`` stands for. dcgmi prints a *Warn* result as ``Fail``
+    in ``-j`` output (``HelperDisplayDiagResult``: 3.x returns Fail for all but Pass/Skip;
+    4.x ``HelperJsonAddResult`` and the test summary use the default
+    ``DDR_NO_DISPLAY_WARN``, and DCGM's dcgmi/tests/DiagTests.cpp asserts that a WARN test's
+    summary reads "Fail"), where the text table says ``Warn``. A ``Fail`` whose every
+    warning carries an ``error_severity`` DCGM calls workable (:data:`_SOFT_SEVERITIES`:
+    persistence mode off, a CUDA env variable, clock events) is read as ``Warn``; one
+    with any isolate / reset / triage / unknown severity, or without severities, stays
+    ``Fail``."""
+    if word != "Fail" or not warnings:
+        return word
+    sev = [w.get("error_severity") if isinstance(w, dict) else None for w in warnings]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v in _SOFT_SEVERITIES for v in sev):
+        return "Warn"
+    return word
+
+
+def _warning_text(w: Any) -> str:
+    if isinstance(w, dict):
+        w = w.get("warning", w.get("warnings", ""))
+    return str(w)
+
+
 def _json_test(t: dict[str, Any], category: str | None, rep: DiagReport, where: str) -> DiagTest:
     summary = t.get("test_summary") if isinstance(t.get("test_summary"), dict) else {}
-    out = DiagTest(name=str(t["name"]), category=category, status=str(summary.get("status") or "?"))
+    summary_warnings = summary.get("warnings") if isinstance(summary.get("warnings"), list) else []
+    status = _json_word(str(summary.get("status") or "?"), summary_warnings) if summary.get("status") else "?"
+    out = DiagTest(name=str(t["name"]), category=category, status=status)
     for r in t.get("results") or []:
         if not isinstance(r, dict):
             continue
-        word = str(r.get("status", "?"))
+        warnings = r.get("warnings") if isinstance(r.get("warnings"), list) else []
+        word = _json_word(str(r.get("status", "?")), warnings)
         gpu = _json_gpu(r)
-        out.cells.append(word)
+        out.cells.append(str(r.get("status", "?")))
         if word not in RESULTS:
             rep.problems.append(f"{where}{out.name}: result {word[:60]!r} not understood")
         if gpu is not None:
@@ -387,13 +425,25 @@ def _json_test(t: dict[str, Any], category: str | None, rep: DiagReport, where: 
             out.entities[f"{r['entity_group']}{r.get('entity_id', '')}"] = word
         if not summary.get("status") and (out.status == "?" or rank(word) > rank(out.status)):
             out.status = word
-        for w in r.get("warnings") or []:
-            if isinstance(w, dict):
-                w = w.get("warning", w.get("warnings", ""))
-            out.messages.append(make_message("Warning", str(w), gpu))
+        for w in warnings:
+            out.messages.append(make_message("Warning", _warning_text(w), gpu))
         infos = r.get("info") or []
         for info in [infos] if isinstance(infos, str) else infos:
             out.messages.append(make_message("Info", str(info), gpu))
+    # 4.x: the summary repeats every warning of the test and adds those of no entity
+    # (printed as the test's own Warning rows in the table), and the info of no entity
+    seen = {m.text for m in out.messages}
+    for w in summary_warnings:
+        m = make_message("Warning", _warning_text(w))
+        if m.text not in seen:
+            seen.add(m.text)
+            out.messages.append(m)
+    infos = summary.get("info") or []
+    for info in [infos] if isinstance(infos, str) else infos:
+        m = make_message("Info", str(info))
+        if m.text not in seen:
+            seen.add(m.text)
+            out.messages.append(m)
     if out.status not in RESULTS:
         rep.problems.append(f"{where}{out.name}: no result")
     return out

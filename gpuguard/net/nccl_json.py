@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuguard.net.nccl_parse import TEST_COMMAND, NcclLog, NcclResult, NcclRow, NcclTable, parse_number, LogReader
+from gpuguard.net.nccl_parse import TEST_COMMAND, NcclLog, NcclResult, NcclRow, NcclTable, parse_number, LogReader, version_from_code
 
 
 def _json_block(b: Any, where: str) -> NcclResult | None:
@@ -30,7 +30,8 @@ def parse_json_report(doc: dict[str, Any]) -> NcclLog:
     """nccl-tests' JSON report (2.17+, ``-J file.json``; ``src/util.cu``: ``config``,
     ``devices``, ``results`` rows with ``out_of_place``/``in_place`` blocks of ``time`` or
     ``cpu_time`` (us), ``alg_bw``/``bus_bw`` (GB/s), ``nwrong`` (null with ``-c 0``),
-    ``out_of_bounds.count``, ``average_bus_bandwidth.bandwidth``, ``errors``: NCCL's
+    ``out_of_bounds.count``, ``average_bus_bandwidth.bandwidth`` (2.17.3-2.17.8:
+    ``average_bus_bandwidith.bandwidith``), ``errors``: NCCL's
     last error) -> the :class:`NcclLog` its text output gives."""
     log = NcclLog()
     args = doc.get("args") if isinstance(doc.get("args"), list) else []
@@ -53,11 +54,15 @@ def parse_json_report(doc: dict[str, Any]) -> NcclLog:
                                   _json_block(r.get("in_place"), "in_place"), i))
         except (KeyError, TypeError, ValueError) as e:
             log.problems.append((i, f"results[{i - 1}] not understood: {e}"))
-    oob, avg = doc.get("out_of_bounds"), doc.get("average_bus_bandwidth")
+    # nccl-tests 2.17.3-2.17.8 spelled the footer "average_bus_bandwidith": {"bandwidith": ...}
+    # (src/util.cu writeResultFooter; corrected in 2.17.9 / 2.18.0, commit 85ca91d)
+    oob = doc.get("out_of_bounds")
+    avg = doc.get("average_bus_bandwidth", doc.get("average_bus_bandwidith"))
     if isinstance(oob, dict) and isinstance(oob.get("count"), int):
         t.out_of_bounds = oob["count"]
-    if isinstance(avg, dict) and isinstance(avg.get("bandwidth"), (int, float)):
-        t.avg_busbw_gbs = float(avg["bandwidth"])
+    bw = avg.get("bandwidth", avg.get("bandwidith")) if isinstance(avg, dict) else None
+    if isinstance(bw, (int, float)) and not isinstance(bw, bool):
+        t.avg_busbw_gbs = float(bw)
     log.tables.append(t)
     if not t.rows:
         log.incomplete.append(f"{t.test or 'test'}: no results (output ends early)")
@@ -66,7 +71,7 @@ def parse_json_report(doc: dict[str, Any]) -> NcclLog:
     for e in doc.get("errors") or []:
         reader.last_error(str(e).strip())
     v = doc.get("nccl_version")
-    if isinstance(v, int) and v >= 20900:  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch from 2.9
-        log.nccl_version = f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        log.nccl_version = version_from_code(v)
     return log
 

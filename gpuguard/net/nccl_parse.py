@@ -188,6 +188,16 @@ _LAST_ERROR = re.compile(r"^#\s*error:\s*(.*?)\s*$")
 _MPI_ABORT = re.compile(r"mpirun detected that one or more processes exited with non-zero status|"
                         r"MPI_ABORT was invoked|mpirun noticed that process .* exited on signal")
 _VERSION = re.compile(r"NCCL version (\S+)")
+#: nccl-tests 2.17.4+ first line (``writeDeviceReport``): ``# nccl-tests version 2.19.6
+#: nccl-headers=22809 nccl-library=22809``; the library's NCCL_VERSION_CODE is
+#: major*10000 + minor*100 + patch (from NCCL 2.9). With NCCL_DEBUG unset it is the only
+#: place the NCCL version is printed.
+_TESTS_VERSION = re.compile(r"^#\s*nccl-tests version \S+ .*\bnccl-library=(\d+)")
+
+
+def version_from_code(code: int) -> str | None:
+    """``22809`` -> ``"2.28.9"`` (NCCL_VERSION_CODE of NCCL 2.9+); ``None`` below 20900."""
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}" if code >= 20900 else None
 #: nccl-tests 1.x column names (``bytes N type op ... time algbw busbw res``; its time is
 #: in ms and ``res`` is the largest deviation, the later ``error``).
 _V1_NAMES = {"bytes": "size", "N": "count", "op": "redop", "res": "error"}
@@ -313,7 +323,10 @@ class LogReader:
     def comment(self, line: str, no: int) -> bool:
         """``#`` lines of nccl-tests (run header, devices, column header, footer)."""
         cur = self.cur
-        if m := _STARTING.match(line):
+        if m := _TESTS_VERSION.match(line):
+            if self.log.nccl_version is None:  # an NCCL INFO "NCCL version 2.x.y+cuda" line says more
+                self.log.nccl_version = version_from_code(int(m.group(1)))
+        elif m := _STARTING.match(line):
             self.new_table(m.group(1))
         elif m := _NTHREAD.match(line):
             if cur.ngpus is not None or cur.rows or cur.header_seen:
