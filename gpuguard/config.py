@@ -591,6 +591,11 @@ def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
             raise ConfigError(f"{where}: alerts.{key} must be info, warning, critical or empty")
     if values["health"]["resume_after_clean_runs"] < 1:
         raise ConfigError(f"{where}: health.resume_after_clean_runs must be >= 1")
+    name = values["node"]["name"]
+    if name and not _NODE_NAME_RE.fullmatch(name):
+        # {node} is put into paths root writes (run_dir /run/gpuguard/{node}): '../../etc' is /etc
+        raise ConfigError(f"{where}: node.name must be one host name (letters, digits, _ . -, "
+                          f"not starting with . or -), got {name!r}")
     try:
         parse_windows(values["maintenance"]["windows"])
     except MaintenanceError as e:
