@@ -62,6 +62,9 @@ Odd cases, and what is done with them:
   are appended to the ``raw`` of the most recent SXid event with the same switch and
   code (within 10 s when both carry times). With no such event (the header was cut
   off) the detail line is an event of its own.
+* nvidia-fabricmanager's own log line for an NVSwitch error (``detected NVSwitch fatal
+  error 20034 on fid 0 on NVSwitch pci bus id ...``) is an SXid event
+  (:mod:`gpuguard.xid.fabricmanager`).
 * Client-written text inside an NVRM message (the version string of ``NVRM: API
   mismatch``, which any program sets): a marker line inside it is rejected
   (:mod:`gpuguard.xid.client_text`).
@@ -80,6 +83,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.model import norm_pci, pci_key
 from gpuguard.xid.client_text import CLIENT_TEXT_REASON, ClientText
+from gpuguard.xid.fabricmanager import fabric_manager_sxid
 from gpuguard.xid.prefix import check_prefix
 from gpuguard.xid.stamps import prefix_times
 
@@ -274,9 +278,9 @@ def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, l
     does), joined back: only lines with exactly the head line's prefix (same stamp)."""
     head: tuple[int, list[str], list[str], str] | None = None
     for line_no, rec in records:
-        if "NVRM" not in rec[0] and "SXid" not in rec[0]:
+        if "NVRM" not in rec[0] and "SXid" not in rec[0] and "detected NVSwitch" not in rec[0]:
             # no marker can be in it (a record only continues an NVRM/SXid line): skipped
-            # here, so an ordinary line costs one substring test
+            # here, so an ordinary line costs a few substring tests
             if head is not None:
                 yield head[:3]
                 head = None
@@ -314,6 +318,17 @@ def _close_in_time(a: XidEvent, b: XidEvent) -> bool:
     if a.timestamp is not None and b.timestamp is not None:
         return abs(a.timestamp - b.timestamp) <= MERGE_WINDOW_S
     return True
+
+
+def _fm_record(text: str, raw: str, line_no: int, structured: bool) -> XidEvent | str | None:
+    """The SXid event of a Fabric Manager error line, the reason it is not accepted, or
+    None (:mod:`gpuguard.xid.fabricmanager`)."""
+    fm = fabric_manager_sxid(text, structured)
+    if not isinstance(fm, tuple):
+        return fm
+    pci, code, message, timestamp = fm
+    return XidEvent(kind="sxid", pci_bus_id=norm_pci(pci), xid=code, pid=None, process=None, message=message,
+                    timestamp=timestamp, monotonic_s=None, mig_instance=None, raw=raw, line_no=line_no)
 
 
 def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEvent | str | None:
@@ -368,6 +383,8 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
             raw=raw,
             line_no=line_no,
         )
+    if (fm := _fm_record(text, raw, line_no, structured)) is not None:
+        return fm
     if _FALLEN_RE.search(text) and "NVRM" in text:
         nvrm = _NVRM_RE.search(text)
         if nvrm is None:
