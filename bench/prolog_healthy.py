@@ -26,7 +26,10 @@ def main() -> None:
         snap, kl = replay_node(tmp)
         cfg = os.path.join(tmp, "gpuguard.toml")
         with open(cfg, "w") as fh:
+            # every path in tmp: the defaults (/var/lib/gpuguard, /run/gpuguard/{node}) hold the
+            # host's own kernel-log cursor and running-job records
             fh.write(f'[node]\nname = "bench"\n[paths]\nstore = "{tmp}/node.db"\nlog_file = "{tmp}/g.log"\n'
+                     f'state_dir = "{tmp}/state"\nrun_dir = "{tmp}/run"\n'
                      f'[gpu]\nsource = "replay"\nreplay_path = "{snap}"\n[xid]\nkernel_log = "{kl}"\n'
                      '[prolog]\nstart_collector = false\n[checks]\ndisabled = ["idle_throttle"]\n')
         # idle_throttle is off: GPU 75:00.0 of this real dump has HW power brake active

@@ -301,15 +301,30 @@ def _snapshot(obj: _Obj, nvsmi: str | None):
 @click.pass_obj
 def gpu_show(obj: _Obj, fmt: str, nvsmi: str | None) -> None:
     """Print every GPU: identity, temperature, power, clocks, ECC, PCIe, clock-event
-    (throttle) reasons. JSON is the full snapshot; CSV and text one row per GPU."""
+    (throttle) reasons. JSON is the full snapshot; CSV and text one row per GPU; a value
+    the source did not give is ``-``. Exit status 2 when the GPUs cannot be read, and
+    when the dump was cut short (what it holds is printed, the problem on stderr)."""
     snap = _snapshot(obj, nvsmi)
+    _print_gpus(snap, fmt)
+    if snap.incomplete:
+        click.echo(f"Error: incomplete: {snap.incomplete}", err=True)
+        sys.exit(2)
+
+
+def _unknown_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def _print_gpus(snap: Any, fmt: str) -> None:
+    """``gpu show``'s output of ``snap`` in ``fmt``."""
     if fmt == "json":
         emit(fmt, snap.to_dict())
         return
     rows = [{"gpu": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "temp_c": g.temp_c, "power_w": g.power_w,
              "sm_clock_mhz": g.sm_clock_mhz, "mem_used_mib": g.mem_used_mib, "mem_total_mib": g.mem_total_mib,
              "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected,
-             "pcie_link": f"gen{g.pcie_gen_current} x{g.pcie_width_current}",
+             "pcie_link": (f"gen{_unknown_dash(g.pcie_gen_current)} x{_unknown_dash(g.pcie_width_current)}"
+                           if (g.pcie_gen_current, g.pcie_width_current) != (None, None) else "-"),
              "clock_event_reasons": ",".join(g.clock_event_reasons or []),
              "read_errors": ",".join(sorted(g.read_errors))} for g in snap.gpus]
     if fmt == "csv":
@@ -317,8 +332,10 @@ def gpu_show(obj: _Obj, fmt: str, nvsmi: str | None) -> None:
         return
     if snap.error:
         click.echo(f"source error: {snap.error}")
-    click.echo(table([[r["gpu"], r["name"], r["pci_bus_id"], r["temp_c"], r["power_w"], r["sm_clock_mhz"],
-                       f"{r['mem_used_mib']}/{r['mem_total_mib']}", r["ecc_volatile_uncorrected"], r["pcie_link"],
+    dash = _unknown_dash
+    click.echo(table([[r["gpu"], dash(r["name"]), r["pci_bus_id"], dash(r["temp_c"]), dash(r["power_w"]),
+                       dash(r["sm_clock_mhz"]), f"{dash(r['mem_used_mib'])}/{dash(r['mem_total_mib'])}",
+                       dash(r["ecc_volatile_uncorrected"]), r["pcie_link"],
                        r["clock_event_reasons"] or "-", r["read_errors"] or "-"] for r in rows],
                      ["GPU", "NAME", "PCI", "TEMP_C", "POWER_W", "SM_MHZ", "MEM_MIB", "ECC_UNC_VOL", "PCIE",
                       "CLOCK_EVENTS", "READ_ERRORS"]))

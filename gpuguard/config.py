@@ -412,31 +412,65 @@ def load(explicit: str | None = None, *, require: bool = False) -> Config:
     for a file another user could have written (:func:`_check_owner`); with ``require``
     (the hooks) also when no file is found at all, naming every place looked at.
     """
+    return parse(*read(explicit, require=require))
+
+
+def read(explicit: str | None = None, *, require: bool = False) -> tuple[str | None, bytes]:
+    """The file part of :func:`load`, every step that touches a filesystem: ``(path or
+    None, its bytes)``. Raises :class:`ConfigError` as :func:`load` does for the file."""
     path, _required = find_config_path(explicit)
-    data: dict[str, Any] = {}
     if path is None and require:
         raise ConfigError("no gpuguard config found; looked at $GPUGUARD_CONFIG and "
                           + ", ".join(config_candidates()))
-    if path is not None:
-        if os.path.islink(path) and not os.path.exists(path):
-            raise ConfigError(f"{path}: dangling symlink to {os.readlink(path)}")
-        try:
-            with open(path, "rb") as fh:
-                _check_owner(path, os.fstat(fh.fileno()))
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except PermissionError:
-            raise ConfigError(f"{path}: config file not readable (permission denied)") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: invalid TOML: {e}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
-    return from_dict(data, path)
+    if path is None:
+        return None, b""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ConfigError(f"{path}: dangling symlink to {os.readlink(path)}")
+    try:
+        return path, _read_config_file(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: config file not readable (permission denied)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
+
+
+def parse(path: str | None, data: bytes) -> Config:
+    """The :class:`Config` of config file ``path``'s bytes ``data`` (no file: the
+    defaults). Raises :class:`ConfigError` as :func:`load` does for the contents."""
+    try:
+        doc = tomllib.loads(data.decode("utf-8")) if path is not None else {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    return from_dict(doc, path)
+
+
+#: Largest config file read (bytes; our choice: the full example is about 20 KiB).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config_file(path: str) -> bytes:
+    """The bytes of config file ``path``: a regular file (or /dev/null), opened without
+    blocking on a FIFO, owner-checked (:func:`_check_owner`), at most
+    :data:`MAX_CONFIG_BYTES`. Raises :class:`ConfigError` or ``OSError``."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) and not (stat.S_ISCHR(st.st_mode) and os.path.samefile(path, os.devnull)):
+            what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) else "not a file"
+            raise ConfigError(f"{path}: not a regular file ({what}), expected a TOML file")
+        _check_owner(path, st)
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES} bytes, not a gpuguard config")
+    return data
 
 
 def _check_owner(path: str, st: os.stat_result) -> None:
@@ -557,6 +591,11 @@ def _check_ops(values: dict[str, dict[str, Any]], where: str) -> None:
             raise ConfigError(f"{where}: alerts.{key} must be info, warning, critical or empty")
     if values["health"]["resume_after_clean_runs"] < 1:
         raise ConfigError(f"{where}: health.resume_after_clean_runs must be >= 1")
+    name = values["node"]["name"]
+    if name and not _NODE_NAME_RE.fullmatch(name):
+        # {node} is put into paths root writes (run_dir /run/gpuguard/{node}): '../../etc' is /etc
+        raise ConfigError(f"{where}: node.name must be one host name (letters, digits, _ . -, "
+                          f"not starting with . or -), got {name!r}")
     try:
         parse_windows(values["maintenance"]["windows"])
     except MaintenanceError as e:

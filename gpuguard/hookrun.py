@@ -28,17 +28,92 @@ from typing import Any
 from gpuguard.hookenv import is_job_id  # noqa: F401  (re-exported: hooks and path builders)
 
 
-def load_config() -> tuple[Any, str | None]:
+#: Longest wait for a hook's config to be found and read (s). Our choice: half the
+#: shortest shipped hook budget (20 s), so a config (or the slurm.conf beside it) on a hung
+#: shared filesystem leaves the hook its shipped defaults and time to finish.
+CONFIG_READ_TIMEOUT_S = 10.0
+
+
+def load_config(timeout_s: float | None = None) -> tuple[Any, str | None]:
     """``(config, None)``, or ``(the shipped defaults, the one-line error)`` when the
     config is broken, a dangling symlink or not found anywhere (hooks never run on silent
-    defaults: :func:`gpuguard.config.load` with ``require``). A hook loads it once and hands it to its work."""
-    from gpuguard import config as config_mod
+    defaults: :func:`gpuguard.config.load` with ``require``). A hook loads it once and hands it to its work.
 
+    The config is found and read (:func:`gpuguard.config.read`) in a forked child, waited
+    for at most ``timeout_s`` (default :data:`CONFIG_READ_TIMEOUT_S`): the hook's parent
+    reads it before the watchdog runs (the budget is in it), and a stalled read (a config
+    beside a slurm.conf on a hung NFS mount: the process sleeps in D state, which no
+    signal ends) would otherwise hold the hook past every budget until slurmd drains the
+    node for it. The child sends the bytes; the parent parses them."""
+    import json
+    import select
+    import signal
+    import time
+
+    from gpuguard import config as config_mod  # imported once, here: the child inherits it
+
+    timeout_s = CONFIG_READ_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return _parsed(config_mod, *_read_config(config_mod))
+    if pid == 0:  # the child: every filesystem step, then the bytes to the parent
+        try:
+            import gc
+
+            gc.disable()  # a collection would touch (copy) every page shared with the parent
+            os.close(r)
+            path, data, error = _read_config(config_mod)
+            msg = json.dumps({"path": path, "data": data.decode("latin-1"), "error": error,
+                              "slurm_conf": os.environ.get("SLURM_CONF")}).encode()
+            while msg:
+                msg = msg[os.write(w, msg):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([r], [], [], left)[0]:
+                continue
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            os.kill(pid, signal.SIGKILL)  # not waited for: it may never return from its read
+            return config_mod.from_dict({}), (f"config not read within {timeout_s:g} s (a hung filesystem?); "
+                                              f"looked at $GPUGUARD_CONFIG and {', '.join(config_mod.config_candidates())}")
+    finally:
+        os.close(r)
+    os.waitpid(pid, 0)
+    try:
+        got = json.loads(b"".join(chunks))
+    except ValueError:  # the child died before it sent a whole answer
+        return _parsed(config_mod, *_read_config(config_mod))
+    if got["slurm_conf"] and not os.environ.get("SLURM_CONF"):
+        os.environ["SLURM_CONF"] = got["slurm_conf"]  # what export_slurm_conf set in the child
+    return _parsed(config_mod, got["path"], got["data"].encode("latin-1"), got["error"])
+
+
+def _read_config(config_mod: Any) -> tuple[str | None, bytes, str | None]:
+    """(path, bytes, None) of the hook's config, or (None, b"", the error)."""
     # a hook without SLURM_CONF (EpilogSlurmctld) runs scontrol/sacctmgr against the
     # slurm.conf its daemon was started with
     config_mod.export_slurm_conf()
     try:
-        return config_mod.load(require=True), None
+        return (*config_mod.read(require=True), None)
+    except config_mod.ConfigError as e:
+        return None, b"", str(e)
+
+
+def _parsed(config_mod: Any, path: str | None, data: bytes, error: str | None) -> tuple[Any, str | None]:
+    if error is not None:
+        return config_mod.from_dict({}), error
+    try:
+        return config_mod.parse(path, data), None
     except config_mod.ConfigError as e:
         return config_mod.from_dict({}), str(e)
 

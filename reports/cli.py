@@ -8,6 +8,7 @@ non-sacct file, bad date, bad option or config), with a one-line message naming 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -73,6 +74,22 @@ def report() -> None:
     """Cost, queue wait, failures and GPU efficiency from Slurm accounting (sacct)."""
 
 
+def _check_input_file(path: str) -> None:
+    """Raise a one-line :class:`click.ClickException` when ``path`` is not a readable
+    regular file (missing, a FIFO or device, which would block or never end, unreadable)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise click.ClickException(f"{path}: no such file" if e.errno == errno.ENOENT
+                                   else f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise click.ClickException(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise click.ClickException(f"{path}: permission denied")
+
+
 @report.command("sync")
 @click.option("--since", metavar="DATE", help=f"pull jobs eligible or running since DATE ({DATE_HELP}); "
               "default: the last sync minus [reports] sync_overlap_s, or [reports] first_sync_days back")
@@ -104,8 +121,8 @@ def sync_cmd(obj, since: str | None, from_file: str | None, tz_name: str | None,
     cluster_name = cluster if cluster is not None else cfg.get("reports", "cluster")
     if from_file and since:
         raise click.UsageError("--since applies to a live sync, not to --from-file")
-    if from_file and not os.path.isfile(from_file):
-        raise click.ClickException(f"{from_file}: no such file")
+    if from_file:
+        _check_input_file(from_file)
     since_ts = parse_when(since, tz) if since else None
     store = _open_store(obj, create=True)
     tty = sys.stderr.isatty()

@@ -167,6 +167,19 @@ def test_fifo_device_and_directory_inputs_fail_in_one_line(tmp_path, args, rc):
         assert r.output.count("\n") == 1 and r.output.rstrip().endswith(f"{path}: {why}")
 
 
+def test_gpu_show_of_a_cut_dump_prints_what_it_read_and_exits_2(tmp_path):
+    """A dump cut inside its first GPU: the GPU's identity is shown, every value the
+    dump did not reach reads '-' (not 'None/None', 'genNone xNone'), and the cut is an
+    error on stderr with exit 2, as `check` calls it incomplete."""
+    cut = tmp_path / "cut.txt"
+    cut.write_text("GPU 00000000:18:00.0\n    Product Name : NVIDIA H100\n    Persistence Mo")
+    r = invoke("gpu", "show", "--from-nvidia-smi", str(cut))
+    assert r.exit_code == 2
+    assert r.stdout.splitlines()[2].split() == ["0", "NVIDIA", "H100", "0000:18:00.0", "-", "-", "-", "-/-", "-", "-",
+                                                "-", "-"]
+    assert r.stderr == f"Error: incomplete: {cut}: the last line has no newline (the dump is cut short)\n"
+
+
 def test_snapshot_refuses_to_write_through_a_symlink(tmp_path):
     target = tmp_path / "victim"
     target.write_text("precious")

@@ -105,3 +105,37 @@ def test_missing_config_is_one_error_for_hooks_only(clean_env):
     _cfg, err = hookrun.load_config()
     assert err.startswith("no gpuguard config found; looked at $GPUGUARD_CONFIG and ")
     assert config_mod.DEFAULT_PATH in err
+
+
+@pytest.mark.timeout(30)
+def test_a_config_on_a_fifo_or_device_is_one_error_never_a_hang(tmp_path, clean_env, monkeypatch):
+    """`GPUGUARD_CONFIG` naming a FIFO (no writer: a blocking open waits forever) or
+    /dev/zero (a read never ends): the hook gets its shipped defaults and one error naming
+    the file, at once; /dev/null still reads as an empty config."""
+    fifo = tmp_path / "gpuguard.toml"
+    os.mkfifo(fifo)
+    for path, what in ((str(fifo), "a FIFO"), ("/dev/zero", "a device")):
+        monkeypatch.setenv("GPUGUARD_CONFIG", path)
+        cfg, err = hookrun.load_config()
+        assert (cfg.path, err) == (None, f"{path}: not a regular file ({what}), expected a TOML file")
+    monkeypatch.setenv("GPUGUARD_CONFIG", "/dev/null")
+    cfg, err = hookrun.load_config()
+    assert (cfg.path, err) == ("/dev/null", None)
+
+
+@pytest.mark.timeout(30)
+def test_a_stalled_config_read_gives_the_defaults_within_the_timeout(tmp_path, clean_env, monkeypatch):
+    """A config whose read never returns (a hung NFS mount holding it: D state, which no
+    signal interrupts; simulated by a read that sleeps): the hook gets the shipped
+    defaults and a one-line error after timeout_s, not a hang past its budget."""
+    conf = tmp_path / "gpuguard.toml"
+    conf.write_text('[node]\nname = "n1"\n')
+    monkeypatch.setenv("GPUGUARD_CONFIG", str(conf))
+    for name in ("load", "read"):  # whichever the hook's loader calls
+        monkeypatch.setattr(config_mod, name, lambda *a, **k: time.sleep(60), raising=False)
+    monkeypatch.setattr(hookrun, "CONFIG_READ_TIMEOUT_S", 0.5, raising=False)
+    t0 = time.monotonic()
+    cfg, err = hookrun.load_config()
+    assert time.monotonic() - t0 < 5
+    assert cfg.path is None and cfg.get("prolog", "time_budget_s") == 20.0
+    assert err.startswith("config not read within 0.5 s (a hung filesystem?); looked at $GPUGUARD_CONFIG and ")

@@ -153,3 +153,17 @@ def test_every_module_declaring_finding_codes_is_known_to_the_policy_check():
     assert declaring - checks == set(CODE_MODULES)
     assert load_text('[policy]\n"dcgm.diag_unreadable" = "record"\n', "c.toml").policy == {
         "dcgm.diag_unreadable": "record"}
+
+
+@pytest.mark.parametrize("name", ["../../etc", "-n1", ".hidden", "gpu/01", "n[1-2]", "a b"])
+def test_a_node_name_that_is_not_one_host_name_is_a_config_error(name):
+    """{node} goes into the paths root writes (run_dir = /run/gpuguard/{node}): a name of
+    '../../etc' put the pending-drain list and the cursor copy into /etc."""
+    with pytest.raises(ConfigError) as e:
+        load_text(f'[node]\nname = "{name}"\n', "c.toml")
+    assert str(e.value) == ("c.toml: node.name must be one host name (letters, digits, _ . -, not starting with "
+                            f". or -), got {name!r}")
+
+
+def test_a_host_name_with_dots_is_a_node_name():
+    assert load_text('[node]\nname = "gpu-01.cluster_a"\n', "c.toml").node_name == "gpu-01.cluster_a"

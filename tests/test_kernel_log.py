@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import json
 import stat
 
 import pytest
@@ -291,6 +292,30 @@ def test_journalctl_json_cursor_round_trip_and_kernel_transport_only(bindir):
     args = (bindir / "journalctl.args").read_text().splitlines()
     assert args[0] == "-k -o json --no-pager"
     assert args[1] == "-k -o json --no-pager --after-cursor=s=1"
+
+
+def test_journalctl_keeps_kernel_facility_entries_only(bindir):
+    """A program's write to /dev/kmsg ("<4>kernel: NVRM: Xid ...": root, a privileged
+    container) is _TRANSPORT=kernel in the journal too, with the user facility the kernel
+    gives every write (journald strips the "kernel:" identifier from MESSAGE): it is not
+    the kernel's XID. A kernel entry with SYSLOG_FACILITY=0 (newer journald sets it on
+    every kmsg record) or without it (older journald) is."""
+    def entry(cursor, mono_us, msg, facility):
+        e = {"__CURSOR": cursor, "_TRANSPORT": "kernel", "MESSAGE": msg, "_SOURCE_MONOTONIC_TIMESTAMP": str(mono_us)}
+        if facility is not None:
+            e["SYSLOG_FACILITY"] = facility
+        return "echo '" + json.dumps(e).replace("'", "'\\''") + "'"
+
+    forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    real = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, DBE"
+    body = "\n".join([entry("s=1", 1_000_000, forged, "1"),
+                      entry("s=2", 2_000_000, forged.replace("3b:00", "3c:00"), "3"),
+                      entry("s=3", 3_000_000, real, "0"),
+                      entry("s=4", 4_000_000, real.replace("18:00", "19:00"), None)])
+    fake_tool(bindir, "journalctl", body + "\n")
+    lines, cur = read_since("journalctl", None, 5)
+    assert lines == ["[    3.000000] " + real, "[    4.000000] " + real.replace("18:00", "19:00")]
+    assert cur == "journal:s=4"
 
 
 def test_journalctl_bad_cursor_reads_whole_boot(bindir):

@@ -200,6 +200,19 @@ def test_cli_sync_from_file_and_exit_codes(tmp_path):
     assert r.exit_code == 2 and "unknown timezone 'Nowhere/Land'" in r.output
 
 
+def test_cli_sync_from_a_fifo_or_device_names_what_it_is(tmp_path):
+    """A FIFO or a device given as --from-file exits 2 with one line saying what it is
+    (not "no such file", which sends the operator looking for a missing path)."""
+    import os
+
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    fifo = tmp_path / "sacct.fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/null"):
+        r = CliRunner().invoke(main, ["report", "sync", "--from-file", path], env=env)
+        assert (r.exit_code, r.output) == (2, f"Error: {path}: not a regular file\n")
+
+
 def test_cli_sync_live_failure_is_exit_1(tmp_path):
     env = _cfg(tmp_path)
     r = CliRunner().invoke(main, ["report", "sync"], env=env)

@@ -141,3 +141,19 @@ def test_catalog_rows_137_171_172_have_sources(code, name, action):
     c = classify(ev(code, "x"))
     assert (c.name, c.action) == (name, action)
     assert "NV catalog" in c.source
+
+
+@pytest.mark.parametrize("comm,action", [
+    ("ray::WorkerDict", "drain"),  # the real line's process (xid-145-149-gb200-nvlink-nots.txt)
+    ("x, Nonfatal", "drain"),  # a name with a comma: its tail reads as message text
+    ("Nonfatal", "drain"),
+])
+def test_a_process_name_cannot_turn_a_fatal_nvlink5_error_into_an_alert(comm, action):
+    """The driver prints the name the program chose (prctl PR_SET_NAME, 15 bytes) before
+    its own Fatal/Nonfatal flag: the flag read is the driver's, the last one."""
+    line = (f"[ 1.0] NVRM: Xid (PCI:0019:01:00): 145, pid=876766, name={comm}, RLW_RXPIPE Fatal XC0 i0 Link 12 "
+            "(0x040980c2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)")
+    [event] = parse_lines([line]).events
+    assert (event.xid, classify(event).action) == (145, action)
+    nonfatal = parse_lines([line.replace("RLW_RXPIPE Fatal", "RLW_RXPIPE Nonfatal")]).events[0]
+    assert classify(nonfatal).action == "alert"

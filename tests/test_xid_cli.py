@@ -200,6 +200,24 @@ def test_scan_reads_a_journalctl_json_export_kernel_entries_only(tmp_path):
         ]
 
 
+def test_scan_of_a_journal_export_counts_a_programs_kmsg_write_as_rejected(tmp_path):
+    """In a saved `journalctl -o json` export, an entry a program wrote to /dev/kmsg is
+    _TRANSPORT=kernel with the user facility: rejected with its reason, not an event."""
+    msg = "NVRM: Xid (PCI:0000:91:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    entries = [{"__CURSOR": "s=1", "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "1", "PRIORITY": "4",
+                "SYSLOG_IDENTIFIER": "kernel", "__MONOTONIC_TIMESTAMP": "1000000", "MESSAGE": msg}]
+    path = tmp_path / "journal.json"
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    result = cli_runner().invoke(xid, ["scan", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+    assert result.stderr.splitlines() == [
+        "unparsed NVRM lines: 1",
+        "  1 x journal entry written to /dev/kmsg by a program (SYSLOG_FACILITY=1)",
+        "  line 1: " + msg,
+    ]
+
+
 def test_scan_a_line_is_what_ends_in_newline_not_a_unicode_separator(tmp_path):
     """A user's syslog message holding U+2028 (or U+0085, a form feed, an ASCII
     separator) before a forged kernel line stays one line, rejected for its prefix:

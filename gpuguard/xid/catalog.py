@@ -191,19 +191,20 @@ def recovery_action_code(value: str | int | None) -> int | None:
     return RECOVERY_NAMES.get(text.lower())
 
 
-_NONFATAL_RE = re.compile(r"\bnon-?fatal\b", re.IGNORECASE)
-_FATAL_RE = re.compile(r"\bfatal\b", re.IGNORECASE)
+_FLAG_RE = re.compile(r"\b(?P<non>non-?)?fatal\b", re.IGNORECASE)
 _RECOVERY_RE = re.compile(r"\bto\s+(?P<num>0x[0-9a-fA-F]+|\d+)?\s*(?:\((?P<name>[^)]*)\))?")
 
 
 def fatal_flag(message: str) -> bool | None:
-    """``True`` when ``message`` contains the word Fatal, ``False`` for Nonfatal /
-    Non-fatal, ``None`` when neither appears. Case-insensitive, whole words."""
-    if _NONFATAL_RE.search(message):
-        return False
-    if _FATAL_RE.search(message):
-        return True
-    return None
+    """``True`` when the *last* of the words Fatal / Nonfatal / Non-fatal in ``message``
+    is Fatal, ``False`` when it is Nonfatal or Non-fatal, ``None`` when none appears.
+    Case-insensitive, whole words. The last, because the driver prints its flag after the
+    process name a program chose (``145, pid=N, name=COMM, RLW_RXPIPE Fatal XC0 ...``):
+    a process named ``x, Nonfatal`` must not turn a Fatal NVLink error into an alert."""
+    flags = list(_FLAG_RE.finditer(message))
+    if not flags:
+        return None
+    return flags[-1]["non"] is None
 
 
 def recovery_action(message: str) -> int | None:

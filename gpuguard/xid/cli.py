@@ -140,7 +140,8 @@ def scan(file: str, fmt: str) -> None:
     """Parse a kernel log (FILE, or stdin for -) and print its classified XID events.
 
     Reads dmesg, dmesg -T, dmesg --time-format iso, journalctl -k (text, or a
-    saved `-o json` export: only its `_TRANSPORT=kernel` entries count) and syslog text.
+    saved `-o json` export: only the kernel's own entries count, _TRANSPORT=kernel with
+    the kernel facility) and syslog text.
     The table shows time (UTC, or +seconds since boot), PCI id, kind, XID, name, pid,
     process, default action and the message. Every line holding an Xid/SXid marker that
     was not accepted is counted on stderr by reason (a prefix that is not a kernel-log

@@ -2,9 +2,10 @@
 ``-o json-seq`` (one JSON entry per line), ``-o json-pretty`` (each entry a ``{`` line,
 indented fields, a ``}`` line), ``-o export`` (``KEY=value`` lines, a blank
 line between entries) and ``-o verbose`` (a header line per entry, ``    KEY=value``
-fields). Only entries with ``_TRANSPORT=kernel`` are the kernel's: a ``logger -t kernel``
-entry in the same export (``_TRANSPORT=syslog``) is told apart exactly as the live
-``journalctl`` source does (:func:`gpuguard.xid.kernel_log.read_journalctl`).
+fields). Only the kernel's own entries count (:func:`gpuguard.xid.records.not_kernel_entry`:
+``_TRANSPORT=kernel``, facility kernel): a ``logger -t kernel`` entry in the same export
+(``_TRANSPORT=syslog``) or a program's write to /dev/kmsg is told apart exactly as the
+live ``journalctl`` source does (:func:`gpuguard.xid.kernel_log.read_journalctl`).
 
 ``-o export`` writes a field that is not plain text (binary, or holding a newline) as
 ``KEY`` then its length in 8 raw bytes: such a field is not read (an NVRM message is
@@ -17,7 +18,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 
-from gpuguard.xid.records import _journal_message, journal_lines
+from gpuguard.xid.records import _journal_message, journal_lines, not_kernel_entry
 
 _FIELD_RE = re.compile(r"(?P<key>[A-Z0-9_]+)=(?P<value>.*)")
 #: ``journalctl -o verbose``'s entry header: the time, then the cursor in brackets
@@ -118,8 +119,8 @@ def kernel_lines(fmt: str, lines: Iterable[tuple[int, str]], others: list[tuple[
                  keep: Callable[[str], bool]) -> Iterator[tuple[int, str]]:
     """Read ``(line number, line)`` pairs of an export in format ``fmt``
     (:func:`export_format`). Yields ``(line number, canonical line)``
-    (:func:`gpuguard.xid.records.canonical_lines`) of the entries with
-    ``_TRANSPORT=kernel``; appends ``(line number, reason, text)`` to ``others`` for every
+    (:func:`gpuguard.xid.records.canonical_lines`) of the kernel's own entries
+    (:func:`~gpuguard.xid.records.not_kernel_entry`); appends ``(line number, reason, text)`` to ``others`` for every
     other entry or line whose text ``keep`` accepts."""
     if fmt == "json":
         items = _json_items(lines)
@@ -132,11 +133,11 @@ def kernel_lines(fmt: str, lines: Iterable[tuple[int, str]], others: list[tuple[
             if keep(text):
                 others.append((n, f"not a journal entry in a journalctl -o {fmt} export", text))
             continue
-        if entry.get("_TRANSPORT") != "kernel":
+        why = not_kernel_entry(entry)
+        if why:
             message = _journal_message(entry.get("MESSAGE")) or ""
             if keep(message):
-                others.append((n, f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})",
-                               message))
+                others.append((n, why, message))
             continue
         for out in journal_lines(entry):
             yield n, out

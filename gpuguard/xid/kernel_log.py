@@ -67,7 +67,7 @@ import tempfile
 import threading
 import time
 
-from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines, log_lines
+from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines, log_lines, not_kernel_entry
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +258,9 @@ def read_journalctl(
 ) -> tuple[list[str], str | None]:
     """Kernel messages of the current boot after ``cursor`` (``journal:<cursor>``), read
     as ``journalctl -k -o json``: one JSON object per entry, ``MESSAGE`` is the kernel's
-    text exactly, and only entries with ``_TRANSPORT=kernel`` are kept (``logger -t
-    kernel`` and other userspace writes have ``_TRANSPORT=syslog``/``journal``/``stdout``).
+    text exactly, and only the kernel's own entries are kept (``logger -t kernel`` and
+    other userspace writes have ``_TRANSPORT=syslog``/``journal``/``stdout``; a write to
+    /dev/kmsg has a facility other than kernel: :func:`gpuguard.xid.records.not_kernel_entry`).
 
     Returns canonical lines and the new cursor (the last entry's ``__CURSOR``), or the
     old one when nothing new was printed (``None`` when there was none). Raises
@@ -289,7 +290,7 @@ def read_journalctl(
             continue
         if isinstance(entry.get("__CURSOR"), str):
             new_cursor = entry["__CURSOR"]
-        if entry.get("_TRANSPORT") != "kernel" or _seen(entry, seen_until_us):
+        if not_kernel_entry(entry) or _seen(entry, seen_until_us):
             continue
         lines.extend(journal_lines(entry))
     if overflow:

@@ -62,6 +62,12 @@ Odd cases, and what is done with them:
   are appended to the ``raw`` of the most recent SXid event with the same switch and
   code (within 10 s when both carry times). With no such event (the header was cut
   off) the detail line is an event of its own.
+* nvidia-fabricmanager's own log line for an NVSwitch error (``detected NVSwitch fatal
+  error 20034 on fid 0 on NVSwitch pci bus id ...``) is an SXid event
+  (:mod:`gpuguard.xid.fabricmanager`).
+* Client-written text inside an NVRM message (the version string of ``NVRM: API
+  mismatch``, which any program sets): a marker line inside it is rejected
+  (:mod:`gpuguard.xid.client_text`).
 * A line that holds the Xid/SXid marker or "NVRM: ... fallen off the bus" but is not
   accepted (no PCI address, no numeric code, a prefix that is not a log prefix) counts
   in ``unparsed`` and in ``rejected`` by reason (first 5 kept in ``unparsed_samples`` /
@@ -72,13 +78,14 @@ Odd cases, and what is done with them:
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from gpuguard.model import norm_pci, pci_key
+from gpuguard.xid.client_text import CLIENT_TEXT_REASON, ClientText
+from gpuguard.xid.fabricmanager import fabric_manager_sxid
 from gpuguard.xid.prefix import check_prefix
+from gpuguard.xid.stamps import prefix_times
 
 #: Kinds of event.
 KINDS = ("xid", "sxid", "fallen_off_bus")
@@ -198,52 +205,9 @@ _GPU_UUID_RE = re.compile(
 _SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
 _STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-fA-F]+|</?\w+>)")
 
-_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
-_CTIME_RE = re.compile(
-    rf"(?:^|\[|\s)(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>{_MONTHS}) +(?P<day>\d{{1,2}}) "
-    r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})(?:\]|\s|$)"
-)
-_EPOCH_RE = re.compile(r"^\s*(?:<\d{1,3}>)?(?P<epoch>\d{9,11}\.\d{1,9})(?=\s|$)")
-_ISO_RE = re.compile(
-    r"(?<!\d)(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?!\d)"
-)
-_SYSLOG_RE = re.compile(rf"\b(?:{_MONTHS}) +\d{{1,2}} \d\d:\d\d:\d\d\b")
-_MONO_RE = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[\s\d.]*>)?\]")
-#: a saved /dev/kmsg record's header ``PRI,SEQ,USEC,FLAGS;`` (USEC: microseconds since boot)
-_KMSG_HEAD_RE = re.compile(r"(?:^|\s)\d{1,4},\d+,(?P<usec>\d+),[^;\s]*;")
 #: the device properties /dev/kmsg prints after a record (`` SUBSYSTEM=pci``,
 #: `` DEVICE=+pci:0000:3b:00.0``; Documentation/ABI/testing/dev-kmsg): not message text
 _KMSG_PROPERTY_RE = re.compile(r"^[ \t]+(?:SUBSYSTEM|DEVICE)=\S")
-
-def _prefix_times(prefix: str) -> tuple[float | None, float | None]:
-    """(epoch seconds or None, monotonic seconds or None) read from a line prefix."""
-    timestamp: float | None = None
-    m = _CTIME_RE.search(prefix)
-    if m:
-        try:  # an impossible date (Feb 30) loses the time, never the event
-            timestamp = time.mktime(time.strptime(f"{m['year']} {m['mon']} {m['day']} {m['hms']}",
-                                                  "%Y %b %d %H:%M:%S"))
-        except (ValueError, OverflowError):
-            timestamp = None
-    else:
-        m = _ISO_RE.search(prefix)
-        if m:
-            iso = m["iso"].replace(",", ".").replace("Z", "+00:00")
-            try:
-                dt = datetime.fromisoformat(iso)
-            except ValueError:
-                dt = None
-            if dt is not None:
-                timestamp = dt.timestamp() if dt.tzinfo else time.mktime(dt.timetuple()) + dt.microsecond / 1e6
-    if timestamp is None:
-        m = _EPOCH_RE.search(prefix)
-        if m:
-            timestamp = float(m["epoch"])
-    mono = _MONO_RE.search(prefix)
-    if mono:
-        return timestamp, float(mono["mono"])
-    kmsg = _KMSG_HEAD_RE.search(prefix)
-    return timestamp, (int(kmsg["usec"]) / 1e6 if kmsg else None)
 
 
 def _strip_placeholder(value: str) -> str | None:
@@ -314,9 +278,9 @@ def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, l
     does), joined back: only lines with exactly the head line's prefix (same stamp)."""
     head: tuple[int, list[str], list[str], str] | None = None
     for line_no, rec in records:
-        if "NVRM" not in rec[0] and "SXid" not in rec[0]:
+        if "NVRM" not in rec[0] and "SXid" not in rec[0] and "detected NVSwitch" not in rec[0]:
             # no marker can be in it (a record only continues an NVRM/SXid line): skipped
-            # here, so an ordinary line costs one substring test
+            # here, so an ordinary line costs a few substring tests
             if head is not None:
                 yield head[:3]
                 head = None
@@ -356,6 +320,17 @@ def _close_in_time(a: XidEvent, b: XidEvent) -> bool:
     return True
 
 
+def _fm_record(text: str, raw: str, line_no: int, structured: bool) -> XidEvent | str | None:
+    """The SXid event of a Fabric Manager error line, the reason it is not accepted, or
+    None (:mod:`gpuguard.xid.fabricmanager`)."""
+    fm = fabric_manager_sxid(text, structured)
+    if not isinstance(fm, tuple):
+        return fm
+    pci, code, message, timestamp = fm
+    return XidEvent(kind="sxid", pci_bus_id=norm_pci(pci), xid=code, pid=None, process=None, message=message,
+                    timestamp=timestamp, monotonic_s=None, mig_instance=None, raw=raw, line_no=line_no)
+
+
 def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEvent | str | None:
     """An event, ``None`` for an ordinary line, or the reason (one line) why a line
     holding an XID/SXid/fallen-off-the-bus marker is not accepted."""
@@ -369,7 +344,7 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
         loc = _LOC_RE.match(m["loc"])
         if not loc:
             return f"not a PCI address: {m['loc'][:40]!r}"
-        timestamp, mono = _prefix_times(text[: m.start()])
+        timestamp, mono = prefix_times(text[: m.start()])
         pid, process, message = _split_pid_name(m["rest"])
         return XidEvent(
             kind="xid",
@@ -394,7 +369,7 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
         loc = _LOC_RE.match(m["loc"])
         if not loc:
             return f"not a PCI address: {m['loc'][:40]!r}"
-        timestamp, mono = _prefix_times(text[: m.start()])
+        timestamp, mono = prefix_times(text[: m.start()])
         return XidEvent(
             kind="sxid",
             pci_bus_id=norm_pci(loc["pci"]),
@@ -408,6 +383,8 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
             raw=raw,
             line_no=line_no,
         )
+    if (fm := _fm_record(text, raw, line_no, structured)) is not None:
+        return fm
     if _FALLEN_RE.search(text) and "NVRM" in text:
         nvrm = _NVRM_RE.search(text)
         if nvrm is None:
@@ -419,7 +396,7 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
         bdf = _BDF_IN_TEXT_RE.search(body)
         if not bdf:
             return "fallen off the bus without a PCI address"
-        timestamp, mono = _prefix_times(text[: nvrm.start()])
+        timestamp, mono = prefix_times(text[: nvrm.start()])
         return XidEvent(
             kind="fallen_off_bus",
             pci_bus_id=pci_key(bdf.group(1)),
@@ -462,6 +439,7 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     start with ``NVRM:`` / ``nvidia-nvswitchN:``; otherwise the text-prefix grammar of
     :mod:`gpuguard.xid.prefix` applies."""
     result = ParseResult()
+    client: ClientText | None = None  # an open client-text window (gpuguard.xid.client_text)
     for line_no, record, original in _rejoined(_records(lines)):
         raw = "\n".join(original)
         text = _joined(record)
@@ -475,6 +453,11 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
             parsed = _parse_record(text, raw, line_no, structured)
         except Exception as e:  # one odd record must never stop the scan
             parsed = f"parser error: {type(e).__name__}"
+        if client is not None:
+            inside, client = client.step(record[0])
+            if inside and parsed is not None:
+                parsed = CLIENT_TEXT_REASON
+        client = ClientText.head(text) or client
         if parsed is None:
             continue
         if isinstance(parsed, str):

@@ -63,6 +63,25 @@ def dmesg_canonical(raw_lines: list[str]) -> list[str]:
     return out
 
 
+def not_kernel_entry(entry: dict) -> str | None:
+    """Why a journal entry is not a message the kernel itself printed (one phrase), or
+    None when it is: ``_TRANSPORT=kernel`` and no ``SYSLOG_FACILITY`` but 0. journald
+    reads every /dev/kmsg record as ``_TRANSPORT=kernel``, also the ones a program wrote
+    to /dev/kmsg (root, a privileged container, a service logging there), and records
+    their facility (journald-kmsg.c dev_kmsg_record: ``SYSLOG_FACILITY=LOG_FAC(pri)``);
+    the kernel gives every such write a facility other than kernel (printk.c
+    devkmsg_write: "we enforce LOG_USER, to be able to reliably distinguish
+    kernel-generated messages from userspace-injected ones"), as the kmsg and dmesg
+    readers require (facility 0). Older journald sets SYSLOG_FACILITY only for
+    non-kernel records."""
+    if entry.get("_TRANSPORT") != "kernel":
+        return f"journal entry not from the kernel (_TRANSPORT={entry.get('_TRANSPORT')})"
+    facility = entry.get("SYSLOG_FACILITY")
+    if facility is not None and facility != "0":
+        return f"journal entry written to /dev/kmsg by a program (SYSLOG_FACILITY={facility})"
+    return None
+
+
 def _journal_message(value: object) -> str | None:
     """journald's MESSAGE: a string, or a list of byte values when it is not UTF-8."""
     if isinstance(value, str):
