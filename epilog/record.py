@@ -47,7 +47,8 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
     row = {"job_id": v.job_id, "template": v.template, "at": now, "state": v.state, "cause": v.cause,
            "summary": v.summary, "evidence": baseline_mod.dumps(v.evidence), "also": baseline_mod.dumps(v.also),
            "context": baseline_mod.dumps(v.context), "exit_code": exit_code, "critical": int(critical),
-           "baseline_ok": int(ok), "nodes": baseline_mod.dumps(v.nodes), "start_at": v.start, "end_at": v.end}
+           "baseline_ok": int(ok), "nodes": baseline_mod.dumps(v.nodes), "start_at": v.start, "end_at": v.end,
+           "gpu_model": v.gpu_model}
     crows = [{"job_id": v.job_id, "template": v.template, "metric": c.metric, "value": c.value,
               "median": c.median, "mad": c.mad, "n": c.n, "z": _finite(c.z), "rel_change": _finite(c.rel_change),
               "flagged": int(c.flagged), "sustained_s": c.sustained_s, "at": now} for c in v.comparisons]
@@ -55,10 +56,10 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
     if v.cause == "job-changed":
         from gpuguard.epilog.relearn import relearn_if_due
 
-        info = relearn_if_due(store, v.template, cfg=cfg, now=now)
+        info = relearn_if_due(store, v.template, cfg=cfg, now=now, gpu_model=v.gpu_model)
         if info:
             v.evidence["relearned"] = info
-    baseline_mod.update_baseline(store, v.template, cfg=cfg, now=now)
+    baseline_mod.update_baseline(store, v.template, cfg=cfg, gpu_model=v.gpu_model, now=now)
 
 
 def _finite(x: float | None) -> float | None:
@@ -86,6 +87,7 @@ def load_verdict(store: Any, job_id: str) -> dict[str, Any] | None:
             "also": json.loads(r["also"] or "[]"), "context": json.loads(r["context"] or "[]"),
             "exit_code": r["exit_code"], "baseline_ok": bool(r["baseline_ok"]), "judged_at": r["at"],
             "baseline_runs": (json.loads(r["evidence"] or "{}")).get("baseline_runs"),
+            "gpu_model": r.get("gpu_model") or "",
             "nodes": json.loads(r["nodes"] or "[]"), "start": r["start_at"], "end": r["end_at"],
             "comparisons": comps}
 

@@ -247,3 +247,52 @@ def test_short_run_allocator_growth_is_not_a_leak(world):
     short = dataclasses.replace(world.one_8, duration_s=300.0)
     causes = [world.run(short, R.Case(), seed, record=False).cause for seed in (50, 51, 55, 59, 60, 61)]
     assert [c == "memory-leak" for c in causes] == [False] * 6, causes
+
+
+def test_named_template_on_another_gpu_model_learns(tmp_path):
+    """A named template's history on H100s, then the job moves to an A100 partition (step
+    time follows the SM clock, memory fits the smaller GPU): no H100 run is a like-for-like
+    reference, so the A100 runs learn — never "SM clock down" against the H100s (before: 5
+    of 12 such runs in bench/verdict_independent.py were gpu-throttling). From the third A100
+    run on the A100s have their own baseline; the H100 baseline is still there."""
+    import dataclasses
+
+    from gpuguard.epilog.baseline import compute_baseline, list_templates
+
+    wd = World(str(tmp_path / "m.db"))
+    h100 = workload("moved", gpn=4)
+    wd.history(h100, runs=6)
+    a100_gpu = R.GPU_MODELS[1]
+    a100 = dataclasses.replace(h100, gpu=a100_gpu, step_s=h100.step_s * h100.gpu[2] / a100_gpu[2],
+                               nodes=[f"{n}-a" for n in h100.nodes])
+    R.write_inventory(wd.store, a100, wd.t)
+    first = [wd.run(a100, R.Case(), 300 + k) for k in range(3)]
+    assert [(v.cause, v.state, v.gpu_model) for v in first] == [("learning", "learning", a100_gpu[0])] * 3
+    assert first[0].evidence["other_gpu_models"] == {"NVIDIA H100 80GB HBM3": 6}
+    assert first[0].summary == ("template still learning on NVIDIA A100-SXM4-80GB: 0 of 3 runs on it; runs on "
+                                "another GPU model are not compared with (6 on NVIDIA H100 80GB HBM3)")
+    v = wd.run(a100, R.Case(), 310)
+    assert (v.cause, v.state, v.baseline_runs) == ("healthy", "judged", 3), v.summary
+    throttled = wd.run(a100, R.Case("gpu-throttling", 0.2, None, {"reason": "sw_thermal_slowdown"}), 311,
+                       record=False)
+    assert throttled.cause == "gpu-throttling", throttled.summary
+    back = wd.run(h100, R.Case(), 312)
+    assert (back.cause, back.baseline_runs, back.gpu_model) == ("healthy", 6, "NVIDIA H100 80GB HBM3")
+    assert compute_baseline(wd.store, "moved", gpu_model=a100_gpu[0]).runs == 4
+    row = next(t for t in list_templates(wd.store) if t["name"] == "moved")
+    assert (row["gpu_model"], row["baseline_runs"], row["state"]) == ("NVIDIA H100 80GB HBM3", 7, "ready")
+    assert row["gpu_models"] == {"NVIDIA A100-SXM4-80GB": 4, "NVIDIA H100 80GB HBM3": 7}
+
+
+def test_hardware_fault_on_a_new_gpu_model_is_still_named(tmp_path):
+    """Learning on a new GPU model judges nothing against a baseline, but an XID during the
+    run is the machine's fault whatever the history (baseline-free)."""
+    import dataclasses
+
+    wd = World(str(tmp_path / "x.db"))
+    h100 = workload("movedx", gpn=2)
+    wd.history(h100, runs=4)
+    l40 = dataclasses.replace(h100, gpu=R.GPU_MODELS[3], nodes=[f"{n}-l" for n in h100.nodes], mem_mib=30000.0)
+    R.write_inventory(wd.store, l40, wd.t)
+    v = wd.run(l40, R.Case("hardware-fault", 1.0, None, {"xid": 79, "gpu": 1}), 320)
+    assert (v.cause, v.state, v.gpu_model) == ("hardware-fault", "learning", "NVIDIA L40S"), v.summary
