@@ -50,7 +50,7 @@ from typing import Any
 from gpuguard.config import Config, ConfigError
 from gpuguard.config import from_dict as config_from_dict
 from gpuguard import robust
-from gpuguard.epilog.metrics import METRICS
+from gpuguard.epilog.metrics import METRICS, REFERENCE_METRICS
 from gpuguard.epilog.peers import SPREAD_METRICS
 from gpuguard.checks.idle import idle_history, judge_idle  # noqa: F401  (moved to the core)
 
@@ -177,7 +177,7 @@ def compute_baseline(store: Any, template: str, *, cfg: Config | None = None,
         for r in store.query(f"select metric, value from comparisons where job_id in ({q}) and value is not null",
                              jobs):
             values.setdefault(r["metric"], []).append(r["value"])
-        for m in (*METRICS, *SPREAD_METRICS):
+        for m in (*METRICS, *SPREAD_METRICS, *REFERENCE_METRICS):
             vs = values.get(m)
             if vs:
                 med = robust.median(vs)

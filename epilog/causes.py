@@ -283,18 +283,21 @@ def gpu_throttling(ctx: Context) -> Found | None:
 
 
 def _beyond_usual_peak(ctx: Context, leak: dict[str, Any]) -> dict[str, Any] | None:
-    """``leak`` without the GPU rises that end at or below the GPU memory peak the
-    template's healthy runs reach (baseline median of ``mem_peak_mib``), or ``None`` when
-    none is left. A caching allocator grows to the job's working set and stays there, so
-    in a run shorter than its history's (cancelled, time limit) the whole span after the
-    warm-up can be that growth, rising quarter after quarter; leaked memory is never given
-    back, so a leak ends above the peak the same code reached when it ran healthy. Host
-    rises are kept (the baseline has no host peak to hold them against)."""
-    c = ctx.comps.get("mem_peak_mib")
-    peak = c.median if ctx.judged and c is not None and c.n else None
-    if peak is None:
-        return leak
-    hits = [h for h in leak["leaks"] if h["kind"] != "gpu" or h["last_mib"] > peak]
+    """``leak`` without the rises that end at or below the peak the template's healthy
+    runs reach — GPU rises against the baseline median of ``mem_peak_mib``, host rises
+    against that of ``host_rss_peak_mib`` (:data:`gpuguard.epilog.metrics.REFERENCE_METRICS`)
+    — or ``None`` when none is left. A caching allocator grows to the job's working set
+    and stays there, and a host process's RSS grows the same way while its data loader
+    workers start and fill their prefetch buffers, so in a run shorter than its history's
+    (cancelled, time limit) the whole span after the warm-up can be that growth, rising
+    quarter after quarter; leaked memory is never given back, so a leak ends above the peak
+    the same code reached when it ran healthy. A kind whose peak the baseline lacks
+    (learning, or no earlier run had the readings) keeps its rises."""
+    peaks = {}
+    for kind, metric in (("gpu", "mem_peak_mib"), ("host", "host_rss_peak_mib")):
+        c = ctx.comps.get(metric)
+        peaks[kind] = c.median if ctx.judged and c is not None and c.n else None
+    hits = [h for h in leak["leaks"] if peaks.get(h["kind"]) is None or h["last_mib"] > peaks[h["kind"]]]
     return {"leaks": hits, "worst": hits[0]} if hits else None
 
 

@@ -31,6 +31,8 @@ from gpuguard.epilog.jobdata import JobData
 from gpuguard.epilog.metrics import (
     METRICS,
     REASON_SHARES,
+    REFERENCE_METRICS,
+    host_rss_peak_mib,
     analysis_span,
     long_windows,
     sustained,
@@ -132,6 +134,8 @@ def unit_of(metric: str) -> str:
     (:data:`gpuguard.epilog.peers.SPREAD_METRICS`)."""
     if metric in METRICS:
         return METRICS[metric][0]
+    if metric in REFERENCE_METRICS:
+        return REFERENCE_METRICS[metric][0]
     from gpuguard.epilog.peers import SPREAD_METRICS
 
     return SPREAD_METRICS[metric][0]
@@ -224,6 +228,19 @@ def compare(metrics: Mapping[str, float | None], base: baseline_mod.Baseline, wi
             held = (wins.span[1] or 0) - (wins.span[0] or 0)
         out.append(Comparison(m, x, st.median, st.mad, z, rel, dev, st.n, round(held, 1)))
     out += compare_spreads(base, wins, s, min_runs)
+    out += reference_values(wins.data, base)
+    return out
+
+
+def reference_values(data: JobData, base: baseline_mod.Baseline) -> list[Comparison]:
+    """The run's :data:`~gpuguard.epilog.metrics.REFERENCE_METRICS` beside the baseline's
+    median of them: never judged (``z`` None, not flagged); a detector reads the median."""
+    out = []
+    for m, x in (("host_rss_peak_mib", host_rss_peak_mib(data)),):
+        st = base.stats.get(m)
+        out.append(Comparison(m, x, st.median if st else None, st.mad if st else None, None,
+                              robust.rel_change(x, st.median) if st and x is not None else None, False,
+                              st.n if st else 0))
     return out
 
 

@@ -62,6 +62,15 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
     baseline_mod.update_baseline(store, v.template, cfg=cfg, gpu_model=v.gpu_model, now=now)
 
 
+def _unit(metric: str) -> str:
+    from gpuguard.epilog.compare import unit_of
+
+    try:
+        return unit_of(metric)
+    except KeyError:  # a metric stored by another gpuguard version
+        return ""
+
+
 def _finite(x: float | None) -> float | None:
     if x is None:
         return None
@@ -81,7 +90,7 @@ def load_verdict(store: Any, job_id: str) -> dict[str, Any] | None:
     comps.sort(key=lambda c: order.get(c["metric"], 99))
     for c in comps:
         c["flagged"] = bool(c["flagged"])
-        c["unit"] = METRICS.get(c["metric"], ("",))[0]
+        c["unit"] = _unit(c["metric"])
     return {"job_id": r["job_id"], "template": r["template"], "state": r["state"], "cause": r["cause"],
             "summary": r["summary"], "evidence": json.loads(r["evidence"] or "{}"),
             "also": json.loads(r["also"] or "[]"), "context": json.loads(r["context"] or "[]"),
