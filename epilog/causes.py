@@ -40,6 +40,10 @@ REASON_SHARE_MIN_RISE = 0.25
 #: own evidence, so the effect needs no z test of its own; 3 % is twice the run-to-run
 #: spread of a template's median step time on dedicated nodes).
 REASON_PERF_MIN = 0.03
+#: A run shorter than this share of the template's usual run length (baseline median of
+#: ``run_duration_s``) is *cut short* (our choice: half: the bench's short runs last 5-35 %
+#: of their history's; a run of the usual length varies by tens of per cent at most).
+SHORT_RUN_FRAC = 0.5
 
 
 @dataclass(frozen=True)
@@ -362,8 +366,23 @@ def communication(ctx: Context) -> Found | None:
                   "fabric_findings": ctx.data.net.get("fabric_findings", [])}, rise)
 
 
+def _cut_short(ctx: Context) -> bool:
+    """The run lasted less than :data:`SHORT_RUN_FRAC` of the template's usual run
+    (baseline median of ``run_duration_s``; False when the baseline has none)."""
+    c = ctx.comps.get("run_duration_s")
+    return bool(ctx.judged and c is not None and c.n and c.value is not None and c.median
+                and c.value < SHORT_RUN_FRAC * c.median)
+
+
 def _changed(ctx: Context) -> list[Comparison]:
-    changed = ctx.perf_changed() + [c for c in ctx.flagged() if c.metric in ("samples_per_step", "mem_peak_mib")]
+    """What differs for the job's own reasons: :meth:`Context.perf_changed`, samples per
+    step, the GPU memory peak (GPU utilisation when there are no training records). A
+    memory peak *below* the usual in a run cut short (:func:`_cut_short`) is left out: a
+    caching allocator reaches its working set with the first evaluation, the first
+    checkpoint, the longest batch, which a cancelled run may never see."""
+    mem_low = ctx.down("mem_peak_mib") and _cut_short(ctx)
+    changed = ctx.perf_changed() + [c for c in ctx.flagged() if c.metric == "samples_per_step"
+                                    or (c.metric == "mem_peak_mib" and not mem_low)]
     if not ctx.data.has_steps:
         changed += [c for c in ctx.flagged() if c.metric == "gpu_util_pct"]
     return changed

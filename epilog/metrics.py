@@ -36,6 +36,8 @@ METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.desc
 REFERENCE_METRICS: dict[str, tuple[str, str]] = {
     "host_rss_peak_mib": ("MiB", "host memory (RSS) peak, largest node of the job: the level a host memory "
                                  "rise is held against (memory-leak)"),
+    "run_duration_s": ("s", "from the job's first to its last data point: a run far shorter than the "
+                            "template's usual may not have reached its memory peak (job-changed)"),
 }
 
 #: Clock-event reason groups compared with the template's history (nvml.h

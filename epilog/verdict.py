@@ -121,8 +121,8 @@ def judge(data: JobData, base: baseline_mod.Baseline, s: Settings, *, min_runs: 
         evidence["other_gpu_models"] = dict(base.other_models)
         if cause == LEARNING:
             summary = _other_model_summary(base, min_runs)
-    if wins.warmup_s > s.warmup_s:
-        evidence["warmup_s"] = round(wins.warmup_s, 1)  # still settling after [verdict] warmup_s
+    if wins.warmup_s != s.warmup_s:  # still settling after [verdict] warmup_s, or a short run settled before it
+        evidence["warmup_s"] = round(wins.warmup_s, 1)
     return Verdict(job_id=str(job_id if job_id is not None else data.job_id), template=tmpl.name, cause=cause,
                    state="judged" if judged else LEARNING, summary=summary, evidence=evidence, comparisons=comps,
                    also=also, baseline_runs=base.runs, template_source=tmpl.source, nodes=data.nodes,
