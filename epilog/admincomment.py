@@ -13,6 +13,7 @@ compact keys on purpose (slurmdbd keeps at most 65,535 bytes; typical jobs stay 
 
     {"v": 2, "j": "42", "c": cause, "s": "judged"|"learning", "t": template,
      "m": one-line summary (<= 160 chars), "b": baseline runs,
+     "g"?: the run's GPU model (the baseline's runs ran on it; absent when not known),
      "e": headline evidence {"node"?, "gpus"?: [[node, gpu, metric, rel]], "reasons"?,
           "flag"?: [[metric, value, baseline median, rel]], "text"?},
      "n": {node: [gpus, util_mean_pct, power_mean_w, sm_clock_mean_mhz, temp_max_c,
@@ -94,6 +95,8 @@ def build(job_id: str, verdict: Mapping[str, Any] | None, summaries: Mapping[str
     if v:
         doc.update({"c": v.get("cause"), "s": v.get("state"), "t": v.get("template"),
                     "m": (v.get("summary") or "")[:SUMMARY_MAX], "b": v.get("baseline_runs"), "e": headline(v)})
+        if v.get("gpu_model"):
+            doc["g"] = str(v["gpu_model"])[:200]
     doc["n"] = {n: node_figures(s) for n, s in sorted(summaries.items())}
     if missing:
         doc["x"] = sorted(missing)

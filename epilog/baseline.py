@@ -14,12 +14,27 @@ and were judged after the template's last ``baseline reset``. With fewer than
 is judged against it; a metric with fewer than ``min_runs`` values is not judged either
 (e.g. checkpoint time when most runs wrote none). Sources of N = 20 and min = 3: :data:`gpuguard.config.SCHEMA`.
 
-Tables (store migration 3, :mod:`gpuguard.store`): ``templates`` (one row per template),
-``verdicts`` (one row per judged job), ``comparisons`` (one row per job and metric: the
-run's value, the baseline it was compared with, z, relative change, flagged),
-``baselines`` (template, metric, median, mad, n, updated_at) — the cached result of
-:func:`update_baseline`, recomputed from ``verdicts``/``comparisons`` after every
-eligible run.
+**Per GPU model.** The runs are those on the judged run's GPU model (the NVML product
+name, :attr:`gpuguard.epilog.jobdata.JobData.gpu_model`; ``""`` when not known is a
+model of its own). A derived template names its GPU type already; a template named by
+the user (``--comment=gpuguard:template=NAME``) can follow the job from an H100 partition
+to an A100 one, and every hardware metric (step time, SM clock, power, temperature) and
+every share of the step time moves with the model: judged against the other model's
+history, a healthy A100 run reads as a throttled GPU. A machine-side verdict needs a
+like-for-like reference — DCGM's diagnostics compare a GPU only with reference values of
+its own SKU, and jobstats-style reports read a job's figures against its own GPU type —
+so a run on a model with fewer than ``min_runs`` earlier runs is ``learning``: no metric
+is compared with another model's runs (not even the batch size: a job moved to a GPU with
+less memory often changes it on purpose), and only the baseline-free causes (hardware
+fault, stragglers among the job's own GPUs, hard throttling, memory leak) can be named.
+The other models' runs are named in the verdict's evidence (``other_gpu_models``).
+
+Tables (:mod:`gpuguard.epilog.schema`): ``templates`` (one row per template),
+``verdicts`` (one row per judged job, with its ``gpu_model``), ``comparisons`` (one row
+per job and metric: the run's value, the baseline it was compared with, z, relative
+change, flagged), ``baselines`` (template, gpu_model, metric, median, mad, n,
+updated_at) — the cached result of :func:`update_baseline`, recomputed from
+``verdicts``/``comparisons`` after every eligible run.
 
 Node idle baselines are a health check of the core (:mod:`gpuguard.checks.idle`); their
 ``[baseline] idle_*`` settings are validated here with the rest of ``[baseline]``.
@@ -35,7 +50,7 @@ from typing import Any
 from gpuguard.config import Config, ConfigError
 from gpuguard.config import from_dict as config_from_dict
 from gpuguard import robust
-from gpuguard.epilog.metrics import METRICS
+from gpuguard.epilog.metrics import METRICS, REFERENCE_METRICS
 from gpuguard.epilog.peers import SPREAD_METRICS
 from gpuguard.checks.idle import idle_history, judge_idle  # noqa: F401  (moved to the core)
 
@@ -87,9 +102,11 @@ class Stat:
 
 @dataclass
 class Baseline:
-    """A template's baseline. ``runs``: eligible runs it rests on (at most N);
-    ``state``: ``learning`` below ``min_runs`` runs, else ``ready``; ``jobs``: the runs'
-    job ids, newest first; ``since``: the oldest of them (epoch s) or ``None``."""
+    """A template's baseline on one GPU model. ``runs``: eligible runs on ``gpu_model``
+    it rests on (at most N); ``state``: ``learning`` below ``min_runs`` runs, else
+    ``ready``; ``jobs``: the runs' job ids, newest first; ``since``: the oldest of them
+    (epoch s) or ``None``; ``other_models``: eligible runs of the template on its other
+    GPU models (model -> runs, at most N each), never compared with."""
 
     template: str
     state: str
@@ -97,10 +114,12 @@ class Baseline:
     stats: dict[str, Stat] = field(default_factory=dict)
     jobs: list[str] = field(default_factory=list)
     since: float | None = None
+    gpu_model: str = ""
+    other_models: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"template": self.template, "state": self.state, "runs": self.runs, "jobs": self.jobs,
-                "since": self.since,
+        return {"template": self.template, "gpu_model": self.gpu_model, "state": self.state, "runs": self.runs,
+                "jobs": self.jobs, "since": self.since, "other_gpu_models": self.other_models,
                 "metrics": {m: {"median": s.median, "mad": s.mad, "n": s.n} for m, s in self.stats.items()}}
 
 
@@ -109,20 +128,47 @@ def _reset_at(store: Any, template: str) -> float:
     return float(rows[0]["reset_at"] or 0.0) if rows else 0.0
 
 
-def eligible_runs(store: Any, template: str, limit: int) -> list[dict[str, Any]]:
-    """The last ``limit`` verdict rows of ``template`` fit for its baseline, newest first."""
+def _model_col(store: Any) -> str:
+    """``verdicts.gpu_model``, or ``''`` on a store a reader opened before a writer added
+    the column (migration step ``baseline_gpu_model``): every run's model is then not known."""
+    cols = store._guard("verdict columns", lambda: {r[1] for r in store.conn.execute("pragma table_info(verdicts)")})
+    return "gpu_model" if "gpu_model" in cols else "''"
+
+
+def eligible_runs(store: Any, template: str, limit: int, gpu_model: str | None = None) -> list[dict[str, Any]]:
+    """The last ``limit`` verdict rows of ``template`` fit for its baseline, newest first:
+    those on ``gpu_model`` (``None``: on every model)."""
+    where, params = ("", []) if gpu_model is None else (f" and {_model_col(store)} = ?", [gpu_model])
     return store.query(
-        "select job_id, at, start_at from verdicts where template = ? and baseline_ok = 1 and at > ? "
-        "order by at desc, job_id desc limit ?", [template, _reset_at(store, template), limit])
+        f"select job_id, at, start_at from verdicts where template = ? and baseline_ok = 1 and at > ?{where} "
+        "order by at desc, job_id desc limit ?", [template, _reset_at(store, template), *params, limit])
+
+
+def newest_model(store: Any, template: str) -> str:
+    """The GPU model of ``template``'s most recently judged run (``""`` when none or not
+    known): what ``baseline show`` and ``template list`` describe by default."""
+    rows = store.query(f"select {_model_col(store)} as gpu_model from verdicts where template = ? "
+                       "order by at desc, job_id desc limit 1", [template])
+    return (rows[0]["gpu_model"] or "") if rows else ""
+
+
+def model_runs(store: Any, template: str, limit: int) -> dict[str, int]:
+    """Eligible runs of ``template`` since its reset per GPU model (at most ``limit`` each)."""
+    col = _model_col(store)
+    rows = store.query(f"select {col} as gpu_model, count(*) as n from verdicts where template = ? and "
+                       f"baseline_ok = 1 and at > ? group by {col} order by 1", [template, _reset_at(store, template)])
+    return {r["gpu_model"] or "": min(int(r["n"]), limit) for r in rows}
 
 
 def compute_baseline(store: Any, template: str, *, cfg: Config | None = None,
-                     exclude_job: str | None = None) -> Baseline:
-    """The baseline of ``template`` from its eligible runs (not from the cache table).
-    ``exclude_job`` leaves one job out (re-judging a stored job). Raises
+                     exclude_job: str | None = None, gpu_model: str | None = None) -> Baseline:
+    """The baseline of ``template`` on ``gpu_model`` (default: the model of the template's
+    newest run, :func:`newest_model`) from its eligible runs on that model (not from the
+    cache table). ``exclude_job`` leaves one job out (re-judging a stored job). Raises
     :class:`gpuguard.store.StoreError`."""
     s = BaselineSettings.from_config(cfg)
-    runs = [r for r in eligible_runs(store, template, s.runs + 1) if r["job_id"] != exclude_job][: s.runs]
+    model = newest_model(store, template) if gpu_model is None else gpu_model
+    runs = [r for r in eligible_runs(store, template, s.runs + 1, model) if r["job_id"] != exclude_job][: s.runs]
     jobs = [r["job_id"] for r in runs]
     stats: dict[str, Stat] = {}
     if jobs:
@@ -131,37 +177,41 @@ def compute_baseline(store: Any, template: str, *, cfg: Config | None = None,
         for r in store.query(f"select metric, value from comparisons where job_id in ({q}) and value is not null",
                              jobs):
             values.setdefault(r["metric"], []).append(r["value"])
-        for m in (*METRICS, *SPREAD_METRICS):
+        for m in (*METRICS, *SPREAD_METRICS, *REFERENCE_METRICS):
             vs = values.get(m)
             if vs:
                 med = robust.median(vs)
                 stats[m] = Stat(med, robust.mad(vs, med), len(vs))  # type: ignore[arg-type]
     since = min((r["start_at"] or r["at"] for r in runs), default=None)
-    return Baseline(template, READY if len(jobs) >= s.min_runs else LEARNING, len(jobs), stats, jobs, since)
+    others = {m: n for m, n in model_runs(store, template, s.runs).items() if m != model}
+    return Baseline(template, READY if len(jobs) >= s.min_runs else LEARNING, len(jobs), stats, jobs, since,
+                    model, others)
 
 
-def update_baseline(store: Any, template: str, *, cfg: Config | None = None,
+def update_baseline(store: Any, template: str, *, cfg: Config | None = None, gpu_model: str | None = None,
                     now: float | None = None) -> Baseline:
-    """Recompute ``template``'s baseline from its eligible runs and write it to the
-    ``baselines`` table (rows of metrics no longer present are removed). Returns it.
+    """Recompute ``template``'s baseline on ``gpu_model`` (default: :func:`newest_model`)
+    from its eligible runs and write it to the ``baselines`` table (that model's rows of
+    metrics no longer present are removed; other models' rows are left). Returns it.
     Raises :class:`gpuguard.store.StoreError`."""
-    b = compute_baseline(store, template, cfg=cfg)
+    b = compute_baseline(store, template, cfg=cfg, gpu_model=gpu_model)
     now = time.time() if now is None else now
 
     def go() -> None:
         with store.tx():
-            store.db.execute("delete from baselines where template = ?", [template])
+            store.db.execute("delete from baselines where template = ? and gpu_model = ?", [template, b.gpu_model])
             if b.stats:
                 store.db["baselines"].insert_all(
-                    [{"template": template, "metric": m, "median": st.median, "mad": st.mad, "n": st.n,
-                      "updated_at": now} for m, st in b.stats.items()])
+                    [{"template": template, "gpu_model": b.gpu_model, "metric": m, "median": st.median,
+                      "mad": st.mad, "n": st.n, "updated_at": now} for m, st in b.stats.items()])
     store._guard("baseline update", go)
     return b
 
 
 def reset_baseline(store: Any, template: str, *, now: float | None = None) -> int:
-    """Forget ``template``'s baseline: runs judged before now no longer count, so the
-    template learns again. Returns the number of baseline rows removed. Raises
+    """Forget ``template``'s baseline on every GPU model: runs judged before now no
+    longer count, so the template learns again (a change to the job, the reason to reset,
+    holds on every model). Returns the number of baseline rows removed. Raises
     :class:`gpuguard.store.StoreError`."""
     now = time.time() if now is None else now
 
@@ -174,31 +224,35 @@ def reset_baseline(store: Any, template: str, *, now: float | None = None) -> in
 
 
 def list_templates(store: Any, *, cfg: Config | None = None) -> list[dict[str, Any]]:
-    """Every template: ``name, source, jobs`` (judged runs), ``baseline_runs``,
-    ``anomalous`` (runs with a cause other than healthy/learning), ``state``,
-    ``last_seen``, ``relearned_at`` (when the baseline last re-learned by itself,
-    :mod:`gpuguard.epilog.relearn`; ``None`` if never) and ``relearned_from`` (those
-    runs' job ids). Raises :class:`gpuguard.store.StoreError`."""
+    """Every template: ``name, source, jobs`` (judged runs), ``gpu_model`` (the GPU model
+    of its newest run, :func:`newest_model`), ``baseline_runs`` and ``state`` (of the
+    baseline on that model), ``anomalous`` (runs with a cause other than
+    healthy/learning), ``last_seen``, ``relearned_at`` (when the baseline last re-learned
+    by itself, :mod:`gpuguard.epilog.relearn`; ``None`` if never), ``relearned_from``
+    (those runs' job ids) and ``gpu_models`` (model -> baseline runs, every model with
+    one). Raises :class:`gpuguard.store.StoreError`."""
     s = BaselineSettings.from_config(cfg)
     out = []
     for t in store.query("select * from templates order by name"):
-        since = t["reset_at"] or 0.0
-        ok = store.query("select count(*) as n from verdicts where template = ? and baseline_ok = 1 and at > ?",
-                         [t["name"], since])[0]["n"]
+        per_model = model_runs(store, t["name"], s.runs)
+        model = newest_model(store, t["name"])
         bad = store.query("select count(*) as n from verdicts where template = ? and cause not in "
                           "('healthy', 'learning')", [t["name"]])[0]["n"]
-        runs = min(ok, s.runs)
+        runs = per_model.get(model, 0)
         out.append({"name": t["name"], "source": t["source"], "jobs": t["jobs"], "baseline_runs": runs,
                     "anomalous": bad, "state": READY if runs >= s.min_runs else LEARNING,
                     "last_seen": t["last_seen"], "relearned_at": t.get("relearned_at"),
-                    "relearned_from": json.loads(t["relearned_jobs"]) if t.get("relearned_jobs") else []})
+                    "relearned_from": json.loads(t["relearned_jobs"]) if t.get("relearned_jobs") else [],
+                    "gpu_model": model, "gpu_models": per_model})
     return out
 
 
-def cached_baseline(store: Any, template: str) -> list[dict[str, Any]]:
-    """Rows of the ``baselines`` table for ``template`` (metric, median, mad, n, updated_at)."""
-    return store.query("select metric, median, mad, n, updated_at from baselines where template = ? "
-                       "order by metric", [template])
+def cached_baseline(store: Any, template: str, gpu_model: str | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``baselines`` table for ``template`` (gpu_model, metric, median, mad,
+    n, updated_at): those of ``gpu_model``, or of every model (``None``)."""
+    where, params = ("", []) if gpu_model is None else (" and gpu_model = ?", [gpu_model])
+    return store.query(f"select gpu_model, metric, median, mad, n, updated_at from baselines where template = ?"
+                       f"{where} order by gpu_model, metric", [template, *params])
 
 
 def record_verdict(store: Any, row: dict[str, Any], comparisons: list[dict[str, Any]], *,

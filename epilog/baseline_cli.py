@@ -42,8 +42,10 @@ def template() -> None:
 @click.pass_obj
 def template_list(obj: Any, fmt: str) -> None:
     """List templates with their run counts and state (learning until [baseline] min_runs
-    healthy runs) and when the baseline last re-learned by itself (after [baseline]
-    relearn_runs consistent job-changed runs; JSON and CSV also name those runs)."""
+    healthy runs on a GPU model) and when the baseline last re-learned by itself (after
+    [baseline] relearn_runs consistent job-changed runs; JSON and CSV also name those
+    runs). A baseline is kept per GPU model: baseline_runs and state are those on the GPU
+    model of the template's newest run (gpu_model); gpu_models lists every model's runs."""
     store = _open(obj)
     try:
         rows = baseline_mod.list_templates(store, cfg=obj.cfg)
@@ -56,11 +58,16 @@ def template_list(obj: Any, fmt: str) -> None:
     if not rows and fmt == "text":
         click.echo("no templates yet")
         return
-    headers = ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen", "relearned_at"]
+    headers = ["name", "source", "jobs", "baseline_runs", "anomalous", "state", "last_seen", "relearned_at",
+               "gpu_model"]
+    if fmt != "json":
+        for r in rows:
+            r["gpu_model"] = r["gpu_model"] or "-"
+            r["gpu_models"] = "; ".join(f"{m or 'unknown'}: {n}" for m, n in r["gpu_models"].items())
     if fmt == "csv":
         for r in rows:
             r["relearned_from"] = " ".join(r["relearned_from"])
-        headers.append("relearned_from")
+        headers += ["relearned_from", "gpu_models"]
     emit(fmt, rows, headers=headers)
 
 
@@ -76,14 +83,21 @@ def _known(store: Any, name: str) -> None:
 
 @baseline.command("show")
 @click.argument("template_name", metavar="TEMPLATE")
+@click.option("--gpu-model", "gpu_model", metavar="NAME", default=None,
+              help="the GPU model's baseline (its NVML product name, as `template list` shows it); "
+                   "default: the model of the template's newest run")
 @output_options()
 @click.pass_obj
-def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
-    """Print TEMPLATE's baseline: per metric the median, MAD (raw) and run count."""
+def baseline_show(obj: Any, template_name: str, gpu_model: str | None, fmt: str) -> None:
+    """Print TEMPLATE's baseline on one GPU model (a baseline is kept per model): per
+    metric the median, MAD (raw) and run count, and the runs on its other models."""
     store = _open(obj)
     try:
         _known(store, template_name)
-        b = baseline_mod.compute_baseline(store, template_name, cfg=obj.cfg)
+        if gpu_model is not None and gpu_model not in baseline_mod.model_runs(store, template_name, 1):
+            raise click.ClickException(f"template {template_name!r} has no baseline run on GPU model "
+                                       f"{gpu_model!r} (see `gpuguard template list --format json`)")
+        b = baseline_mod.compute_baseline(store, template_name, cfg=obj.cfg, gpu_model=gpu_model)
     finally:
         store.close()
     tz = display_tz(obj.cfg)
@@ -95,8 +109,11 @@ def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
     rows = [{"metric": m, "unit": unit_of(m), "median": st.median, "mad": st.mad, "n": st.n}
             for m, st in b.stats.items()]
     if fmt == "text":
-        click.echo(f"template {b.template}: {b.state}, {b.runs} baseline run(s)"
-                   + (f" since {iso_time(b.since, tz)}" if b.since else ""))
+        click.echo(f"template {b.template} on {b.gpu_model or 'an unknown GPU model'}: {b.state}, "
+                   f"{b.runs} baseline run(s)" + (f" since {iso_time(b.since, tz)}" if b.since else ""))
+        if b.other_models:
+            click.echo("other GPU models (see --gpu-model): "
+                       + "; ".join(f"{m or 'unknown'}: {n} run(s)" for m, n in b.other_models.items()))
     emit(fmt, rows, headers=["metric", "unit", "median", "mad", "n"])
 
 
@@ -105,14 +122,16 @@ def baseline_show(obj: Any, template_name: str, fmt: str) -> None:
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.pass_obj
 def baseline_reset(obj: Any, template_name: str, yes: bool) -> None:
-    """Forget TEMPLATE's baseline: it learns again from the next runs (use after a
-    deliberate change to the job, e.g. a new model size)."""
+    """Forget TEMPLATE's baseline on every GPU model: it learns again from the next runs
+    (use after a deliberate change to the job, e.g. a new model size)."""
     store = _open(obj, write=True)
     try:
         _known(store, template_name)
         if not yes:
-            click.confirm(f"reset the baseline of {template_name}?", abort=True)
+            click.confirm(f"reset the baseline of {template_name} (every GPU model)?", abort=True)
+        models = baseline_mod.model_runs(store, template_name, 1)
         baseline_mod.reset_baseline(store, template_name)
     finally:
         store.close()
-    click.echo(f"baseline of {template_name} reset; it is learning again")
+    on = f" on {len(models)} GPU models" if len(models) > 1 else ""
+    click.echo(f"baseline of {template_name} reset{on}; it is learning again")

@@ -40,6 +40,10 @@ REASON_SHARE_MIN_RISE = 0.25
 #: own evidence, so the effect needs no z test of its own; 3 % is twice the run-to-run
 #: spread of a template's median step time on dedicated nodes).
 REASON_PERF_MIN = 0.03
+#: A run shorter than this share of the template's usual run length (baseline median of
+#: ``run_duration_s``) is *cut short* (our choice: half: the bench's short runs last 5-35 %
+#: of their history's; a run of the usual length varies by tens of per cent at most).
+SHORT_RUN_FRAC = 0.5
 
 
 @dataclass(frozen=True)
@@ -283,18 +287,21 @@ def gpu_throttling(ctx: Context) -> Found | None:
 
 
 def _beyond_usual_peak(ctx: Context, leak: dict[str, Any]) -> dict[str, Any] | None:
-    """``leak`` without the GPU rises that end at or below the GPU memory peak the
-    template's healthy runs reach (baseline median of ``mem_peak_mib``), or ``None`` when
-    none is left. A caching allocator grows to the job's working set and stays there, so
-    in a run shorter than its history's (cancelled, time limit) the whole span after the
-    warm-up can be that growth, rising quarter after quarter; leaked memory is never given
-    back, so a leak ends above the peak the same code reached when it ran healthy. Host
-    rises are kept (the baseline has no host peak to hold them against)."""
-    c = ctx.comps.get("mem_peak_mib")
-    peak = c.median if ctx.judged and c is not None and c.n else None
-    if peak is None:
-        return leak
-    hits = [h for h in leak["leaks"] if h["kind"] != "gpu" or h["last_mib"] > peak]
+    """``leak`` without the rises that end at or below the peak the template's healthy
+    runs reach — GPU rises against the baseline median of ``mem_peak_mib``, host rises
+    against that of ``host_rss_peak_mib`` (:data:`gpuguard.epilog.metrics.REFERENCE_METRICS`)
+    — or ``None`` when none is left. A caching allocator grows to the job's working set
+    and stays there, and a host process's RSS grows the same way while its data loader
+    workers start and fill their prefetch buffers, so in a run shorter than its history's
+    (cancelled, time limit) the whole span after the warm-up can be that growth, rising
+    quarter after quarter; leaked memory is never given back, so a leak ends above the peak
+    the same code reached when it ran healthy. A kind whose peak the baseline lacks
+    (learning, or no earlier run had the readings) keeps its rises."""
+    peaks = {}
+    for kind, metric in (("gpu", "mem_peak_mib"), ("host", "host_rss_peak_mib")):
+        c = ctx.comps.get(metric)
+        peaks[kind] = c.median if ctx.judged and c is not None and c.n else None
+    hits = [h for h in leak["leaks"] if peaks.get(h["kind"]) is None or h["last_mib"] > peaks[h["kind"]]]
     return {"leaks": hits, "worst": hits[0]} if hits else None
 
 
@@ -359,8 +366,23 @@ def communication(ctx: Context) -> Found | None:
                   "fabric_findings": ctx.data.net.get("fabric_findings", [])}, rise)
 
 
+def _cut_short(ctx: Context) -> bool:
+    """The run lasted less than :data:`SHORT_RUN_FRAC` of the template's usual run
+    (baseline median of ``run_duration_s``; False when the baseline has none)."""
+    c = ctx.comps.get("run_duration_s")
+    return bool(ctx.judged and c is not None and c.n and c.value is not None and c.median
+                and c.value < SHORT_RUN_FRAC * c.median)
+
+
 def _changed(ctx: Context) -> list[Comparison]:
-    changed = ctx.perf_changed() + [c for c in ctx.flagged() if c.metric in ("samples_per_step", "mem_peak_mib")]
+    """What differs for the job's own reasons: :meth:`Context.perf_changed`, samples per
+    step, the GPU memory peak (GPU utilisation when there are no training records). A
+    memory peak *below* the usual in a run cut short (:func:`_cut_short`) is left out: a
+    caching allocator reaches its working set with the first evaluation, the first
+    checkpoint, the longest batch, which a cancelled run may never see."""
+    mem_low = ctx.down("mem_peak_mib") and _cut_short(ctx)
+    changed = ctx.perf_changed() + [c for c in ctx.flagged() if c.metric == "samples_per_step"
+                                    or (c.metric == "mem_peak_mib" and not mem_low)]
     if not ctx.data.has_steps:
         changed += [c for c in ctx.flagged() if c.metric == "gpu_util_pct"]
     return changed

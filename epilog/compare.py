@@ -31,6 +31,8 @@ from gpuguard.epilog.jobdata import JobData
 from gpuguard.epilog.metrics import (
     METRICS,
     REASON_SHARES,
+    REFERENCE_METRICS,
+    host_rss_peak_mib,
     analysis_span,
     long_windows,
     sustained,
@@ -132,6 +134,8 @@ def unit_of(metric: str) -> str:
     (:data:`gpuguard.epilog.peers.SPREAD_METRICS`)."""
     if metric in METRICS:
         return METRICS[metric][0]
+    if metric in REFERENCE_METRICS:
+        return REFERENCE_METRICS[metric][0]
     from gpuguard.epilog.peers import SPREAD_METRICS
 
     return SPREAD_METRICS[metric][0]
@@ -157,17 +161,33 @@ def settled_warmup_s(data: JobData, s: Settings) -> float:
     ``short_window_s``), the first window whose median step time is within
     :data:`SETTLE_TOL` of the median over the second half of the run ends the warm-up. A
     run still that slow at :data:`MAX_SETTLE_FRAC` of its length keeps ``warmup_s`` (it is
-    judged as a whole). Without step records: ``warmup_s``."""
+    judged as a whole). Without step records: ``warmup_s``.
+
+    A *short run* — one whose ``warmup_s`` is more than :data:`MAX_SETTLE_FRAC` of it
+    (cancelled, at its time limit, a test run; under 12.5 minutes with the default 5) —
+    would be judged on a sliver after ``warmup_s``, or on all of it, warm-up included, when
+    it ends inside it. Its warm-up is where its step times settle instead: the same probe
+    windows from the job's start, against the median over the last third of the run (the
+    second half of a short run can still hold warm-up), up to one probe window before the
+    end; never later than ``warmup_s``. A short run that never settles keeps ``warmup_s``."""
     if data.start is None or data.end is None or not data.steps:
         return s.warmup_s
     dur = data.end - data.start
-    ref = robust.median(data.step_columns(data.start + dur / 2, data.end + 1.0).column("step_time_s"))
+    short = s.warmup_s > MAX_SETTLE_FRAC * dur
+    ref_from = data.start + (2 * dur / 3 if short else dur / 2)
+    ref = robust.median(data.step_columns(ref_from, data.end + 1.0).column("step_time_s"))
     if not ref:
         return s.warmup_s
     probe = max(s.short_window_s, min(s.long_window_s / 2, dur / 20))
-    t = data.start + s.warmup_s
-    while t + probe <= data.start + MAX_SETTLE_FRAC * dur:
+    if short:  # probe windows starting from the job's start to one probe before its end, at most warmup_s
+        t, last_start = data.start, min(data.start + s.warmup_s, data.end - probe)
+    else:
+        t, last_start = data.start + s.warmup_s, data.start + MAX_SETTLE_FRAC * dur - probe
+    while t <= last_start:
         m = robust.median(data.step_columns(t, t + probe).column("step_time_s"))
+        if m is None and short:  # before the first step (CUDA/NCCL init): not settled yet
+            t += probe / 2
+            continue
         if m is None or m <= ref * (1.0 + SETTLE_TOL):
             return t - data.start
         t += probe / 2
@@ -224,6 +244,20 @@ def compare(metrics: Mapping[str, float | None], base: baseline_mod.Baseline, wi
             held = (wins.span[1] or 0) - (wins.span[0] or 0)
         out.append(Comparison(m, x, st.median, st.mad, z, rel, dev, st.n, round(held, 1)))
     out += compare_spreads(base, wins, s, min_runs)
+    out += reference_values(wins.data, base)
+    return out
+
+
+def reference_values(data: JobData, base: baseline_mod.Baseline) -> list[Comparison]:
+    """The run's :data:`~gpuguard.epilog.metrics.REFERENCE_METRICS` beside the baseline's
+    median of them: never judged (``z`` None, not flagged); a detector reads the median."""
+    out = []
+    dur = data.end - data.start if data.start is not None and data.end is not None else None
+    for m, x in (("host_rss_peak_mib", host_rss_peak_mib(data)), ("run_duration_s", dur)):
+        st = base.stats.get(m)
+        out.append(Comparison(m, x, st.median if st else None, st.mad if st else None, None,
+                              robust.rel_change(x, st.median) if st and x is not None else None, False,
+                              st.n if st else 0))
     return out
 
 

@@ -134,6 +134,9 @@ class JobData:
     #: Interconnect evidence (:func:`gpuguard.net.evidence.communication_evidence`):
     #: each node's NCCL baseline and the fabric findings of the job's nodes during it.
     net: dict[str, Any] = field(default_factory=dict)
+    #: GPU key (``node/gpuN``) -> NVML product name (the inventory's, or the part's):
+    #: what :attr:`gpu_model` is made of
+    gpu_names: dict[str, str] = field(default_factory=dict)
     #: exact step times in ``[t0, t1)`` (SQL), set when the step records were bucketed
     exact_step_times: Any = None
     #: per-bucket window values cached by :func:`gpuguard.epilog.metrics.window_metrics`
@@ -142,6 +145,14 @@ class JobData:
     @property
     def has_steps(self) -> bool:
         return bool(self.steps)
+
+    @property
+    def gpu_model(self) -> str:
+        """The job's GPU model: the NVML product name of its GPUs (``"NVIDIA H100 80GB
+        HBM3"``), the distinct names sorted and joined by ``" + "`` for a job on more than
+        one model, ``""`` when no GPU's name is known. The key under which a template's
+        baseline is kept (:func:`gpuguard.epilog.baseline.compute_baseline`)."""
+        return gpu_model_key(self.gpu_names.values())
 
     def steps_between(self, t0: float, t1: float) -> list[StepRec]:
         i = bisect.bisect_left(self.step_t, t0)
@@ -185,6 +196,12 @@ def _node_filter(nodes: list[str] | None) -> tuple[str, list[Any]]:
     if not nodes:
         return "", []
     return f" and node in ({','.join('?' * len(nodes))})", list(nodes)
+
+
+def gpu_model_key(names: Any) -> str:
+    """The GPU-model key of a set of NVML product names (:attr:`JobData.gpu_model`):
+    distinct non-empty names, stripped, sorted, joined by ``" + "``; ``""`` for none."""
+    return " + ".join(sorted({str(n).strip() for n in names if n and str(n).strip()}))
 
 
 _MEM_RE = re.compile(r"(\d+)\s*GB", re.I)
@@ -293,10 +310,13 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
     hw_events, hw_findings = _load_hw(store, tables, job_id, job_nodes, start, end) if start is not None \
         else ([], [])
     caps: dict[str, float] = {}
+    names: dict[str, str] = {}
     if "inventory" in tables and gpus:
         inv = {(r["node"], r["uuid"]): r for r in store.query("select node, uuid, name from inventory")}
         for g in gpus.values():
             row = inv.get((g.node, g.gpu_uuid))
+            if row and row["name"]:
+                names[g.key] = str(row["name"])
             cap = capacity_from_name(row["name"]) if row else None
             if cap:
                 caps[g.key] = cap
@@ -305,7 +325,7 @@ def load_job(store: Any, job_id: str, nodes: list[str] | None = None) -> JobData
 
     net = communication_evidence(store, job_nodes, start, end) if start is not None else {}
     data = JobData(job_id, job_nodes, start, end, gl, steps, [s.t for s in steps], host, ckpt,
-                   hw_events, hw_findings, caps, net)
+                   hw_events, hw_findings, caps, net, gpu_names=names)
     if len(steps) < step_count(store, job_id, nodes, step_cols):
         data.exact_step_times = lambda t0, t1: step_times(store, job_id, nodes, t0, t1)
     return data

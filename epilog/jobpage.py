@@ -173,9 +173,9 @@ def _header_lines(h: dict[str, Any], tz: tzinfo) -> list[str]:
 def _verdict_lines(v: dict[str, Any] | None) -> list[str]:
     if not v:
         return ["Verdict: none recorded (no baseline comparison for this job)"]
-    out = [f"Verdict: {v['cause']} — {v.get('summary', '')}",
-           f"  template {v.get('template')} ({v.get('state')}"
-           + (f", {v['baseline_runs']} baseline runs)" if v.get("baseline_runs") is not None else ")")]
+    from gpuguard.epilog.show import template_line
+
+    out = [f"Verdict: {v['cause']} — {v.get('summary', '')}", "  " + template_line(v)]
     ev = v.get("evidence") or {}
     lines = []
     flagged = [c for c in v.get("comparisons") or [] if c.get("flagged")]

@@ -202,7 +202,8 @@ def _from_admin_comment(job_id: str, text: str) -> dict[str, Any] | None:
                  for m, v, med, rel in (e.get("flag") or [])]
         verdict = {"job_id": str(job_id), "cause": doc["c"], "state": doc.get("s"), "template": doc.get("t"),
                    "summary": doc.get("m") or "", "baseline_runs": doc.get("b"), "evidence": e, "also": [],
-                   "comparisons": comps, "context": []}
+                   "comparisons": comps, "context": [],
+                   "gpu_model": doc["g"] if isinstance(doc.get("g"), str) else ""}
     from gpuguard.epilog.summary import JobSummary
 
     figures = admincomment.node_summaries(doc)

@@ -64,10 +64,33 @@ def _leak_of(ts: Any, ys: Any, t0: float, t1: float, capacity: float | None,
     return out
 
 
-def memory_leak(data: JobData, wins: Windows, s: Settings) -> dict[str, Any] | None:
+def leak_spans(data: JobData, wins: Windows, s: Settings) -> list[tuple[float, float]]:
+    """The spans the leak check reads, in order: the analysis span (``wins.span``); where a
+    short run's settled warm-up (:func:`gpuguard.epilog.compare.settled_warmup_s`) ended
+    before ``[verdict] warmup_s`` and at least one short window follows ``warmup_s``, the
+    span from ``warmup_s`` comes first. A caching allocator grows in a job's first
+    minutes, which a settled step time does not say are over: a leak is looked for after
+    the fixed warm-up first, and only where that finds none over the longer span."""
     t0, t1 = wins.span
-    if t0 is None:
-        return None
+    if t0 is None or t1 is None or data.start is None:
+        return []
+    fixed = data.start + s.warmup_s
+    first = [(fixed, t1)] if fixed > t0 and t1 - fixed >= s.short_window_s else []
+    return [*first, (t0, t1)]
+
+
+def memory_leak(data: JobData, wins: Windows, s: Settings) -> dict[str, Any] | None:
+    """GPU memory or host RSS rising steadily (module docstring) over the first of
+    :func:`leak_spans` that shows a rise: ``{"leaks": [...], "worst": {...}}`` (at most 8,
+    steepest first) or ``None``."""
+    for t0, t1 in leak_spans(data, wins, s):
+        found = _leaks(data, t0, t1, s)
+        if found:
+            return found
+    return None
+
+
+def _leaks(data: JobData, t0: float, t1: float, s: Settings) -> dict[str, Any] | None:
     hits = []
     for g in data.gpus:
         r = _leak_of(g.array("t"), g.array("mem"), t0, t1, data.mem_total_mib.get(g.key), s)

@@ -30,6 +30,16 @@ from gpuguard.model import CLOCK_EVENT_REASONS
 METRICS: dict[str, tuple[str, bool, str]] = {c.name: (c.unit, c.windowed, c.description)
                                              for c in compared().values()}
 
+#: Values kept with every run as a detector's reference and never judged themselves:
+#: stored in ``comparisons`` (value and the baseline's median, no z, never flagged) and
+#: in the baseline like any metric. name -> (unit, description).
+REFERENCE_METRICS: dict[str, tuple[str, str]] = {
+    "host_rss_peak_mib": ("MiB", "host memory (RSS) peak, largest node of the job: the level a host memory "
+                                 "rise is held against (memory-leak)"),
+    "run_duration_s": ("s", "from the job's first to its last data point: a run far shorter than the "
+                            "template's usual may not have reached its memory peak (job-changed)"),
+}
+
 #: Clock-event reason groups compared with the template's history (nvml.h
 #: ``nvmlClocksEventReason*``): metric -> reasons whose share of samples it counts.
 REASON_SHARES: dict[str, tuple[str, ...]] = {
@@ -205,6 +215,14 @@ def job_metrics(data: JobData, warmup_s: float) -> dict[str, float | None]:
     peaks = [p for p in (colstats.finite(g.array("mem")) for g in data.gpus) if p.shape[0]]
     out["mem_peak_mib"] = max((float(p.max()) for p in peaks), default=None)
     return {m: out.get(m) for m in METRICS}
+
+
+def host_rss_peak_mib(data: JobData) -> float | None:
+    """The largest host RSS reading (MiB) of any node of the job, over the whole job
+    (:data:`REFERENCE_METRICS`), or ``None`` without host samples."""
+    peaks = [max(v for v in vs if v is not None and math.isfinite(v))
+             for _ts, vs in data.host.values() if any(v is not None and math.isfinite(v) for v in vs)]
+    return max(peaks) if peaks else None
 
 
 def analysis_span(data: JobData, warmup_s: float) -> tuple[float | None, float | None]:

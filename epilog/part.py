@@ -456,6 +456,7 @@ def to_job_data(job_id: str, parts: Mapping[str, Mapping[str, Any]], nodes: list
     hw_events: list[dict[str, Any]] = []
     hw_findings: list[dict[str, Any]] = []
     caps: dict[str, float] = {}
+    names: dict[str, str] = {}
     rank_windows = sum(r["t"].shape[0] for p in parts.values() for r in p.get("ranks") or [])
     per_window = max(1, min(len(QUANTILES), MAX_STEP_RECORDS // max(1, rank_windows)))
     for node in sorted(parts):
@@ -466,6 +467,8 @@ def to_job_data(job_id: str, parts: Mapping[str, Mapping[str, Any]], nodes: list
             cap = _number(g.get("mem_total_mib")) or capacity_from_name(g.get("name"))
             if cap:
                 caps[s.key] = cap
+            if isinstance(g.get("name"), str) and g["name"].strip():
+                names[s.key] = g["name"]
         tables += [_rank_steps(node, r, per_window) for r in p.get("ranks") or []]
         h = p.get("host") or {}
         if h.get("t") is not None and h["t"].shape[0]:
@@ -484,4 +487,4 @@ def to_job_data(job_id: str, parts: Mapping[str, Mapping[str, Any]], nodes: list
     return JobData(str(job_id), list(nodes) if nodes else seen, min(times) if times else None,
                    max(times) if times else None, gpus, steps, steps.t, host, ckpt,  # type: ignore[arg-type]
                    sorted(hw_events, key=lambda e: e.get("at") or 0),
-                   sorted(hw_findings, key=lambda f: f.get("at") or 0), caps)
+                   sorted(hw_findings, key=lambda f: f.get("at") or 0), caps, gpu_names=names)

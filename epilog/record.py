@@ -47,7 +47,8 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
     row = {"job_id": v.job_id, "template": v.template, "at": now, "state": v.state, "cause": v.cause,
            "summary": v.summary, "evidence": baseline_mod.dumps(v.evidence), "also": baseline_mod.dumps(v.also),
            "context": baseline_mod.dumps(v.context), "exit_code": exit_code, "critical": int(critical),
-           "baseline_ok": int(ok), "nodes": baseline_mod.dumps(v.nodes), "start_at": v.start, "end_at": v.end}
+           "baseline_ok": int(ok), "nodes": baseline_mod.dumps(v.nodes), "start_at": v.start, "end_at": v.end,
+           "gpu_model": v.gpu_model}
     crows = [{"job_id": v.job_id, "template": v.template, "metric": c.metric, "value": c.value,
               "median": c.median, "mad": c.mad, "n": c.n, "z": _finite(c.z), "rel_change": _finite(c.rel_change),
               "flagged": int(c.flagged), "sustained_s": c.sustained_s, "at": now} for c in v.comparisons]
@@ -55,10 +56,19 @@ def save_verdict(store: Any, v: Verdict, *, cfg: Config | None, exit_code: int |
     if v.cause == "job-changed":
         from gpuguard.epilog.relearn import relearn_if_due
 
-        info = relearn_if_due(store, v.template, cfg=cfg, now=now)
+        info = relearn_if_due(store, v.template, cfg=cfg, now=now, gpu_model=v.gpu_model)
         if info:
             v.evidence["relearned"] = info
-    baseline_mod.update_baseline(store, v.template, cfg=cfg, now=now)
+    baseline_mod.update_baseline(store, v.template, cfg=cfg, gpu_model=v.gpu_model, now=now)
+
+
+def _unit(metric: str) -> str:
+    from gpuguard.epilog.compare import unit_of
+
+    try:
+        return unit_of(metric)
+    except KeyError:  # a metric stored by another gpuguard version
+        return ""
 
 
 def _finite(x: float | None) -> float | None:
@@ -80,12 +90,13 @@ def load_verdict(store: Any, job_id: str) -> dict[str, Any] | None:
     comps.sort(key=lambda c: order.get(c["metric"], 99))
     for c in comps:
         c["flagged"] = bool(c["flagged"])
-        c["unit"] = METRICS.get(c["metric"], ("",))[0]
+        c["unit"] = _unit(c["metric"])
     return {"job_id": r["job_id"], "template": r["template"], "state": r["state"], "cause": r["cause"],
             "summary": r["summary"], "evidence": json.loads(r["evidence"] or "{}"),
             "also": json.loads(r["also"] or "[]"), "context": json.loads(r["context"] or "[]"),
             "exit_code": r["exit_code"], "baseline_ok": bool(r["baseline_ok"]), "judged_at": r["at"],
             "baseline_runs": (json.loads(r["evidence"] or "{}")).get("baseline_runs"),
+            "gpu_model": r.get("gpu_model") or "",
             "nodes": json.loads(r["nodes"] or "[]"), "start": r["start_at"], "end": r["end_at"],
             "comparisons": comps}
 

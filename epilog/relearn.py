@@ -3,7 +3,8 @@
 Runs judged anomalous never enter the baseline, so without this a user who permanently
 doubles the batch gets ``job-changed`` forever, and a template whose first runs were slow
 keeps slow as normal. The baseline re-learns when the template's last ``[baseline]
-relearn_runs`` (K, default 5) judged runs, after its last reset,
+relearn_runs`` (K, default 5) judged runs on one GPU model (the newest run's: the
+baseline is kept per model, :mod:`gpuguard.epilog.baseline`), after its last reset,
 
 * were all judged ``job-changed`` — the cause the table gives only when no machine-side
   cause (hardware fault, straggler, throttling, leak) showed — and none of them had a
@@ -19,7 +20,8 @@ the first of them, they are marked fit for the baseline, ``templates.relearned_a
 ``relearned_jobs`` record it (shown by ``gpuguard template list``), and the baseline is
 recomputed from them (K >= ``min_runs``, so it is ready at once). The K-th run's verdict
 stays ``job-changed`` (it was, against the old baseline) and its evidence says
-``relearned``.
+``relearned``. Moving ``reset_at`` forgets the runs on the template's other GPU models
+from before the first of them too: the job changed, on every model it runs on.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ def _agree(values: dict[str, list[float]], k: int, tol: float) -> bool:
     return True
 
 
-def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float) -> dict[str, Any] | None:
-    """Re-learn ``template``'s baseline when its last K runs call for it (module
-    docstring). Returns ``{"jobs": [...], "at": now}`` when it did, else ``None``. Call
-    after the newest verdict is stored. Raises :class:`gpuguard.store.StoreError`."""
+def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float,
+                   gpu_model: str = "") -> dict[str, Any] | None:
+    """Re-learn ``template``'s baseline when its last K runs on ``gpu_model`` (the newest
+    run's) call for it (module docstring). Returns ``{"jobs": [...], "at": now}`` when it
+    did, else ``None``. Call after the newest verdict is stored. Raises
+    :class:`gpuguard.store.StoreError`."""
     from gpuguard.config import from_dict
 
     cfg = cfg if cfg is not None else from_dict({})
@@ -61,8 +65,8 @@ def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float)
     tol = float(cfg.values["verdict"]["min_rel_change"])
     rows = store.query(
         "select v.job_id, v.at, v.cause, v.critical, v.exit_code from verdicts v join templates t on t.name = "
-        "v.template where v.template = ? and v.at > coalesce(t.reset_at, 0) order by v.at desc, v.job_id desc "
-        "limit ?", [template, k])
+        "v.template where v.template = ? and v.gpu_model = ? and v.at > coalesce(t.reset_at, 0) "
+        "order by v.at desc, v.job_id desc limit ?", [template, gpu_model, k])
     if len(rows) < k or any(r["cause"] != "job-changed" or r["critical"] or r["exit_code"] not in (None, 0)
                             for r in rows):
         return None

@@ -6,11 +6,14 @@
   (its declared shape: :mod:`gpuguard.epilog.summary_shape`); the scalar columns beside it
   are for SQL filters.
 * ``baselines``: template baselines and verdicts: one row per template, the cached
-  baseline per (template, metric), one verdict per job, one comparison per (job, metric).
-  Raw MAD (unscaled); z and relative change as computed at judging time.
+  baseline per (template, GPU model, metric) (step ``baseline_gpu_model``), one verdict
+  per job (with its GPU model), one comparison per (job, metric). Raw MAD (unscaled); z
+  and relative change as computed at judging time.
 """
 
 from __future__ import annotations
+
+import json
 
 import gpuguard.collector.schema  # noqa: F401  (registers the "collector" set this one requires)
 from typing import TYPE_CHECKING
@@ -157,3 +160,51 @@ def _step_windows(db: sqlite_utils.Database) -> None:
             f"create trigger step_windows_{event} after {event} on steps begin "
             f"delete from step_windows where job_id = coalesce({row}.job_id, '') and node = coalesce({row}.node, ''); "
             "end")
+
+
+@MIGRATIONS(name="baseline_gpu_model")
+def _baseline_gpu_model(db: sqlite_utils.Database) -> None:
+    """A template's baseline is kept per GPU model (:mod:`gpuguard.epilog.baseline`): a
+    named template can run on several partitions, and an A100 run judged against H100
+    history reads as a throttled GPU. ``verdicts.gpu_model``: the judged run's NVML
+    product name(s) (:attr:`gpuguard.epilog.jobdata.JobData.gpu_model`; ``''`` = not
+    known); ``baselines`` gains ``gpu_model`` in its key (template, gpu_model, metric).
+
+    Verdicts stored before this step get their model from the store's ``inventory`` where
+    it has their nodes (a single host, where node and cluster store are one file): the
+    names of the GPUs first seen on the job's nodes before the job ended, when each node
+    had one name; else ``''`` (a cluster store has no inventory: such a template learns
+    again on its known model). Cached baseline rows are kept under ``''``; the next run of
+    each (template, model) rewrites its own."""
+    conn = db.conn
+    conn.execute("alter table verdicts add column gpu_model text not null default ''")
+    has_inv = conn.execute("select 1 from sqlite_master where type = 'table' and name = 'inventory'").fetchone()
+    if has_inv:
+        inv: dict[str, list[tuple[float | None, str]]] = {}
+        for node, name, first in conn.execute("select node, name, first_seen from inventory where name is not null "
+                                              "and trim(name) != ''"):
+            inv.setdefault(node, []).append((first, name.strip()))
+        updates = []
+        for job_id, nodes_json, end_at in conn.execute("select job_id, nodes, end_at from verdicts").fetchall():
+            try:
+                nodes = json.loads(nodes_json or "[]")
+            except ValueError:
+                continue
+            names: set[str] = set()
+            for node in nodes if isinstance(nodes, list) else []:
+                seen = {n for f, n in inv.get(str(node), []) if f is None or end_at is None or f <= end_at}
+                if len(seen) != 1:  # not known, or the node's GPUs changed model: not known
+                    names = set()
+                    break
+                names |= seen
+            if names:
+                updates.append((" + ".join(sorted(names)), job_id))
+        conn.executemany("update verdicts set gpu_model = ? where job_id = ?", updates)
+    conn.execute("create index idx_verdicts_template_gpu_model_at on verdicts (template, gpu_model, at)")
+    conn.execute("create table baselines_new (template text not null, gpu_model text not null default '', "
+                 "metric text not null, median float, mad float, n integer, updated_at float, "
+                 "primary key (template, gpu_model, metric))")
+    conn.execute("insert into baselines_new (template, gpu_model, metric, median, mad, n, updated_at) "
+                 "select template, '', metric, median, mad, n, updated_at from baselines")
+    conn.execute("drop table baselines")
+    conn.execute("alter table baselines_new rename to baselines")

@@ -17,14 +17,26 @@ def _num(v: Any) -> str:
     return cell(v)
 
 
+def template_line(d: dict[str, Any]) -> str:
+    """``template NAME (STATE, N baseline runs on GPU MODEL)`` of a verdict dict: the GPU
+    model the baseline's runs ran on (the run's own) when it is known."""
+    runs = d.get("baseline_runs")
+    model = d.get("gpu_model") or ""
+    inner = str(d.get("state"))
+    if runs is not None:
+        inner += f", {runs} baseline runs" + (f" on {model}" if model else "")
+    elif model:
+        inner += f", on {model}"
+    return f"template {d.get('template')} ({inner})"
+
+
 def format_verdict(d: dict[str, Any]) -> str:
     """Text for ``gpuguard job show``: the verdict and its evidence first, then one row
     per metric (this run, baseline median, deviation as relative change and z, flag),
     then the node change-log context. ``d`` is :func:`load_verdict`'s dict (or
     :meth:`Verdict.to_dict`)."""
     head = f"verdict: {d['cause']} — {d['summary']}"
-    out = [head, f"  template {d['template']} ({d['state']}"
-           + (f", {d.get('baseline_runs')} baseline runs)" if d.get("baseline_runs") is not None else ")")]
+    out = [head, "  " + template_line(d)]
     if d.get("also"):
         out.append("  also: " + ", ".join(d["also"]))
     ev = d.get("evidence") or {}
@@ -39,6 +51,9 @@ def format_verdict(d: dict[str, Any]) -> str:
                    f"{e.get('message', '')}")
     for f in (ev.get("findings") or [])[:5]:
         out.append(f"  finding: {f['node']} gpu{f['gpu_index']} {f['code']} {f['severity']}: {f.get('message', '')}")
+    if ev.get("other_gpu_models"):
+        out.append("  runs on other GPU models (not compared with): "
+                   + ", ".join(f"{m or 'unknown'} {n}" for m, n in sorted(ev["other_gpu_models"].items())))
     if ev.get("unexplained"):
         out.append("  moved without a cause: " + ", ".join(ev["unexplained"]))
     rows = []

@@ -19,7 +19,10 @@ Causes (precedence and masking: :data:`gpuguard.epilog.decide.CAUSE_TABLE`):
 ``memory-leak``, ``data-pipeline``, ``communication``, ``job-changed``, ``healthy``.
 Below ``[baseline] min_runs`` baseline runs the template is ``learning``: no metric is
 judged against the baseline; the baseline-free causes are still named, otherwise the
-cause is ``learning``.
+cause is ``learning``. The baseline is the template's runs on the judged run's GPU model
+(:mod:`gpuguard.epilog.baseline`, "Per GPU model"): a run on a model the template has
+fewer than ``min_runs`` runs on is ``learning``, and its evidence names the runs on the
+other models (``other_gpu_models``) that were not compared with.
 
 Node change-log context: ``inventory_changes`` on the job's nodes since the oldest run
 of the baseline (driver, CUDA, VBIOS, InfoROM ... changed) go into ``context``.
@@ -59,7 +62,8 @@ class Verdict:
     ``judged``; ``summary``: one line; ``evidence``: the numbers behind the cause
     (JSON-ready); ``also``: other causes that showed; ``comparisons``: every metric;
     ``context``: node change-log rows since the baseline's runs; ``baseline_runs``: how
-    many runs the baseline rests on.
+    many runs the baseline rests on; ``gpu_model``: the run's GPU model
+    (:attr:`JobData.gpu_model`, ``""`` when not known), the model those runs ran on.
     """
 
     job_id: str
@@ -76,6 +80,7 @@ class Verdict:
     nodes: list[str] = field(default_factory=list)
     start: float | None = None
     end: float | None = None
+    gpu_model: str = ""
 
     @property
     def anomalous(self) -> bool:
@@ -91,7 +96,7 @@ class Verdict:
             "job_id": self.job_id, "template": self.template, "template_source": self.template_source,
             "state": self.state, "cause": self.cause, "summary": self.summary, "evidence": self.evidence,
             "also": self.also, "baseline_runs": self.baseline_runs, "context": self.context,
-            "nodes": self.nodes, "start": self.start, "end": self.end,
+            "nodes": self.nodes, "start": self.start, "end": self.end, "gpu_model": self.gpu_model,
             "comparisons": [c.to_dict() for c in self.comparisons],
         }
 
@@ -112,12 +117,23 @@ def judge(data: JobData, base: baseline_mod.Baseline, s: Settings, *, min_runs: 
     if data.start is None:
         evidence["no_data"] = "no samples or step records for this job"
     evidence["baseline_runs"] = base.runs
-    if wins.warmup_s > s.warmup_s:
-        evidence["warmup_s"] = round(wins.warmup_s, 1)  # still settling after [verdict] warmup_s
+    if base.other_models and not judged:
+        evidence["other_gpu_models"] = dict(base.other_models)
+        if cause == LEARNING:
+            summary = _other_model_summary(base, min_runs)
+    if wins.warmup_s != s.warmup_s:  # still settling after [verdict] warmup_s, or a short run settled before it
+        evidence["warmup_s"] = round(wins.warmup_s, 1)
     return Verdict(job_id=str(job_id if job_id is not None else data.job_id), template=tmpl.name, cause=cause,
                    state="judged" if judged else LEARNING, summary=summary, evidence=evidence, comparisons=comps,
                    also=also, baseline_runs=base.runs, template_source=tmpl.source, nodes=data.nodes,
-                   start=data.start, end=data.end)
+                   start=data.start, end=data.end, gpu_model=data.gpu_model)
+
+
+def _other_model_summary(base: baseline_mod.Baseline, min_runs: int) -> str:
+    """The one line of a run learning on its GPU model while the template has runs on others."""
+    others = ", ".join(f"{n} on {m or 'an unknown GPU model'}" for m, n in sorted(base.other_models.items()))
+    return (f"template still learning on {base.gpu_model or 'an unknown GPU model'}: {base.runs} of {min_runs} "
+            f"runs on it; runs on another GPU model are not compared with ({others})")
 
 
 def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template | str,
@@ -143,7 +159,7 @@ def judge_job(store: Any, job_id: str, *, cfg: Config | None, template: Template
     tmpl = template if isinstance(template, Template) else Template(str(template), "derived")
     now = time.time() if now is None else now
     data = load_job(store, job_id, nodes) if data is None else data
-    base = baseline_mod.compute_baseline(store, tmpl.name, cfg=cfg, exclude_job=job_id)
+    base = baseline_mod.compute_baseline(store, tmpl.name, cfg=cfg, exclude_job=job_id, gpu_model=data.gpu_model)
     v = judge(data, base, s, min_runs=bs.min_runs, template=tmpl, job_id=job_id)
     v.context = node_context(store, data.nodes, base.since if base.since is not None else data.start, data.end)
     if record:

@@ -139,3 +139,31 @@ def test_published_summary_shape_matches_a_real_summary(tmp_path):
     assert [g[0] for g in gpus] == [0, 1] and all(g[1] is not None for g in gpus)
     assert sorted(r["util"] for r in s.query("select util from job_gpu_util where job_id = '7'")) == \
         sorted(g[1] for g in gpus)
+
+
+def test_gpu_model_step_backfills_verdicts_from_the_inventory(tmp_path):
+    """Step ('epilog', 'baseline_gpu_model') on a store with verdicts: each gets the GPU
+    model of its nodes' inventory (GPUs first seen before the job ended), '' where a node
+    is not in the inventory or had two models by then; cached baseline rows stay, keyed ''."""
+    p = tmp_path / "v5.db"
+    shutil.copy(V5, p)
+    conn = sqlite3.connect(p)
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    for node, uuid, name, first in (("n1", "G1", h100, 100.0), ("n1", "G2", h100, 100.0), ("n2", "G3", a100, 100.0),
+                                    ("n3", "G4", h100, 100.0), ("n3", "G5", a100, 5000.0)):
+        conn.execute("insert into inventory (node, uuid, name, first_seen, last_seen) values (?, ?, ?, ?, ?)",
+                     (node, uuid, name, first, first))
+    for job, nodes, end in (("j1", ["n1"], 1000.0), ("j2", ["n1", "n2"], 1000.0), ("j3", ["n3"], 1000.0),
+                            ("j4", ["n3"], 6000.0), ("j5", ["n1", "n9"], 1000.0)):
+        conn.execute("insert into verdicts (job_id, template, at, nodes, start_at, end_at, baseline_ok) "
+                     "values (?, 'tpl', ?, ?, ?, ?, 1)", (job, end, json.dumps(nodes), end - 500, end))
+    conn.execute("insert into baselines values ('tpl', 'step_time_p50_s', 1.5, 0.1, 5, 1000.0)")
+    conn.commit()
+    conn.close()
+    s = open_store(str(p))
+    assert ("epilog", "baseline_gpu_model") in steps(s)
+    assert {r["job_id"]: r["gpu_model"] for r in s.query("select job_id, gpu_model from verdicts")} == {
+        "j1": h100, "j2": f"{a100} + {h100}", "j3": h100, "j4": "", "j5": ""}
+    assert s.query("select * from baselines") == [{"template": "tpl", "gpu_model": "", "metric": "step_time_p50_s",
+                                                   "median": 1.5, "mad": 0.1, "n": 5, "updated_at": 1000.0}]
+    s.close()

@@ -343,3 +343,57 @@ def test_straggler_from_training_records_never_drains(store):
     act_on_verdict(store, straggler_verdict("6"), cfg=cfg, node="n1", now=now + 700)
     d = act_on_verdict(store, straggler_verdict("7"), cfg=cfg, node="n1", now=now + 800)
     assert d.outcome == "drain" and d.actions[0][0].evidence["escalated"]["jobs"] == ["5", "6", "7"]
+
+
+def test_cli_and_job_show_name_the_gpu_model(cli):
+    """A named template with three H100 runs, then one run on A100s: `baseline show` shows
+    the newest run's model with the other models' runs, `--gpu-model` picks one, `template
+    list` names both, and the A100 run's verdict (job show) says it learns on its model."""
+    import dataclasses
+
+    from gpuguard.epilog.verdict import format_verdict, load_verdict
+
+    root, cfg = cli
+    store = open_store(cfg.store_path)
+    h100 = S.random_profile(random.Random(5), "gm-h100", nodes=1)
+    h100.duration_s = 900
+    a100 = dataclasses.replace(h100, name="gm-a100", gpu_name="NVIDIA A100-SXM4-80GB", clock_mhz=1410.0,
+                               step_time_s=h100.step_time_s * 1.25)
+    t = S.T0
+    for p in (h100, a100):
+        S.write_inventory(store, p, t)
+    for k, p in enumerate((h100, h100, h100, a100)):
+        rows = S.generate(p, "healthy", seed=k, job_id=f"gm{k}", start=t)
+        S.write(store, rows)
+        v = judge_job(store, rows.job_id, cfg=cfg, template="gm", exit_code=0, now=rows.end)
+        t = rows.end + 60
+    assert (v.cause, v.gpu_model, v.evidence["other_gpu_models"]) == (
+        "learning", "NVIDIA A100-SXM4-80GB", {"NVIDIA H100 80GB HBM3": 3})
+    text = format_verdict(load_verdict(store, "gm3"))
+    assert "  template gm (learning, 0 baseline runs on NVIDIA A100-SXM4-80GB)" in text.splitlines()
+    assert "  runs on other GPU models (not compared with): NVIDIA H100 80GB HBM3 3" in text.splitlines()
+    assert load_verdict(store, "gm0")["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    store.close()
+    r = CliRunner()
+    out = r.invoke(root, ["baseline", "show", "gm"])
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[:2] == [
+        "template gm on NVIDIA A100-SXM4-80GB: learning, 1 baseline run(s) since "
+        + out.output.split(" since ", 1)[1].splitlines()[0],
+        "other GPU models (see --gpu-model): NVIDIA H100 80GB HBM3: 3 run(s)"]
+    out = r.invoke(root, ["baseline", "show", "gm", "--gpu-model", "NVIDIA H100 80GB HBM3", "--format", "json"])
+    doc = json.loads(out.output)
+    assert (doc["gpu_model"], doc["state"], doc["runs"], doc["other_gpu_models"]) == (
+        "NVIDIA H100 80GB HBM3", "ready", 3, {"NVIDIA A100-SXM4-80GB": 1})
+    assert doc["jobs"] == ["gm2", "gm1", "gm0"]
+    out = r.invoke(root, ["baseline", "show", "gm", "--gpu-model", "NVIDIA V100"])
+    assert out.exit_code == 2 and "no baseline run on GPU model 'NVIDIA V100'" in out.output
+    out = r.invoke(root, ["template", "list", "--format", "json"])
+    row = json.loads(out.output)[0]
+    assert (row["gpu_model"], row["baseline_runs"], row["state"], row["gpu_models"]) == (
+        "NVIDIA A100-SXM4-80GB", 1, "learning", {"NVIDIA A100-SXM4-80GB": 1, "NVIDIA H100 80GB HBM3": 3})
+    out = r.invoke(root, ["template", "list", "--format", "csv"])
+    assert out.output.splitlines()[1].endswith(
+        ",NVIDIA A100-SXM4-80GB,,NVIDIA A100-SXM4-80GB: 1; NVIDIA H100 80GB HBM3: 3")
+    out = r.invoke(root, ["baseline", "reset", "gm", "--yes"])
+    assert out.exit_code == 0 and out.output == "baseline of gm reset on 2 GPU models; it is learning again\n"
