@@ -358,3 +358,29 @@ def test_console_script_exits_0_with_an_empty_environment(node):
     assert p.returncode == 0, p.stderr
     s = summary(node["db"])
     assert (s["exit_signal"], s["exit_text"], s["collector_status"]) == (9, "signal 9 (SIGKILL)", "never_started")
+
+
+def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, make_config, write_replay):
+    """The job has ended: the Epilog cancels nothing; its run, findings, summary and node
+    history say alert/proceed with the reason naming why, never fail-job."""
+    from gpuguard.ops.nodes import history
+
+    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
+                kernel_log=str(node["kl"]))
+    assert hook.run(EPILOG_ENV) == 0
+    assert node["calls"]() == []
+    reason = ("gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
+              " (fail-job after the job ended: alerted only)")
+    st = open_store(node["db"])
+    assert st.query("select hook, job_id, decision, reason from health_runs") == [
+        {"hook": "epilog", "job_id": "42", "decision": "proceed", "reason": reason}]
+    assert st.query("select code, action from findings where code = 'config.persistence_off'") == [
+        {"code": "config.persistence_off", "action": "alert"}]
+    s = summary(node["db"])
+    assert (s["post_job"]["outcome"], s["post_job"]["reason"]) == ("proceed", reason)
+    assert [f["action"] for f in s["post_job"]["findings"] if f["code"] == "config.persistence_off"] == ["alert"]
+    assert [r["what"] for r in history(st, "n1") if r["kind"] == "finding"] == [
+        "config.persistence_off gpu2 warning -> alert"]
+    assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail)" in \
+        node["log"].read_text()
