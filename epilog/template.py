@@ -89,6 +89,19 @@ def _gpus_from_tres(tres: str | None) -> tuple[str | None, int | None]:
     return None, None
 
 
+def gpus_allocated(job_gpus_raw: str | None) -> int | None:
+    """GPUs Slurm allocated the job on this node: the entries of ``SLURM_JOB_GPUS``
+    (indices or UUIDs, as given; SLURM-FACTS.md §4), ``None`` when it is unset or empty.
+
+    The one count of a derived template's ``xGPUS``, node side and controller side: the
+    node's Epilog puts it in its part (``job.gpus``) and :func:`gpuguard.epilog.judge`
+    derives from it. The allocation is what makes runs comparable; the GPUs the collector
+    sampled are not (0 on a MIG node, whose GPUs are never sampled, and fewer when a GPU
+    fell off the bus), so counting those gave the same job two templates."""
+    n = len([x for x in (job_gpus_raw or "").split(",") if x.strip()])
+    return n or None
+
+
 def derive(partition: str | None, gpu_type: str | None, gpus_per_node: int | None,
            nodes: int | None, job_name: str | None) -> str:
     """``PARTITION.GPUTYPE.xGPUS.nNODES.JOBNAME`` with ``_`` for an unknown part,
@@ -131,8 +144,7 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
         return Template(named, "comment")
     partition = henv.job_partition or info.get("Partition")
     gres_type, gres_count = _gpus_from_tres(info.get("TresPerNode"))
-    job_gpus = [x for x in (henv.job_gpus_raw or "").split(",") if x.strip()]  # indices or UUIDs
-    gpus = len(job_gpus) if job_gpus else gres_count
+    gpus = gpus_allocated(henv.job_gpus_raw) or gres_count
     nodes_s = henv.job_num_nodes or info.get("NumNodes")
     try:
         nodes = int(str(nodes_s).split("-")[0]) if nodes_s else None

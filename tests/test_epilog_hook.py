@@ -384,3 +384,45 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
         "config.persistence_off gpu2 warning -> alert"]
     assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail)" in \
         node["log"].read_text()
+
+
+def test_mig_node_part_gives_the_controller_the_node_side_template(node, make_config, write_replay, tmp_path):
+    """A MIG node samples no GPU: the controller's template counted 0 sampled GPUs and
+    had no GPU name ('gpu._.x_.n1.train') where the node side derives from SLURM_JOB_GPUS
+    and its inventory ('gpu.h100-80gb-hbm3.x2.n1.train'). The part carries both facts."""
+    from gpuguard.epilog import part as part_mod
+    from gpuguard.epilog.judge import _template, judge_parts, meta_from_env
+    from gpuguard.epilog.template import job_template
+
+    sp = tmp_path / "spool"
+    sp.mkdir()
+    mig = {f"gpu{i}": {"mig_mode": True} for i in range(4)}
+    path, _cfg = make_config("[prolog]\nstart_collector = false\n", replay=write_replay(node_snapshot(4, **mig)),
+                             kernel_log=str(node["kl"]))
+    with open(path) as fh:
+        text = fh.read()
+    with open(path, "w") as fh:
+        fh.write(text.replace("[paths]\n", f'[paths]\nspool_dir = "{sp}"\n', 1))
+    env = dict(ENV, SLURM_JOB_PARTITION="gpu", SLURM_JOB_NUM_NODES="1")
+    assert prolog_hook.run(env) == 0
+    assert hook.run(dict(env, SLURM_JOB_EXIT_CODE="0")) == 0
+    parts = part_mod.read_parts(str(sp), "42", None)
+    assert list(parts) == ["n1"] and parts["n1"]["gpus"] == []
+    assert (parts["n1"]["job"]["gpus"], parts["n1"]["job"]["gpu_name"]) == (2, "NVIDIA H100 80GB HBM3")
+    meta = meta_from_env(dict(env, SLURM_JOB_NAME="train", SLURM_JOB_NODELIST="n1", SLURM_JOB_EXIT_CODE="0"), ["n1"])
+    node_side = job_template(env, job_info={"JobName": "train"}, gpu_name="NVIDIA H100 80GB HBM3").name
+    assert node_side == _template(meta, parts).name == "gpu.h100-80gb-hbm3.x2.n1.train"
+    cluster = open_store(str(tmp_path / "cluster.db"))
+    from gpuguard.config import load
+
+    res = judge_parts(cluster, "42", parts, cfg=load(path), meta=meta, slurm=None, log=hook_log(),
+                      set_comment=False)
+    assert res.verdict["template"] == "gpu.h100-80gb-hbm3.x2.n1.train"
+    assert cluster.query("select gpus from cluster_jobs") == [{"gpus": 2}]  # sacct AllocTRES gres/gpu=2
+    cluster.close()
+
+
+def hook_log():
+    import logging
+
+    return logging.getLogger("test")
