@@ -18,6 +18,7 @@ and a name longer than 64 characters keeps its first 55 characters, a ``-`` and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -65,6 +66,23 @@ def from_comment(comment: str | None) -> str | None:
         return None
     value = re.split(r"[,;|]", m.group(1), maxsplit=1)[0].strip("'\"")
     return sanitize(value)
+
+
+@functools.lru_cache(maxsize=8192)  # as reports.sacct_fields.VALUE_CACHE
+def _named(comment: str | None) -> str | None:
+    return from_comment(comment)
+
+
+def template_of(comment: str | None, admin_comment: str | None = None) -> str | None:
+    """A finished job's template as its verdict has it, from sacct's ``Comment`` and
+    ``AdminComment``: the one the comment names (:func:`from_comment`), else the one the
+    job judge derived and wrote into the AdminComment
+    (:func:`gpuguard.epilog.admincomment.template_in`), else None (never judged). The
+    reports read it so: the comment alone left every derived-template job without a
+    template in the reports while its verdict, ``job show`` and baseline had one."""
+    from gpuguard.epilog.admincomment import template_in
+
+    return _named(comment) or template_in(admin_comment)
 
 
 def gpu_type_of(name: str | None) -> str | None:
