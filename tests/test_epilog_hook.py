@@ -365,9 +365,9 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
     history say alert/proceed with the reason naming why, never fail-job."""
     from gpuguard.ops.nodes import history
 
-    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
-                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
-                kernel_log=str(node["kl"]))
+    _path, _ = make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                           replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
+                           kernel_log=str(node["kl"]))
     assert hook.run(EPILOG_ENV) == 0
     assert node["calls"]() == []
     reason = ("gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
@@ -382,6 +382,15 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
     assert [f["action"] for f in s["post_job"]["findings"] if f["code"] == "config.persistence_off"] == ["alert"]
     assert [r["what"] for r in history(st, "n1") if r["kind"] == "finding"] == [
         "config.persistence_off gpu2 warning -> alert"]
+    from gpuguard.config import load
+    from gpuguard.ops import metrics
+
+    reg, errors = metrics.build_registry(load(_path), st)
+    assert errors == []
+    assert reg.get_sample_value("gpuguard_health_findings", {
+        "node": "n1", "code": "config.persistence_off", "severity": "warning", "action": "alert", "gpu": "2"}) == 1
+    assert reg.get_sample_value("gpuguard_health_findings", {
+        "node": "n1", "code": "config.persistence_off", "severity": "warning", "action": "fail-job", "gpu": "2"}) is None
     assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail)" in \
         node["log"].read_text()
 
