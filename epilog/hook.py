@@ -32,7 +32,9 @@ What it does, in order of importance, inside ``[epilog] time_budget_s``:
 **Always exit 0.** A non-zero Epilog makes Slurm drain the node with the reason
 ``Epilog error`` (SLURM-FACTS.md §5); gpuguard drains by itself, with a reason that
 says what is wrong, and its own failures (config, store, a bug, the budget) never drain.
-A ``fail-job`` decision means nothing after the job: it is logged only.
+A ``fail-job`` finding means nothing after the job: the decision is
+:func:`gpuguard.policy.after_job`'s (its action ``alert``, the run's decision ``proceed``
+with the reason saying so), which is what the run records.
 
 **The job directory is deleted after ingest**, once its records are committed to the
 store: the store is the record from then on, and the directory (user-writable, on the
@@ -214,6 +216,7 @@ def _post_job_checks(cfg: Any, env: dict[str, str], job_id: str | None, job_gpus
     store I/O; alerts queued. Returns ``(LiveCheck, PendingDrains)``."""
     from gpuguard.nodecheck import live_check, pending_drains
     from gpuguard.ops.maintenance import cached as maintenance_now
+    from gpuguard.policy import AFTER_JOB_NOTE
 
     maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
     pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
@@ -225,8 +228,8 @@ def _post_job_checks(cfg: Any, env: dict[str, str], job_id: str | None, job_gpus
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
     if res.decision.outcome == "drain" and live.drain is not None and live.drain.status != "confirmed":
         log.error("tool error: drain failed: %s", live.drain.why)
-    elif res.decision.outcome == "fail-job":
-        log.warning("post-job finding with action fail-job (the job has ended; nothing to fail): %s",
+    elif res.decision.reason.endswith(AFTER_JOB_NOTE):
+        log.warning("post-job finding with action fail-job, alerted (the job has ended; nothing to fail): %s",
                     res.decision.reason)
     if maint.active and res.decision.outcome == "drain":
         from gpuguard.ops.maintenance import record_suppressed

@@ -182,6 +182,10 @@ def _from_store(store: Any, job_id: str, tz: Any) -> dict[str, Any] | None:
         rep["cluster"] = {"user": row["user"], "account": row["account"], "partition": row["partition"],
                           "nodes": json.loads(row["nodes"] or "[]"), "missing_nodes": json.loads(row["missing"] or "[]"),
                           "gpus": row["gpus"], "state": row["state"]}
+        if rep["job"].get("source") == "gpuguard summaries" and row["gpus"]:
+            # the judge's count is the GPUs allocated (epilog.judge._allocated_gpus), as
+            # sacct's AllocTRES; the summaries count GPUs sampled (none on a MIG node)
+            rep["job"]["gpus"] = row["gpus"]
     return rep
 
 

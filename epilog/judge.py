@@ -88,11 +88,29 @@ def meta_from_parts(job_id: str, parts: Mapping[str, Mapping[str, Any]]) -> dict
     return m
 
 
+def _allocated_gpus(part: Mapping[str, Any]) -> int:
+    """GPUs Slurm allocated the job on the part's node: the node Epilog's ``job.gpus``
+    (:func:`gpuguard.epilog.template.gpus_allocated`); a part of an earlier release,
+    without it, counts its sampled GPUs as before."""
+    n = (part.get("job") or {}).get("gpus")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    return len(part.get("gpus") or [])
+
+
 def _template(meta: Mapping[str, Any], parts: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The job's template from the same facts the node side reads: the GPUs *allocated*
+    per node (``SLURM_JOB_GPUS`` on the node, in the part's ``job.gpus``), not the GPUs
+    sampled (none on a MIG node: ``collector/mig.py``), and the node's inventory GPU name
+    (``job.gpu_name``) before a sampled GPU's. Partition, job name and node count come
+    from the manifest (EpilogSlurmctld's environment, SLURM-FACTS.md §4)."""
     from gpuguard.epilog.template import job_template
 
-    gpus_per_node = max((len(p.get("gpus") or []) for p in parts.values()), default=0)
-    gpu_name = next((g.get("name") for p in parts.values() for g in p.get("gpus") or [] if g.get("name")), None)
+    gpus_per_node = max((_allocated_gpus(p) for p in parts.values()), default=0)
+    gpu_name = next((n for p in parts.values() for n in [(p.get("job") or {}).get("gpu_name")]
+                     if isinstance(n, str) and n), None)
+    gpu_name = gpu_name or next((g.get("name") for p in parts.values() for g in p.get("gpus") or []
+                                 if g.get("name")), None)
     env = {"SLURM_JOB_ID": str(meta.get("job_id") or "")}
     for key, name in (("SLURM_JOB_COMMENT", "comment"), ("SLURM_JOB_PARTITION", "partition"),
                       ("SLURM_JOB_NAME", "name"), ("SLURM_JOB_NUM_NODES", "num_nodes")):
@@ -226,7 +244,7 @@ def judge_parts(store: Any, job_id: str, parts: Mapping[str, Mapping[str, Any]],
         res.comment_set = True
         comment_at = time.time()
     window = next((p.get("window_s") for p in parts.values() if p.get("window_s")), None)
-    gpus = sum(len(p.get("gpus") or []) for p in parts.values())
+    gpus = sum(_allocated_gpus(p) for p in parts.values())  # as sacct's AllocTRES gres/gpu counts
     row = {"job_id": job_id, "user": meta.get("user"), "uid": meta.get("uid"), "account": meta.get("account"),
            "partition": meta.get("partition"), "job_name": meta.get("name"), "nodes": json.dumps(expected),
            "parts": json.dumps(present), "missing": json.dumps(missing), "gpus": gpus,

@@ -9,7 +9,8 @@ previous release's gzip JSON, version 1, still read) is :mod:`gpuguard.epilog.pa
     {"format": "gpuguard-part", "v": 2, "job_id": "42", "node": "n1", "written_at": epoch s,
      "window_s": 60.0,                     # width of one window of the series below
      "job": {"user", "uid", "account", "partition", "comment", "num_nodes", "nodelist",
-             "exit_code_raw"},             # what the node Epilog's environment said
+             "exit_code_raw",              # what the node Epilog's environment said
+             "gpus", "gpu_name"},          # GPUs allocated here (SLURM_JOB_GPUS), inventory GPU name
      "summary": JobSummary.to_dict(),      # the node summary (gpuguard.epilog.summary)
      "gpus": [{"index", "uuid", "name", "mem_total_mib",
                "t": [...], "util": [...], "mem_util": [...], "power": [...], "temp": [...],

@@ -18,6 +18,7 @@ and a name longer than 64 characters keeps its first 55 characters, a ``-`` and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -67,6 +68,23 @@ def from_comment(comment: str | None) -> str | None:
     return sanitize(value)
 
 
+@functools.lru_cache(maxsize=8192)  # as reports.sacct_fields.VALUE_CACHE
+def _named(comment: str | None) -> str | None:
+    return from_comment(comment)
+
+
+def template_of(comment: str | None, admin_comment: str | None = None) -> str | None:
+    """A finished job's template as its verdict has it, from sacct's ``Comment`` and
+    ``AdminComment``: the one the comment names (:func:`from_comment`), else the one the
+    job judge derived and wrote into the AdminComment
+    (:func:`gpuguard.epilog.admincomment.template_in`), else None (never judged). The
+    reports read it so: the comment alone left every derived-template job without a
+    template in the reports while its verdict, ``job show`` and baseline had one."""
+    from gpuguard.epilog.admincomment import template_in
+
+    return _named(comment) or template_in(admin_comment)
+
+
 def gpu_type_of(name: str | None) -> str | None:
     """Short GPU type from an NVML product name: ``"NVIDIA H100 80GB HBM3"`` ->
     ``"h100-80gb-hbm3"``, ``"Tesla V100-SXM2-32GB"`` -> ``"v100-sxm2-32gb"``."""
@@ -87,6 +105,19 @@ def _gpus_from_tres(tres: str | None) -> tuple[str | None, int | None]:
         if m:
             return m.group(1), int(m.group(2))
     return None, None
+
+
+def gpus_allocated(job_gpus_raw: str | None) -> int | None:
+    """GPUs Slurm allocated the job on this node: the entries of ``SLURM_JOB_GPUS``
+    (indices or UUIDs, as given; SLURM-FACTS.md §4), ``None`` when it is unset or empty.
+
+    The one count of a derived template's ``xGPUS``, node side and controller side: the
+    node's Epilog puts it in its part (``job.gpus``) and :func:`gpuguard.epilog.judge`
+    derives from it. The allocation is what makes runs comparable; the GPUs the collector
+    sampled are not (0 on a MIG node, whose GPUs are never sampled, and fewer when a GPU
+    fell off the bus), so counting those gave the same job two templates."""
+    n = len([x for x in (job_gpus_raw or "").split(",") if x.strip()])
+    return n or None
 
 
 def derive(partition: str | None, gpu_type: str | None, gpus_per_node: int | None,
@@ -131,8 +162,7 @@ def job_template(env: Mapping[str, str], *, job_info: Mapping[str, str] | None =
         return Template(named, "comment")
     partition = henv.job_partition or info.get("Partition")
     gres_type, gres_count = _gpus_from_tres(info.get("TresPerNode"))
-    job_gpus = [x for x in (henv.job_gpus_raw or "").split(",") if x.strip()]  # indices or UUIDs
-    gpus = len(job_gpus) if job_gpus else gres_count
+    gpus = gpus_allocated(henv.job_gpus_raw) or gres_count
     nodes_s = henv.job_num_nodes or info.get("NumNodes")
     try:
         nodes = int(str(nodes_s).split("-")[0]) if nodes_s else None

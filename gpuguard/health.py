@@ -298,7 +298,9 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
     the history (counters and inventory of the last run, the idle baseline); without it
     they judge the live state alone, which is all a drain decision needs (every default
     drain rests on live state: XIDs, volatile ECC, lost GPUs, links). ``extra_findings``
-    (the Prolog's NCCL probe) are decided and recorded with the checks' findings."""
+    (the Prolog's NCCL probe) are decided and recorded with the checks' findings.
+    ``hook="epilog"``: the decision is :func:`gpuguard.policy.after_job`'s (no job is left
+    to fail: a fail-job finding is alerted, and the run records that)."""
     node = cfg.node_name
     tool_errors = list(col.tool_errors)
     previous: dict[str, Any] = {}
@@ -327,6 +329,8 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
     tool_errors += errs
     findings += extra_findings or []  # found before this run (the Prolog's NCCL probe)
     decision = policy_mod.decide(findings, cfg.policy, cfg.xid_policy)
+    if hook == "epilog":  # the job has ended: nothing to fail (policy.after_job)
+        decision = policy_mod.after_job(decision)
     return HealthResult(snap, findings, decision, tool_errors, col.events, records=ctx.records,
                         xid_rejected=dict(col.xid_rejected))
 

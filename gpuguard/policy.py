@@ -144,6 +144,27 @@ def decide(findings: Iterable[Finding], policy: dict[str, str] | None = None,
     return Decision("proceed", "", acts)
 
 
+#: What a fail-job finding becomes after the job: there is no job left to cancel, so an
+#: Epilog does what it can, alert (store, log, alert spool); drain stays drain.
+AFTER_JOB_NOTE = " (fail-job after the job ended: alerted only)"
+
+
+def after_job(decision: Decision) -> Decision:
+    """``decision`` as an Epilog can act on it: the job has ended, so nothing is failed.
+    Each finding's ``fail-job`` becomes ``alert``; a ``fail-job`` outcome becomes
+    ``proceed`` whose reason is the fail-job reason with :data:`AFTER_JOB_NOTE` (cut to
+    :data:`REASON_MAX`), so the recorded run says what was done and why. A ``drain``
+    outcome (an Epilog drains) and every other action are kept; so is the finding's own
+    severity. Returns a new :class:`Decision`."""
+    acts = [(f, "alert" if a == "fail-job" else a) for f, a in decision.actions]
+    if decision.outcome != "fail-job":
+        return Decision(decision.outcome, decision.reason, acts)
+    reason = decision.reason
+    if len(reason) + len(AFTER_JOB_NOTE) > REASON_MAX:
+        reason = reason[: REASON_MAX - len(AFTER_JOB_NOTE) - 3] + "..."
+    return Decision("proceed", reason + AFTER_JOB_NOTE, acts)
+
+
 def _control(c: str) -> bool:
     o = ord(c)
     return o < 32 or 127 <= o <= 159 or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069

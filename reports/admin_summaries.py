@@ -18,33 +18,40 @@ from typing import Any
 PREFIX = "gpuguard:"
 
 
-def summary_rows(job_id: str, admin_comment: str | None, synced_at: float) -> list[dict[str, Any]]:
-    """``job_summaries`` rows decoded from one job's AdminComment (empty when it is not
-    gpuguard's or cannot be decoded)."""
+def summaries_of(job_id: str | int, admin_comment: str | None) -> list[tuple[str, str, str]]:
+    """``(job_id, node, summary JSON)`` of each node summary one job's AdminComment
+    carries (empty when it is not gpuguard's or cannot be decoded). A parallel import
+    calls it in its worker processes, so the importing process decodes nothing."""
     if not admin_comment or not admin_comment.startswith(PREFIX):
         return []
-    from gpuguard.epilog.admincomment import decode, node_summaries
+    from gpuguard.epilog.admincomment import decode_shared, node_summaries
 
-    doc = decode(admin_comment)
+    doc = decode_shared(admin_comment)
     if doc is None:
         return []
-    rows = []
+    out = []
     for node, s in node_summaries(doc).items():
         body = {"job_id": str(job_id), "node": node, "source": "admin_comment",
                 "gpu_util_mean_pct": s.get("gpu_util_mean_pct"),
                 "gpus": [{"gpu_index": g.get("gpu_index"), "gpu_util_mean_pct": g.get("gpu_util_mean_pct")}
                          for g in s.get("gpus") or [] if isinstance(g, dict)]}
-        rows.append({"job_id": str(job_id), "node": node, "created_at": synced_at, "summary_version": 0,
-                     "summary": json.dumps(body, separators=(",", ":"))})
-    return rows
+        out.append((str(job_id), node, json.dumps(body, separators=(",", ":"))))
+    return out
+
+
+def store_summaries(store: Any, summaries: Iterable[tuple[str, str, str]], synced_at: float) -> int:
+    """Insert the ``(job_id, node, summary JSON)`` rows of :func:`summaries_of` that the
+    store lacks, created at ``synced_at``, in the caller's transaction. Returns the number
+    of rows offered."""
+    rows = [(jid, node, synced_at, summary) for jid, node, summary in summaries]
+    if rows:
+        store.db.conn.executemany(
+            "INSERT OR IGNORE INTO job_summaries (job_id, node, created_at, summary_version, summary) "
+            "VALUES (?, ?, ?, 0, ?)", rows)
+    return len(rows)
 
 
 def store_admin_summaries(store: Any, jobs: Iterable[tuple[str, str | None]], synced_at: float) -> int:
     """Insert the summaries of ``(job_id, admin_comment)`` pairs that the store lacks, in
     the caller's transaction. Returns the number of rows offered."""
-    rows = [r for jid, ac in jobs for r in summary_rows(jid, ac, synced_at)]
-    if rows:
-        store.db.conn.executemany(
-            "INSERT OR IGNORE INTO job_summaries (job_id, node, created_at, summary_version, summary) "
-            "VALUES (:job_id, :node, :created_at, :summary_version, :summary)", rows)
-    return len(rows)
+    return store_summaries(store, (t for jid, ac in jobs for t in summaries_of(jid, ac)), synced_at)

@@ -252,7 +252,7 @@ class PipeRowParser:
         job["node_list"] = nodes or None
         job["comment"] = comment = comment or None
         job["admin_comment"] = admin or None
-        job["template"] = template_of(comment)
+        job["template"] = template_of(comment, job["admin_comment"])
         job["synced_at"] = job["source"] = None
         # one row per attempt of a requeued job: slurmdbd keys its job table on (id, submit time)
         job["attempt_at"] = submit_at if submit_at is not None else 0.0

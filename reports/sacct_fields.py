@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 
+from gpuguard.epilog.template import template_of  # the one reader of a job's template
 from gpuguard.output import ZoneError, iso_time, resolve_zone
 
 #: Columns of the ``sacct_jobs`` cache table, in order (see :mod:`gpuguard.reports.schema`).
@@ -376,14 +377,6 @@ def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
     return parse_int(a, "ExitCode status"), (parse_int(b, "ExitCode signal") if sep else 0)
 
 
-@functools.lru_cache(maxsize=VALUE_CACHE)
-def template_of(comment: str | None) -> str | None:
-    """The template named in a job comment (``gpuguard:template=NAME``, other text allowed)."""
-    from gpuguard.epilog.template import from_comment  # the one parser of our key
-
-    return from_comment(comment)
-
-
 def _int_or_none(s: str | None, what: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:
     if s is None or s.strip() in ("", "Unknown"):
         return None
@@ -462,7 +455,7 @@ def _finish(job: dict, *, checked: bool = False) -> dict:
       else ``end - start``; None before the start;
     * ``wait_s``: ``start - eligible`` (``submit`` when Eligible is unknown), at least 0;
       ``submit_wait_s``: ``start - submit``, at least 0; None before the start;
-    * ``template`` from the comment; defaults for ``gpus`` and ``cluster``.
+    * ``template``: :func:`template_of` (comment, else the judge's AdminComment); defaults for ``gpus`` and ``cluster``.
 
     Raises :class:`RowError` on an impossible value (:func:`_validate`). ``checked``: the
     caller's parsers already range-checked every integer and time and compared Start
@@ -474,7 +467,7 @@ def _finish(job: dict, *, checked: bool = False) -> dict:
     start = get("start_at")
     (job["elapsed_s"], job["usage_end_at"], job["charge_s"], job["wait_s"],
      job["submit_wait_s"]) = derive_usage(start, get("end_at"), get("elapsed_s"), get("submit_at"), get("eligible_at"))
-    job["template"] = template_of(get("comment"))
+    job["template"] = template_of(get("comment"), get("admin_comment"))
     for c in _COLUMN_SET - job.keys():
         job[c] = None
     if job["gpu_source"] is None:  # a caller that set gpus itself

@@ -79,9 +79,9 @@ def free_text_from_json(slurm, start: str, end: str, timeout_s: float) -> dict[t
 def set_free_text(job: dict, free_text: dict[tuple[int, float | None], tuple]) -> None:
     """Give a job read without its free-text fields their values from ``free_text``
     (:func:`free_text_from_json`; a job it lacks gets None: unknown, so a stored value is
-    kept) and the template its comment names."""
+    kept) and its template (:func:`~gpuguard.reports.sacct_fields.template_of`)."""
     from gpuguard.reports.sacct import template_of
 
     name, comment, admin = free_text.get((job["job_id_raw"], job["submit_at"]), (None, None, None))
     job["job_name"], job["comment"], job["admin_comment"] = name, comment or None, admin or None
-    job["template"] = template_of(job["comment"])
+    job["template"] = template_of(job["comment"], job["admin_comment"])

@@ -160,14 +160,16 @@ class Chunk:
     """What a worker hands back for one :class:`ChunkTask`: its staged rows (a serialized SQLite
     database with table ``staged`` of :data:`STAGE_COLUMNS` and ``staged_rare`` of
     :data:`RARE_COLUMNS`), its line count, its tally
-    (lines numbered from the chunk's first line), the ``(job_id_raw, AdminComment)`` pairs
-    with an AdminComment, whether a job had no submit time (so attempt 0), and its size."""
+    (lines numbered from the chunk's first line), the ``(job_id, node, summary JSON)`` node
+    summaries its jobs' gpuguard AdminComments carry (decoded here, in the worker:
+    :func:`gpuguard.reports.admin_summaries.summaries_of`), whether a job had no submit
+    time (so attempt 0), and its size."""
 
     data: bytes
     lines: int
     jobs: int
     tally: Tally
-    admin: list[tuple[int, str]] = field(default_factory=list)
+    admin: list[tuple[str, str, str]] = field(default_factory=list)
     no_submit: bool = False
     nbytes: int = 0
 
@@ -209,6 +211,7 @@ class ChunkTask:
 
 def parse_chunk(task: ChunkTask) -> Chunk:
     """Worker: parse one :class:`ChunkTask` into a :class:`Chunk`."""
+    from gpuguard.reports.admin_summaries import summaries_of
     from gpuguard.reports.sacct import TimeConverter, iter_pipe
     from gpuguard.reports.sync_result import Tally
 
@@ -237,7 +240,7 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     db.execute(f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(RARE_COLUMNS)})")
     insert = f"INSERT INTO staged VALUES ({', '.join('?' * len(STAGE_COLUMNS))})"
     pick, pick_rare = operator.itemgetter(*STAGE_COLUMNS), operator.itemgetter(*RARE_COLUMNS)
-    admin: list[tuple[int, str]] = []
+    admin: list[tuple[str, str, str]] = []
     rare: list[tuple] = []
     no_submit = False
     batch: list[tuple] = []
@@ -248,8 +251,8 @@ def parse_chunk(task: ChunkTask) -> Chunk:
         extra = pick_rare(j)
         if extra != _NO_RARE:
             rare.append((jobs + len(batch), *extra))  # the staged row's rowid: rows are numbered from 1
-            if j["admin_comment"]:
-                admin.append((j["job_id_raw"], j["admin_comment"]))
+            if j["admin_comment"]:  # decoded just now for its template: one decode a job
+                admin.extend(summaries_of(j["job_id_raw"], j["admin_comment"]))
         if j["submit_at"] is None:
             no_submit = True
         if len(batch) >= _STAGE_BATCH:
@@ -381,7 +384,7 @@ def load_chunks(store, chunks: Iterator[Chunk], now: float, source: str, tally,
     set aside (:func:`set_indexes_aside`, :func:`rebuild_indexes`); merge each chunk's tally
     into ``tally`` with its line offset. Returns the jobs offered. Raises what the chunks'
     iterator raises, and :class:`sqlite3.Error`; either rolls the whole load back."""
-    from gpuguard.reports.admin_summaries import store_admin_summaries
+    from gpuguard.reports.admin_summaries import store_summaries
 
     conn = store.db.conn
     conn.execute(f"ATTACH DATABASE ':memory:' AS {STAGE}")
@@ -400,7 +403,7 @@ def load_chunks(store, chunks: Iterator[Chunk], now: float, source: str, tally,
                 if zero:
                     conn.execute(DROP_UNKNOWN_STAGED_SQL + fresh)
                 conn.execute(upsert + fresh, {"synced_at": now, "source": source})
-                store_admin_summaries(store, chunk.admin, now)
+                store_summaries(store, chunk.admin, now)
                 zero = zero or chunk.no_submit
                 tally.merge(chunk.tally, line_offset)
                 line_offset += chunk.lines

@@ -176,3 +176,17 @@ def test_a_dead_collector_is_not_a_hardware_event_in_the_part(tmp_path, cfg):
     finally:
         close_all(stores)
     assert parts[p.node_names[0]]["hw_events"] == []
+
+
+def test_template_counts_allocated_gpus_and_falls_back_to_sampled_for_old_parts():
+    """A part's job.gpus (SLURM_JOB_GPUS on its node) is the count; a part of an earlier
+    release without it counts its sampled GPUs; a non-integer job.gpus is not a count."""
+    from gpuguard.epilog.judge import _template
+
+    meta = {"job_id": "5", "partition": "gpu", "name": "t", "num_nodes": 2, "nodes": ["n1", "n2"]}
+    new = {"job": {"gpus": 8, "gpu_name": "NVIDIA A100-SXM4-80GB"}, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
+    old = {"job": {}, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 3}
+    odd = {"job": {"gpus": True}, "gpus": [{"name": None}]}
+    assert _template(meta, {"n1": new, "n2": new}).name == "gpu.a100-sxm4-80gb.x8.n2.t"
+    assert _template(meta, {"n1": old, "n2": old}).name == "gpu.h100-80gb-hbm3.x3.n2.t"
+    assert _template(meta, {"n1": odd}).name == "gpu._.x1.n2.t"

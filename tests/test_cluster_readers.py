@@ -101,6 +101,7 @@ def test_cluster_store_is_read_only_and_never_written(tmp_path):
     j = json.loads(r.output)
     assert (j["source"], j["cluster"]["user"], j["cluster"]["nodes"]) == (f"cluster store {db}", "alice", ["n1"])
     assert j["job"]["source"] == "gpuguard summaries"  # no sacct answer: the store's own header
+    assert (j["job"]["gpus"], j["cluster"]["gpus"]) == (2, 2)  # allocated, not the (no) sampled GPUs
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     assert sorted(os.listdir(db.parent)) == ["cluster.db"]
 

@@ -249,3 +249,20 @@ def test_worker_sigkilled_then_cluster_ingest_completes_the_job_and_twice_change
     assert (cl.query("select * from verdicts"), cl.query("select * from findings"),
             cl.query("select job_id, parts, missing, admin_comment from cluster_jobs")) == before
     assert not spool.exists()
+
+
+def test_derived_template_on_a_mig_node_is_the_allocation_s(cl):
+    """No template named, n1's GPUs in MIG mode (never sampled): the controller derives
+    the template from the 2 GPUs Slurm allocated and n1's GPU name, as the node side does
+    (before: 'gpu._.x_.n1.mignamed', counted from 0 sampled GPUs), and counts 2 GPUs."""
+    mig = {f"gpu{i}": {"mig_mode": True} for i in range(4)}
+    (cl.root / "n1" / "gpus.json").write_text(dump_snapshot(node_snapshot(4, **mig), t0=time.time()))
+    jid = cl.tb.submit(wrap="sleep 3", gres="gpu:2", nodelist="n1", job_name="mignamed")
+    assert cl.tb.wait_job(jid, timeout=120)["State"] == "COMPLETED", cl.tb.job_output(jid)
+    v = cl.wait_verdict(jid)
+    assert v["template"] == "gpu.h100-80gb-hbm3.x2.n1.mignamed", cl.log()[-3000:]
+    deadline = time.monotonic() + 30  # the cluster_jobs row is the judge's last write
+    while not (rows := cl._try_query("select gpus from cluster_jobs where job_id = ?", [str(jid)])):
+        assert time.monotonic() < deadline, cl.log()[-3000:]
+        time.sleep(0.3)
+    assert rows == [{"gpus": 2}]

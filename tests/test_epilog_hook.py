@@ -358,3 +358,80 @@ def test_console_script_exits_0_with_an_empty_environment(node):
     assert p.returncode == 0, p.stderr
     s = summary(node["db"])
     assert (s["exit_signal"], s["exit_text"], s["collector_status"]) == (9, "signal 9 (SIGKILL)", "never_started")
+
+
+def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, make_config, write_replay):
+    """The job has ended: the Epilog cancels nothing; its run, findings, summary and node
+    history say alert/proceed with the reason naming why, never fail-job."""
+    from gpuguard.ops.nodes import history
+
+    _path, _ = make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                           replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})),
+                           kernel_log=str(node["kl"]))
+    assert hook.run(EPILOG_ENV) == 0
+    assert node["calls"]() == []
+    reason = ("gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
+              " (fail-job after the job ended: alerted only)")
+    st = open_store(node["db"])
+    assert st.query("select hook, job_id, decision, reason from health_runs") == [
+        {"hook": "epilog", "job_id": "42", "decision": "proceed", "reason": reason}]
+    assert st.query("select code, action from findings where code = 'config.persistence_off'") == [
+        {"code": "config.persistence_off", "action": "alert"}]
+    s = summary(node["db"])
+    assert (s["post_job"]["outcome"], s["post_job"]["reason"]) == ("proceed", reason)
+    assert [f["action"] for f in s["post_job"]["findings"] if f["code"] == "config.persistence_off"] == ["alert"]
+    assert [r["what"] for r in history(st, "n1") if r["kind"] == "finding"] == [
+        "config.persistence_off gpu2 warning -> alert"]
+    from gpuguard.config import load
+    from gpuguard.ops import metrics
+
+    reg, errors = metrics.build_registry(load(_path), st)
+    assert errors == []
+    assert reg.get_sample_value("gpuguard_health_findings", {
+        "node": "n1", "code": "config.persistence_off", "severity": "warning", "action": "alert", "gpu": "2"}) == 1
+    assert reg.get_sample_value("gpuguard_health_findings", {
+        "node": "n1", "code": "config.persistence_off", "severity": "warning", "action": "fail-job", "gpu": "2"}) is None
+    assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail)" in \
+        node["log"].read_text()
+
+
+def test_mig_node_part_gives_the_controller_the_node_side_template(node, make_config, write_replay, tmp_path):
+    """A MIG node samples no GPU: the controller's template counted 0 sampled GPUs and
+    had no GPU name ('gpu._.x_.n1.train') where the node side derives from SLURM_JOB_GPUS
+    and its inventory ('gpu.h100-80gb-hbm3.x2.n1.train'). The part carries both facts."""
+    from gpuguard.epilog import part as part_mod
+    from gpuguard.epilog.judge import _template, judge_parts, meta_from_env
+    from gpuguard.epilog.template import job_template
+
+    sp = tmp_path / "spool"
+    sp.mkdir()
+    mig = {f"gpu{i}": {"mig_mode": True} for i in range(4)}
+    path, _cfg = make_config("[prolog]\nstart_collector = false\n", replay=write_replay(node_snapshot(4, **mig)),
+                             kernel_log=str(node["kl"]))
+    with open(path) as fh:
+        text = fh.read()
+    with open(path, "w") as fh:
+        fh.write(text.replace("[paths]\n", f'[paths]\nspool_dir = "{sp}"\n', 1))
+    env = dict(ENV, SLURM_JOB_PARTITION="gpu", SLURM_JOB_NUM_NODES="1")
+    assert prolog_hook.run(env) == 0
+    assert hook.run(dict(env, SLURM_JOB_EXIT_CODE="0")) == 0
+    parts = part_mod.read_parts(str(sp), "42", None)
+    assert list(parts) == ["n1"] and parts["n1"]["gpus"] == []
+    assert (parts["n1"]["job"]["gpus"], parts["n1"]["job"]["gpu_name"]) == (2, "NVIDIA H100 80GB HBM3")
+    meta = meta_from_env(dict(env, SLURM_JOB_NAME="train", SLURM_JOB_NODELIST="n1", SLURM_JOB_EXIT_CODE="0"), ["n1"])
+    node_side = job_template(env, job_info={"JobName": "train"}, gpu_name="NVIDIA H100 80GB HBM3").name
+    assert node_side == _template(meta, parts).name == "gpu.h100-80gb-hbm3.x2.n1.train"
+    cluster = open_store(str(tmp_path / "cluster.db"))
+    from gpuguard.config import load
+
+    res = judge_parts(cluster, "42", parts, cfg=load(path), meta=meta, slurm=None, log=hook_log(),
+                      set_comment=False)
+    assert res.verdict["template"] == "gpu.h100-80gb-hbm3.x2.n1.train"
+    assert cluster.query("select gpus from cluster_jobs") == [{"gpus": 2}]  # sacct AllocTRES gres/gpu=2
+    cluster.close()
+
+
+def hook_log():
+    import logging
+
+    return logging.getLogger("test")

@@ -531,3 +531,41 @@ def test_json_with_errors_and_no_jobs_is_refused():
                                               r"controller \(connect failure\) Unable to query accounting$"):
         list(iter_json(doc, source="j.json"))
     assert list(iter_json({"jobs": [], "errors": []}, source="j.json")) == []
+
+
+def test_derived_template_is_read_from_the_judges_admin_comment():
+    """A job with no template in its comment was judged under a derived template; the
+    report reads it from the AdminComment the judge wrote, as the verdict has it. A
+    named template still wins; a foreign or damaged AdminComment gives none."""
+    from gpuguard.epilog import admincomment
+
+    judged = admincomment.encode(admincomment.build(
+        "8", {"cause": "healthy", "state": "judged", "template": "gpu.h100-80gb-hbm3.x4.n1.train",
+              "summary": "ok", "baseline_runs": 3}, {}, []))
+    text = "JobIDRaw|JobID|State|Comment|AdminComment\n" \
+        f"8|8|COMPLETED||{judged}\n9|9|COMPLETED|gpuguard:template=mine|{judged}\n" \
+        "10|10|COMPLETED||gpuguard: config.persistence_off gpu2 persistence mode off\n" \
+        "11|11|COMPLETED||gpuguard:v2z:zzzz\n"
+    rows = list(iter_pipe(io.StringIO(text), conv=UTC))
+    assert [(r.job["job_id_raw"], r.job["template"]) for r in rows] == [
+        (8, "gpu.h100-80gb-hbm3.x4.n1.train"), (9, "mine"), (10, None), (11, None)]
+    assert template_of(None, "gpuguard:v1:" + '{"t": "a b/c"}') == "a-b-c"
+
+
+def test_admin_comment_base32_reader_matches_the_library():
+    """admincomment._b32decode (int(.., 32), C speed) gives base64.b32decode's bytes for
+    every length, either case, and refuses what it refuses."""
+    import base64
+    import binascii
+
+    from gpuguard.epilog.admincomment import _b32decode
+
+    for n in range(0, 41):
+        raw = bytes(range(7, 7 + n))
+        text = base64.b32encode(raw).decode().rstrip("=")
+        assert _b32decode(text) == raw and _b32decode(text.lower()) == raw
+    for bad in ("A", "ABC", "ABCDEF", "AB1", "AB CD", "AB=C"):
+        with pytest.raises(ValueError):
+            _b32decode(bad)
+        with pytest.raises(binascii.Error):
+            base64.b32decode(bad + "=" * (-len(bad) % 8))

@@ -4,6 +4,7 @@ batched path does, on every corpus file, is test_reports_sync's equivalence test
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC
 
@@ -309,3 +310,36 @@ def test_paste_starting_with_blank_lines(tmp_path, monkeypatch, bulk):
     f.write_text("\n  \n" + HANDMADE.read_text())
     res = import_file(next(cache_store(tmp_path / "s")), str(f), tz=UTC, synced_at=1.0)
     assert (res.jobs, res.malformed) == (14, [])
+
+
+def test_admin_comments_are_decoded_once_in_the_workers_never_in_the_importing_process(cstore, parallel,
+                                                                                       tmp_path, monkeypatch):
+    """A judged job's AdminComment gives its template and its node summaries with ONE
+    decode, in the worker that parses its chunk; the importing process only stores the
+    decoded summaries (a 1 M-job cluster whose jobs gpuguard judged would otherwise decode
+    each one, about 40 us, in the importing process, one after another)."""
+    from gpuguard.epilog import admincomment
+
+    judged = {n: admincomment.encode(admincomment.build(
+        str(n), {"cause": "healthy", "state": "judged", "template": f"gpu.t{n}", "summary": "ok", "baseline_runs": 3},
+        {"n1": {"gpu_util_mean_pct": 50.0 + n, "gpus": [{"gpu_index": 0, "gpu_util_mean_pct": 50.0 + n}]}}, []))
+        for n in (7, 8, 9)}
+    f = tmp_path / "judged.txt"
+    f.write_text("JobIDRaw|JobID|State|Start|End|AllocTRES|Comment|AdminComment\n" + "".join(
+        f"{n}|{n}|COMPLETED|2026-11-01T10:00:00|2026-11-01T11:00:00|gres/gpu=1||{judged[n]}\n" for n in (7, 8, 9)))
+    decodes = []
+    real = admincomment.decode
+    monkeypatch.setattr(admincomment, "decode", lambda t: decodes.append(os.getpid()) or real(t))
+    admincomment.decode_shared.cache_clear()
+    res = import_file(cstore, str(f), tz=UTC, synced_at=5.0)
+    assert res.jobs == 3 and not res.malformed
+    assert decodes == []  # not one decode in the importing process: the forked workers did them
+    assert [(r["job_id_raw"], r["template"]) for r in cstore.query(
+        "SELECT job_id_raw, template FROM sacct_jobs ORDER BY 1")] == [(7, "gpu.t7"), (8, "gpu.t8"), (9, "gpu.t9")]
+    got = [(r["job_id"], r["node"], r["created_at"], json.loads(r["summary"])["gpu_util_mean_pct"]) for r in cstore.query(
+        "SELECT job_id, node, created_at, summary FROM job_summaries ORDER BY job_id")]
+    assert got == [("7", "n1", 5.0, 57.0), ("8", "n1", 5.0, 58.0), ("9", "n1", 5.0, 59.0)]
+    # and a worker decodes each AdminComment once: template and summaries share it
+    chunk = bulk_mod.parse_chunk(bulk_mod.ChunkTask(source=str(f), tz=UTC, path=str(f), lo=0, hi=f.stat().st_size))
+    assert decodes == [os.getpid()] * 3
+    assert [(jid, node) for jid, node, _s in chunk.admin] == [("7", "n1"), ("8", "n1"), ("9", "n1")]
