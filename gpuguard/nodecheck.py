@@ -138,10 +138,8 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
         live.result.tool_errors.append(f"store: {e}")
         return live.result
     if res.decision.outcome == "drain" and live.result.decision.outcome != "drain" and live.drain is None:
-        if not pend.dry_run:
-            if not pend.add(cfg.node_name, res.decision.reason, decision_recovery(res.decision)):
-                live.result.tool_errors.append("pending drains: not recorded; drained all the same")
-            live.drain = pend.settle(cfg.node_name, res.decision.reason)
+        # pending first, drained even when the list cannot be written (PendingDrains.drain)
+        live.drain = pend.drain(cfg.node_name, res.decision.reason, decision_recovery(res.decision))
     return res
 
 

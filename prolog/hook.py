@@ -194,22 +194,15 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
 def _drain_now(cfg, live, pend, henv, acted, recovery, log, nccl) -> int:
     """Drain this node for ``acted``, a :class:`gpuguard.policy.Decision` taken after the
     live check (the NCCL probe's, or a fail-job escalation): announce the exit, drain
-    through the pending-drain list (a dry run only logs; a list that cannot be written
-    still drains, as the live check's drain does), keep the outcome in ``live.drain``
+    through the pending-drain list (:meth:`gpuguard.drainq.PendingDrains.drain`: a dry run
+    only logs; a list that cannot be written still drains), keep the outcome in ``live.drain``
     (the ``node_actions`` row), and record the run with ``acted`` as its decision (what
     was done, not the live check's fail-job/proceed). Returns :data:`EXIT_DRAIN`."""
     from gpuguard.hookrun import announce
 
     announce(EXIT_DRAIN)
-    node, reason = cfg.node_name, acted.reason
-    if pend.dry_run:
-        log.warning("dry run: would drain %s: %s", node, reason)
-    else:
-        if not pend.add(node, reason, recovery):
-            log.error("tool error: pending drains: not recorded; draining %s all the same", node)
-        live.drain = pend.settle(node, reason)
-        if live.drain.status != "confirmed":
-            log.error("tool error: drain not confirmed (%s); it stays pending", live.drain.why)
+    # pending first, drained even when the list cannot be written; the outcome is logged
+    live.drain = pend.drain(cfg.node_name, acted.reason, recovery)
     _record(cfg, live, pend, henv.job_id, henv.job_gpus, log, nccl, acted=acted)
     return EXIT_DRAIN
 

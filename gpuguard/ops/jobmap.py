@@ -74,10 +74,6 @@ def job_gpus(env: dict[str, str]) -> list[int]:
     return []
 
 
-def _cvd_entries(env: dict[str, str]) -> list[str]:
-    return [x for x in (s.strip() for s in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")) if x]
-
-
 def resolve_gpus(env: dict[str, str], snapshot: Any) -> tuple[list[int], list[str], list[str]]:
     """The job's GPUs as the exporters name them (the module docstring): ``(indices,
     mig_uuids, warnings)``. ``indices``: NVML indices of whole GPUs the job holds, each
@@ -85,11 +81,13 @@ def resolve_gpus(env: dict[str, str], snapshot: Any) -> tuple[list[int], list[st
     ``warnings``: one line per reason something the job holds gets no file. ``snapshot``:
     the Prolog's :class:`~gpuguard.model.NodeSnapshot`, or None when it has none (then no
     index is used)."""
+    from gpuguard.collector.mig import parse_mig_entries
+
     warnings: list[str] = []
     indices = job_gpus(env)
-    cvd = _cvd_entries(env)
-    uuids = [x for x in cvd if x[:4].upper() == "GPU-"]
-    migs = [x for x in cvd if x[:4].upper() == "MIG-"]
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    uuids = [x for x in (s.strip() for s in (cvd or "").split(",")) if x[:4].upper() == "GPU-"]
+    migs = parse_mig_entries(cvd)
     mig_uuids = [m for m in dict.fromkeys(migs) if _MIG_UUID.fullmatch(m)]
     if len(mig_uuids) < len(set(migs)):
         warnings.append(f"MIG device(s) {','.join(m for m in dict.fromkeys(migs) if m not in mig_uuids)}: a "
@@ -218,7 +216,10 @@ def job_ended(cfg: Any, env: dict[str, str], log: Any) -> None:
         # only this job's entries are removed, so a name that was never written costs nothing
         doc = _recorded(cfg, job_id)
         gpus = list(dict.fromkeys([g for g in doc.get("gpus") or [] if isinstance(g, int)] + job_gpus(env)))
-        migs = [m for m in dict.fromkeys([*(doc.get("mig_devices") or []), *_cvd_entries(env)])
+        from gpuguard.collector.mig import parse_mig_entries
+
+        migs = [m for m in dict.fromkeys([*(doc.get("mig_devices") or []),
+                                          *parse_mig_entries(env.get("CUDA_VISIBLE_DEVICES"))])
                 if isinstance(m, str) and _MIG_UUID.fullmatch(m)]
         d = cfg.get("metrics", "dcgm_job_map_dir")
         if d and gpus:
