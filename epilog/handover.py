@@ -21,7 +21,7 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
     judged: half of its data would give a verdict that contradicts the other half's.
     Our errors here are tool errors; they never drain."""
     from gpuguard.epilog import part as part_mod
-    from gpuguard.epilog.template import gpus_allocated
+    from gpuguard.epilog.template import gpus_allocated, inventory_gpu_name
     from gpuguard.hookenv import read_hook_env
     from gpuguard.slurm import SlurmCli
 
@@ -31,7 +31,7 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
            "partition": h.job_partition, "comment": h.job_comment, "num_nodes": h.job_num_nodes,
            "nodelist": h.job_nodelist, "exit_code_raw": h.exit_status_raw,
            # the derived template's facts, read here where they are known (epilog.judge._template)
-           "gpus": gpus_allocated(h.job_gpus_raw), "gpu_name": _gpu_name(store, node)}
+           "gpus": gpus_allocated(h.job_gpus_raw), "gpu_name": inventory_gpu_name(store, node)}
     # the template lookup (SlurmCli.show_job: two squeue calls) is capped by what is left of the budget
     slurm = SlurmCli(cfg.get("slurm", "bin_dir"), timeout_s=3.0,
                      deadline=getattr(getattr(pend, "actuator", None), "deadline", None))
@@ -54,17 +54,6 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
         except Exception:
             job["name"] = None
     judge_here(store, job_id, cfg, node, job, part_mod.decode_part(blob), pend, log)
-
-
-def _gpu_name(store: Any, node: str) -> str | None:
-    """This node's NVML GPU product name from its inventory (whole GPUs, MIG or not), or
-    None: a derived template's GPU type when Slurm's gres has none. Never raises."""
-    try:
-        rows = store.query("select name from inventory where node = ? and name is not null "
-                           "order by gpu_index limit 1", [node])
-    except Exception:  # the name only refines a derived template
-        return None
-    return rows[0]["name"] if rows else None
 
 
 def encode_part(store: Any, job_id: str, cfg: Any, node: str, job: dict[str, Any], summary: Any) -> tuple[bytes, float]:

@@ -107,6 +107,19 @@ def _gpus_from_tres(tres: str | None) -> tuple[str | None, int | None]:
     return None, None
 
 
+def inventory_gpu_name(store: Any, node: str) -> str | None:
+    """``node``'s NVML GPU product name from its store's inventory (its lowest-indexed GPU
+    with a name), or None: a derived template's GPU type when Slurm's gres names none
+    (the ``gpu_name`` of :func:`job_template`). Never raises: the name only refines a
+    derived template."""
+    try:
+        rows = store.query("select name from inventory where node = ? and name is not null "
+                           "order by gpu_index limit 1", [node])
+    except Exception:
+        return None
+    return rows[0]["name"] if rows else None
+
+
 def gpus_allocated(job_gpus_raw: str | None) -> int | None:
     """GPUs Slurm allocated the job on this node: the entries of ``SLURM_JOB_GPUS``
     (indices or UUIDs, as given; SLURM-FACTS.md §4), ``None`` when it is unset or empty.

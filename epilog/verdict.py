@@ -47,7 +47,7 @@ from gpuguard.epilog.jobdata import JobData, load_job
 from gpuguard.epilog.metrics import job_metrics
 from gpuguard.epilog.record import load_verdict, node_context, save_verdict
 from gpuguard.epilog.show import format_verdict
-from gpuguard.epilog.template import Template, job_template
+from gpuguard.epilog.template import Template, inventory_gpu_name, job_template
 
 __all__ = ["CAUSES", "FINDING_SEVERITY", "LEARNING", "Comparison", "Settings", "Verdict", "act_on_verdict",
            "escalation", "exit_code_from_env", "format_verdict", "judge", "judge_job", "load_verdict",
@@ -193,12 +193,6 @@ def run_verdict(store: Any, job_id: str, *, cfg: Config, env: Mapping[str, str] 
     """
     env = os.environ if env is None else env
     node = node or cfg.node_name
-    gpu_name = None
-    try:
-        inv = store.query("select name from inventory where node = ? and name is not null limit 1", [node])
-        gpu_name = inv[0]["name"] if inv else None
-    except Exception:  # the name only refines a derived template
-        gpu_name = None
-    tmpl = job_template(env, slurm=slurm, gpu_name=gpu_name)
+    tmpl = job_template(env, slurm=slurm, gpu_name=inventory_gpu_name(store, node))
     v = judge_job(store, job_id, cfg=cfg, template=tmpl, exit_code=exit_code_from_env(env), now=now)
     return v, act_on_verdict(store, v, cfg=cfg, node=node, now=now)
