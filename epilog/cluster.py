@@ -141,14 +141,14 @@ def _judge_locked(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
                   parts: dict[str, dict[str, Any]] | None, meta: dict[str, Any] | None,
                   retries: int, retry_sleep_s: float) -> Any:
     """:func:`judge_from_spool` under the job's judge lock."""
-    from gpuguard.epilog.judge import judge_parts, meta_from_parts
+    from gpuguard.epilog.judge import judge_parts
     from gpuguard.epilog.part import read_parts
 
     spool = cfg.get("paths", "spool_dir")
     parts = read_parts(spool, job_id, log) if parts is None else parts
     if not parts:
         return None
-    meta = meta or read_manifest(spool, job_id) or meta_from_parts(job_id, parts)
+    meta = meta or read_manifest(spool, job_id) or _meta_without_manifest(job_id, parts, slurm, log)
     parts = _parts_of_job_nodes(parts, meta, job_id, log)
     if not parts:
         return None
@@ -166,6 +166,31 @@ def _judge_locked(cfg: Any, store: Any, job_id: str, *, log: Any, slurm: Any,
         if not cfg.get("cluster", "admin_comment") or (row and row[0]["admin_comment_at"] is not None):
             remove_job(spool, job_id, log)
     return res
+
+
+def _meta_without_manifest(job_id: str, parts: dict[str, dict[str, Any]], slurm: Any, log: Any) -> dict[str, Any]:
+    """The manifest of a job EpilogSlurmctld never wrote one for (its worker died, or it
+    is not configured): the first part's job fields (:func:`~gpuguard.epilog.judge.meta_from_parts`)
+    and, when the template is derived (no ``gpuguard:template=`` in the comment), the job
+    name from slurmdbd (:meth:`gpuguard.slurm.SlurmCli.job_name`): the node Epilog has no
+    ``SLURM_JOB_NAME`` (SLURM-FACTS §4), and without it the derived template would differ
+    from the one the same job gets with its manifest. A failed lookup is logged and the
+    name left out (the template then has ``_`` for it, as before)."""
+    from gpuguard.epilog.judge import meta_from_parts
+    from gpuguard.epilog.template import from_comment
+
+    meta = meta_from_parts(job_id, parts)
+    comment = meta.get("comment")
+    if slurm is None or meta.get("name") or from_comment(comment if isinstance(comment, str) else None):
+        return meta
+    try:
+        name = slurm.job_name(job_id)
+    except Exception as e:  # a tool error: the job is judged with a nameless template
+        log.warning("job %s: no manifest, and its name could not be read: %s", job_id, e)
+        return meta
+    if name:
+        meta["name"] = name
+    return meta
 
 
 @dataclass

@@ -21,7 +21,7 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
     judged: half of its data would give a verdict that contradicts the other half's.
     Our errors here are tool errors; they never drain."""
     from gpuguard.epilog import part as part_mod
-    from gpuguard.epilog.template import gpus_allocated, inventory_gpu_name
+    from gpuguard.epilog.template import from_comment, gpus_allocated, inventory_gpu_name
     from gpuguard.hookenv import read_hook_env
     from gpuguard.slurm import SlurmCli
 
@@ -48,7 +48,7 @@ def hand_over(store: Any, job_id: str, cfg: Any, env: dict[str, str], node: str,
     except Exception as e:
         log.error("tool error: part: %s: %s", type(e).__name__, e)
         return
-    if not job["comment"] or "gpuguard:template=" not in job["comment"]:
+    if from_comment(job["comment"]) is None:
         try:  # the Epilog has no SLURM_JOB_NAME (SLURM-FACTS §4); a derived template needs it
             job["name"] = slurm.show_job(job_id).get("JobName")
         except Exception:

@@ -146,6 +146,19 @@ class SlurmCli:
         fields["JobName"] = name
         return {k: v for k, v in fields.items() if v not in ("", "(null)", "N/A")}
 
+    def job_name(self, job_id: str, *, timeout_s: float | None = None) -> str | None:
+        """The job's name as slurmdbd keeps it, for a job that has ended (slurmctld forgets
+        it ``MinJobAge``, 300 s by default, after the end): ``sacct -X -n -P -j JOB
+        --format=JobIDRaw,JobName`` (without ``-S``, ``-j`` searches from the epoch: sacct
+        man page, ``--starttime``). The name is user text and may hold ``|`` or newlines: it
+        is the text after ``JOB|`` up to the next line that starts with another component's
+        ``ID|`` (a het job lists each component), final newline dropped. None when sacct has
+        no such job or the name is empty. Raises :class:`SlurmError`."""
+        job = str(job_id)
+        out = self.run("sacct", "-X", "-n", "-P", "-j", job, "--format=JobIDRaw,JobName", timeout_s=timeout_s)
+        m = re.search(rf"(?:\A|\n){re.escape(job)}\|(.*?)(?=\n\d+\||\n?\Z)", out, re.S)
+        return (m.group(1) or None) if m else None
+
     def fail_job(self, job_id: str, reason: str, *, timeout_s: float | None = None) -> None:
         """Fail a job from the Prolog *without* draining the node: note ``reason`` in the
         job's AdminComment (``scontrol`` may still update a job that has not finished:

@@ -97,6 +97,64 @@ def test_missing_node_is_named_and_the_late_part_is_judged_by_ingest(ctld):
     assert len(ctld["calls"]()) == 2
 
 
+def _spool_nameless_job(ctld, job_id: str, comment):
+    """A 2-node job with a derived template (no ``gpuguard:template=`` in ``comment``) in the
+    spool, with no manifest (EpilogSlurmctld never ran for it)."""
+    p = S.Profile(name="ctl", nodes=2, gpus_per_node=2, duration_s=900.0)
+    rows = S.generate(p, "healthy", seed=3, job_id=job_id, start=S.T0)
+    stores = write_per_node(str(ctld["tmp"] / "nodes" / job_id), rows, p, dict(zip(p.node_names, ("n1", "n2"), strict=True)))
+    job = {"comment": comment, "partition": "gpu", "num_nodes": 2, "gpus": 2, "gpu_name": "NVIDIA H100 80GB HBM3"}
+    try:
+        parts = parts_of(stores, job_id, ctld["cfg"], job)
+    finally:
+        close_all(stores)
+    for n in ("n1", "n2"):
+        blob, _ = part.encode_part(lambda ws, n=n: parts[n], 60.0)
+        part.write_part(ctld["spool"], job_id, n, blob)
+
+
+@pytest.mark.parametrize(("sacct_out", "comment", "template"), [
+    ("95|llama pretrain|v2\n", "nightly run", "gpu.h100-80gb-hbm3.x2.n2.llama-pretrain-v2"),
+    ("95|two\nlines\n96|two\nlines\n", None, "gpu.h100-80gb-hbm3.x2.n2.two-lines"),
+    ("", None, "gpu.h100-80gb-hbm3.x2.n2._"),
+    ("95|ignored\n", "xgpuguard:template=forged", "gpu.h100-80gb-hbm3.x2.n2.ignored"),
+])
+def test_ingest_without_a_manifest_reads_the_job_name_from_slurmdbd(ctld, sacct_out, comment, template):
+    """Without the manifest the derived template had ``_`` for the job name, so the same
+    job got another template than with its manifest; the name now comes from sacct (a
+    name with ``|`` or a newline kept whole, a het job's second component not read)."""
+    _spool_nameless_job(ctld, "95", comment)
+    log = ctld["tmp"] / "sacct.out"
+    log.write_text(sacct_out)
+    (ctld["tmp"] / "bin" / "sacct").write_text(f"#!/bin/sh\ncat {log}\n")
+    time.sleep(0.35)
+    store = open_store(str(ctld["tmp"] / "cluster.db"))
+    try:
+        from gpuguard.slurm import SlurmCli
+
+        res = cluster.ingest(ctld["cfg"], store, log=__import__("logging").getLogger("t"),
+                             slurm=SlurmCli(ctld["calls"].bindir), retry_sleep_s=0)
+        assert (res.judged, res.errors) == (1, [])
+        assert store.query("select template from verdicts") == [{"template": template}]
+    finally:
+        store.close()
+
+
+def test_ingest_without_a_manifest_asks_sacct_only_for_a_derived_template(ctld):
+    _spool_nameless_job(ctld, "96", "gpuguard:template=mine")
+    time.sleep(0.35)
+    store = open_store(str(ctld["tmp"] / "cluster.db"))
+    try:
+        from gpuguard.slurm import SlurmCli
+
+        cluster.ingest(ctld["cfg"], store, log=__import__("logging").getLogger("t"),
+                       slurm=SlurmCli(ctld["calls"].bindir), retry_sleep_s=0)
+        assert store.query("select template from verdicts") == [{"template": "mine"}]
+    finally:
+        store.close()
+    assert [c for c in ctld["calls"](include_reads=True) if c[0] == "sacct"] == []
+
+
 def test_worker_killed_mid_judge_then_ingest_twice(ctld):
     """What a SIGKILLed worker leaves (manifest and parts, no cluster_jobs row) is judged
     by ingest; a second ingest changes nothing and calls sacctmgr no more."""
