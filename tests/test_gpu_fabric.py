@@ -248,6 +248,13 @@ def test_in_progress_within_the_grace_after_boot_is_a_warning(monkeypatch):
     assert [c for c, *_ in _run(gpus[:1], boot=T + 5.0, monkeypatch=monkeypatch)] == ["fabric.not_registered"]
 
 
+def test_not_started_can_be_left_alone_by_config(monkeypatch):
+    gpus = [_gpu(0, fabric_state="not_started"), _gpu(1, fabric_state="in_progress")]
+    assert [(c, i) for c, _s, i, _m in _run(gpus, monkeypatch=monkeypatch,
+                                           settings={"fabric_not_started_is_fault": False})] == [
+        ("fabric.not_registered", 1)]
+
+
 def test_healthy_and_fabricless_gpus_never_read_the_boot_time(monkeypatch):
     def boom():
         raise AssertionError("boot time read on the healthy path")

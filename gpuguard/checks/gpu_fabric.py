@@ -13,7 +13,10 @@ Judgement, per GPU:
 * no state, or ``not_supported`` (nvidia-smi ``N/A`` / ``Not Supported``: a PCIe card, a
   single GPU, a GPU without NVSwitch; GPUd fabric-manager #1140/#1206 found such GPUs
   reporting ``Not Supported`` with any status): never a finding.
-* ``not_started`` / ``in_progress``: Fabric Manager has not (yet) registered the GPU.
+* ``not_started`` / ``in_progress``: Fabric Manager has not (yet) registered the GPU
+  (DCGM's health watch: In Progress warns, Not Started fails; ``[checks]
+  fabric_not_started_is_fault = false`` leaves Not Started alone where GPUs report it
+  without a fabric to join).
   Within ``[checks] fabric_registration_grace_s`` of boot it is start-up (Fabric
   Manager trains the NVSwitch links and registers every GPU after the driver loads;
   DCGM's fabric-manager status "InProgress" is boot-time training, aws
@@ -50,10 +53,11 @@ CODES = declare_codes("fabric", {
         "InProgress = boot-time training, aws eks-node-monitoring-agent #145)"),
     "fabric.not_registered": ("critical", "drain",
         "Fabric Manager user guide: a GPU not registered with the fabric cannot run CUDA/NCCL over NVLink; "
-        "still Not Started / In Progress past the grace = Fabric Manager down or stuck (NVSentinel #883, #889)"),
+        "DCGM health watch fails on Not Started; In Progress past the grace = Fabric Manager down or stuck "
+        "(NVSentinel #883, #889)"),
     "fabric.registration_failed": ("critical", "drain",
-        "NVML nvmlGpuFabricInfo: status is the registration's error once state is complete; a non-Success "
-        "status is a failed registration (GPUd fabric-manager; azhpc-images #506 Insufficient Resources)"),
+        "NVML nvmlGpuFabricInfo: status is the registration's error once state is complete; DCGM maps Completed "
+        "with an error to DcgmFMStatusFailure and its health watch fails on it (azhpc-images #506)"),
     "fabric.unhealthy": ("critical", "drain",
         "NVML fabric health: summary Unhealthy, route unhealthy or incorrect configuration (GPUd "
         "fabric-manager marks the GPU unhealthy; dra-driver-nvidia-gpu #626)"),
@@ -106,6 +110,8 @@ def gpu_fabric(ctx: CheckContext) -> list[Finding]:
     since_boot: list[float | None] = []
     for g in ctx.snapshot.gpus:
         if g.fabric_state in (None, "not_supported"):
+            continue
+        if g.fabric_state == "not_started" and not ctx.setting("fabric_not_started_is_fault"):
             continue
         if g.fabric_state in ("not_started", "in_progress"):
             if not since_boot:
