@@ -36,8 +36,10 @@ Judgement, per GPU:
 A node in Fabric Manager's shared-NVSwitch mode (``FABRIC_MODE=1``) keeps GPUs outside an
 active partition ``In Progress`` by design (NVIDIA gpu-driver-container #909): set
 ``[policy] "fabric.not_registered" = "alert"`` there, or disable the check. The boot time
-is read only when some GPU is not registered: the healthy path reads nothing but the
-snapshot.
+(``btime`` of this host's ``/proc/stat``) is read only when some GPU is not registered:
+the healthy path reads nothing but the snapshot. A saved dump (``check
+--from-nvidia-smi``) is measured against this host's boot: one older than the boot, or
+a boot time that cannot be read, counts as past the grace.
 """
 
 from __future__ import annotations
