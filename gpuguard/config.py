@@ -89,6 +89,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, ...]]] = {
         "nvlink_expected_links": (0, int, "NVLinks each GPU must have up; 0 = learn: a link counts once it was seen up on this GPU or is up on every other GPU of the same model here (links inactive by design, azurehpc-health-checks #162)"),
         "nvlink_crc_rate_per_s": (100.0, (int, float), "nvlink.errors_rising when CRC flit/data errors grow at least this fast per link (DCGM dcgm_hardware_limits.h DCGM_LIMIT_MAX_LWLINK_CRC_ERROR: 'CRC errors only matter at rates of 100+ per second')"),
         "nvlink_replay_recovery_max": (1, int, "nvlink.errors_rising when replay or recovery errors of a link grow by at least this many since the last reading (DCGM_LIMIT_MAX_LWLINK_ERROR = 1)"),
+        "fabric_registration_grace_s": (900.0, (int, float), "a GPU's NVLink fabric registration Not Started / In Progress within this long after boot is fabric.registration_pending (warning), later fabric.not_registered (drain) (our choice: 15 min; Fabric Manager trains the NVSwitch links and registers the GPUs within minutes of driver load, and a node whose registration never completes, NVSentinel #889, still drains)"),
+        "fabric_not_started_is_fault": (True, bool, "judge a GPU whose NVLink fabric registration is Not Started like one In Progress (DCGM health watch fails on Not Started); false where GPUs report Not Started without a fabric to join (aws eks-node-monitoring-agent #145 skips it on some GB200/GB300 instances): it is then never a finding"),
     },
     "prolog": {
         "time_budget_s": (20.0, (int, float), "hard limit for the whole prolog; keep it below Slurm's PrologEpilogTimeout", ABOVE_ZERO),

@@ -109,6 +109,47 @@ def encode_clock_event_reasons(names: list[str]) -> int:
     return mask
 
 
+#: ``nvmlGpuFabricState_t`` value -> state name (nvml.h ``NVML_GPU_FABRIC_STATE_*``;
+#: nvidia-smi -q prints ``Not Supported`` / ``Not Started`` / ``In Progress`` / ``Completed``).
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+#: ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` 1..3 (0 = not supported: None); nvidia-smi prints
+#: ``Healthy`` / ``Unhealthy`` / ``Limited Capacity``.
+FABRIC_HEALTH_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+#: Two-bit fields of the NVML fabric ``healthMask`` (nvml.h
+#: ``NVML_GPU_FABRIC_HEALTH_MASK_{SHIFT,WIDTH}_*``: 0 not supported, 1 true, 2 false):
+#: name -> (shift, nvidia-smi -q label under ``Fabric > Health``, -q -x element, printed
+#: value meaning the problem). ``Bandwidth`` prints ``Full`` / ``Degraded``, the rest
+#: ``True`` / ``False``.
+FABRIC_HEALTH_FLAGS: dict[str, tuple[int, str, str, str]] = {
+    "bandwidth_degraded": (0, "Bandwidth", "bandwidth", "degraded"),
+    "route_recovery_in_progress": (2, "Route Recovery in progress", "route_recovery_in_progress", "true"),
+    "route_unhealthy": (4, "Route Unhealthy", "route_unhealthy", "true"),
+    "access_timeout_recovery": (6, "Access Timeout Recovery", "access_timeout_recovery", "true"),
+}
+#: The four-bit ``Incorrect Configuration`` field of the health mask (shift 8, width 0xf;
+#: 0 not supported, 1 none): value -> reason (nvml.h
+#: ``NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_*``).
+FABRIC_INCORRECT_CONFIGURATION = {2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition",
+                                  5: "insufficient_nvlinks", 6: "incompatible_gpu_fw", 7: "invalid_location",
+                                  8: "gpu_state_invalid"}
+#: Every name ``GpuState.fabric_health`` may hold.
+FABRIC_HEALTH_NAMES = frozenset(FABRIC_HEALTH_FLAGS) | {
+    f"incorrect_configuration.{r}" for r in FABRIC_INCORRECT_CONFIGURATION.values()}
+
+
+def decode_fabric_health(mask: int) -> list[str] | None:
+    """The problems an NVML fabric ``healthMask`` flags (:data:`FABRIC_HEALTH_NAMES`, in
+    bit order), or None when the mask reports no field at all (every field 0 = not
+    supported: a pre-R550 driver or a GPU without health telemetry)."""
+    if not mask & 0xFFF:
+        return None
+    out = [name for name, (shift, *_rest) in FABRIC_HEALTH_FLAGS.items() if (mask >> shift) & 0x3 == 1]
+    reason = FABRIC_INCORRECT_CONFIGURATION.get((mask >> 8) & 0xF)
+    if reason is not None:
+        out.append(f"incorrect_configuration.{reason}")
+    return out
+
+
 _PCI_RE = re.compile(
     r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$"
 )
@@ -224,6 +265,22 @@ class GpuState:
     #: NVML nvmlDeviceGpuRecoveryAction_t (0 none, 1 GPU reset, 2 node reboot, 3 drain
     #: P2P, 4 drain and reset); None = not reported (drivers before R550)
     recovery_action: int | None = None
+    #: NVLink fabric registration (multi-node NVLink / NVSwitch: NVML
+    #: ``nvmlDeviceGetGpuFabricInfoV``, nvidia-smi -q ``Fabric``, -q -x ``<fabric>``): one of
+    #: :data:`FABRIC_STATES` (``not_supported`` / None: no fabric, never judged)
+    fabric_state: str | None = None
+    #: the registration's error as nvidia-smi prints it (``Success``, ``Insufficient
+    #: Resources``); only meaningful once ``fabric_state`` is ``completed`` (NVML docs)
+    fabric_status: str | None = None
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    #: NVML ``healthSummary`` (v3+, R570+ nvidia-smi ``Health > Summary``): one of
+    #: :data:`FABRIC_HEALTH_SUMMARIES`
+    fabric_health_summary: str | None = None
+    #: the fabric health problems flagged (names of :data:`FABRIC_HEALTH_FLAGS`, and
+    #: ``incorrect_configuration.<reason>`` of :data:`FABRIC_INCORRECT_CONFIGURATION`);
+    #: ``[]`` = health read, nothing flagged; None = no health reported
+    fabric_health: list[str] | None = None
     #: field name -> error name ("GpuIsLost", "Timeout", "Unknown", ...) for reads that
     #: failed for a reason other than "not supported".
     read_errors: dict[str, str] = field(default_factory=dict)
@@ -315,6 +372,13 @@ def check_field(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be {'/'.join(t.__name__ for t in types)}, got {value!r}")
     if not isinstance(value, types):
         raise ValueError(f"{name} must be {'/'.join(t.__name__ for t in types)}, got {value!r}")
+    if name == "fabric_state" and value not in FABRIC_STATES.values():
+        raise ValueError(f"fabric_state must be one of {sorted(FABRIC_STATES.values())}, got {value!r}")
+    if name == "fabric_health_summary" and value not in FABRIC_HEALTH_SUMMARIES.values():
+        raise ValueError(f"fabric_health_summary must be one of {sorted(FABRIC_HEALTH_SUMMARIES.values())}, "
+                         f"got {value!r}")
+    if name == "fabric_health" and any(not isinstance(v, str) or v not in FABRIC_HEALTH_NAMES for v in value):
+        raise ValueError(f"fabric_health: unknown problem(s) {[v for v in value if v not in FABRIC_HEALTH_NAMES]}")
     if name == "clock_event_reasons" and any(r not in CLOCK_EVENT_REASONS for r in value):
         raise ValueError(f"clock_event_reasons: unknown reason(s) {[r for r in value if r not in CLOCK_EVENT_REASONS]}")
 

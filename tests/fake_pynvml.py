@@ -44,7 +44,9 @@ import pynvml as _real
 
 #: Structures (and their version constants) callers fill through the binding, copied
 #: into the fake module as they are.
-_STRUCTS = frozenset({"c_nvmlEccSramErrorStatus_v1_t", "nvmlEccSramErrorStatus_v1"})
+_STRUCTS = frozenset({"c_nvmlEccSramErrorStatus_v1_t", "nvmlEccSramErrorStatus_v1",
+                      "c_nvmlGpuFabricInfo_t", "c_nvmlGpuFabricInfo_v2_t", "c_nvmlGpuFabricInfo_v3_t",
+                      "nvmlGpuFabricInfo_v2", "nvmlGpuFabricInfo_v3"})
 
 NVMLError = _real.NVMLError
 
@@ -114,7 +116,22 @@ def h100_gpu(index: int) -> dict[str, Any]:
         "nvlink_errors": {link: [0, 0, 0, 0] for link in range(18)},
         "persistence": 1,
         "mig": [0, 0],
+        # NVLink fabric registration as an HGX H100 with Fabric Manager reports it (state
+        # 3 Completed, status 0 Success; the 535 corpus dump prints the same); R550+ health
+        # mask: every two-bit field 2 (false), Incorrect Configuration 1 (none)
+        "fabric": fabric_info(),
     }
+
+
+def fabric_info(state: int = 3, status: int = 0, clique_id: int = 32766,
+                cluster_uuid: str = "7bf9f4ab-4a1c-4d52-9c57-0e7d4a3b1f20",
+                health_mask: int = 0x1AA, health_summary: int = 0, versions: tuple[int, ...] = (3, 2)) -> dict[str, Any]:
+    """A device's ``fabric`` key: what ``nvmlDeviceGetGpuFabricInfo[V]`` fills in
+    (``versions``: the ``nvmlGpuFabricInfo_v*`` struct versions the fake driver takes;
+    ``()`` = a pre-R550 driver without ``nvmlDeviceGetGpuFabricInfoV``)."""
+    return {"state": state, "status": status, "clique_id": clique_id,
+            "cluster_uuid": bytes.fromhex(cluster_uuid.replace("-", "")), "health_mask": health_mask,
+            "health_summary": health_summary, "versions": versions}
 
 
 def h100_node() -> list[dict[str, Any]]:
@@ -495,6 +512,37 @@ class FakeNvml:
             raise NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         st.bThresholdExceeded = int(self._get(self._dev("nvmlDeviceGetSramEccErrorStatus", handle), "sram_threshold"))
         return _real.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: FakeHandle, info: Any) -> int:
+        """Fills the caller's ``nvmlGpuFabricInfo_v2/v3`` (by reference, ``version`` set)
+        from the device's ``fabric`` (absent: NotSupported); a version not in its
+        ``versions``: ArgumentVersionMismatch; ``versions == ()``: FunctionNotFound."""
+        f = self._get(self._dev("nvmlDeviceGetGpuFabricInfoV", handle), "fabric")
+        if not f["versions"]:
+            raise NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        version = ctypes.cast(info, ctypes.POINTER(ctypes.c_uint)).contents.value
+        structs = {_real.nvmlGpuFabricInfo_v3: (3, _real.c_nvmlGpuFabricInfo_v3_t),
+                   _real.nvmlGpuFabricInfo_v2: (2, _real.c_nvmlGpuFabricInfo_v2_t)}
+        if version not in structs or structs[version][0] not in f["versions"]:
+            raise NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        n, struct = structs[version]
+        st = ctypes.cast(info, ctypes.POINTER(struct)).contents
+        self._fill_fabric(st, f)
+        st.healthMask = f["health_mask"]
+        if n == 3:
+            st.healthSummary = f["health_summary"]
+        return _real.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: FakeHandle, info: Any) -> int:
+        """The legacy call (``c_nvmlGpuFabricInfo_t``: no version, no health)."""
+        f = self._get(self._dev("nvmlDeviceGetGpuFabricInfo", handle), "fabric")
+        self._fill_fabric(ctypes.cast(info, ctypes.POINTER(_real.c_nvmlGpuFabricInfo_t)).contents, f)
+        return _real.NVML_SUCCESS
+
+    @staticmethod
+    def _fill_fabric(st: Any, f: dict[str, Any]) -> None:
+        st.state, st.status, st.cliqueId = f["state"], f["status"], f["clique_id"]
+        ctypes.memmove(st.clusterUuid, f["cluster_uuid"], 16)
 
     def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
         return tuple(self._get(self._dev("nvmlDeviceGetRemappedRows", handle), "remapped"))

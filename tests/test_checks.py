@@ -23,7 +23,8 @@ def test_healthy_node_has_no_findings():
 def test_registry_has_every_family():
     assert set(load_all()) == {"driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap",
                                "memory_repair", "pcie_link", "pcie_replay", "nvlink", "temperature", "idle_throttle",
-                               "persistence", "inventory", "xid", "idle_baseline", "ib"}
+                               "persistence", "inventory", "xid", "idle_baseline", "ib",
+                               "gpu_fabric"}
 
 
 def test_driver_unusable_only_where_gpus_expected():

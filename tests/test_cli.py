@@ -115,7 +115,8 @@ def test_check_list_names_every_check():
     assert r.exit_code == 0
     assert [ln.split()[0] for ln in r.output.splitlines()] == sorted(
         ["driver", "gpu_count", "gpu_lost", "gpu_recovery_action", "ecc", "retired_pages", "row_remap", "memory_repair", "pcie_link", "pcie_replay",
-         "nvlink", "temperature", "idle_throttle", "idle_baseline", "persistence", "inventory", "xid", "ib"])
+         "nvlink", "temperature", "idle_throttle", "idle_baseline", "persistence", "inventory", "xid", "ib",
+         "gpu_fabric"])
 
 
 def test_text_that_is_not_nvidia_smi_is_refused():

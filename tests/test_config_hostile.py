@@ -20,9 +20,9 @@ def load_text(text: str, path: str):
     ('"pcie.width_degrade"', "c.toml: policy.pcie.width_degrade: unknown finding code; known in pcie: "
                              "pcie.gen_degraded, pcie.replay_growth, pcie.width_degraded"),
     ('"nonexistent.code"', "c.toml: policy.nonexistent.code: unknown finding code; families: baseline, config, dcgm, "
-                           "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
+                           "ecc, fabric, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
     ('"xid.79x"', "c.toml: policy.xid.79x: unknown finding code; families: baseline, config, dcgm, "
-                  "ecc, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
+                  "ecc, fabric, gpu, ib, inventory, nccl, nvlink, pcie, thermal, throttle, verdict, xid.N, sxid.N"),
 ])
 def test_unknown_policy_code_is_one_line_config_error(key, msg):
     with pytest.raises(ConfigError) as e:

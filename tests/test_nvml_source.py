@@ -86,6 +86,12 @@ EXPECTED_H100_GPU0 = GpuState(
     ],
     persistence_mode=True,
     mig_mode=False,
+    fabric_state="completed",
+    fabric_status="Success",
+    fabric_clique_id=32766,
+    fabric_cluster_uuid="7bf9f4ab-4a1c-4d52-9c57-0e7d4a3b1f20",
+    fabric_health_summary=None,
+    fabric_health=[],
     read_errors={},
 )
 

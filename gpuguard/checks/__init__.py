@@ -2,7 +2,7 @@
 
 Each check is a small function ``fn(ctx: CheckContext) -> list[Finding]`` registered by
 name with :func:`check`, one module per family (``count``, ``ecc``, ``pcie``, ``nvlink``,
-``thermal``, ``inventory``, ``xid``, ``idle``), switchable with ``[checks] disabled``. A
+``thermal``, ``inventory``, ``xid``, ``idle``, ``ib``, ``gpu_fabric``), switchable with ``[checks] disabled``. A
 check never drains, never writes the store (rows it wants kept go into ``ctx.records``,
 stored with the run) and never raises for a field that is ``None`` (unsupported). :func:`run_checks` runs them all and turns a crashing check into a tool
 error, never into a finding.
@@ -21,7 +21,7 @@ from gpuguard.model import Finding, NodeSnapshot
 CheckFn = Callable[["CheckContext"], list[Finding]]
 
 REGISTRY: dict[str, CheckFn] = {}
-_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "idle", "ib")
+_FAMILIES = ("count", "ecc", "pcie", "nvlink", "thermal", "inventory", "xid", "idle", "ib", "gpu_fabric")
 
 
 def check(name: str) -> Callable[[CheckFn], CheckFn]:

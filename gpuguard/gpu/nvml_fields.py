@@ -11,10 +11,18 @@ memory, ECC/retired pages/row remapping, PCIe, NVLink, modes).
 from __future__ import annotations
 
 import ctypes
+import re
 from typing import Any
 
-from gpuguard.gpu.nvml_calls import END, SKIP, _GpuRead
-from gpuguard.model import NvLinkState, decode_clock_event_reasons, norm_pci
+from gpuguard.gpu.nvml_calls import END, SKIP, _GpuRead, error_name
+from gpuguard.model import (
+    FABRIC_HEALTH_SUMMARIES,
+    FABRIC_STATES,
+    NvLinkState,
+    decode_clock_event_reasons,
+    decode_fabric_health,
+    norm_pci,
+)
 
 _NVLINK_COUNTERS = (
     # NvLinkState field, nvmlNvLinkErrorCounter_t constant name
@@ -44,6 +52,32 @@ def _recovery_field(values: Any) -> int | None:
     return recovery_action_code(int(v.value.uiVal))
 
 
+#: ``nvmlDeviceGetGpuFabricInfoV`` struct versions, newest first: (struct, has healthMask,
+#: has healthSummary). A driver that does not know a version answers
+#: ``ArgumentVersionMismatch`` and the next one is tried; a driver before R550 lacks the
+#: function (``FunctionNotFound``) and the legacy ``nvmlDeviceGetGpuFabricInfo``
+#: (``c_nvmlGpuFabricInfo_t``: no health) is called.
+_FABRIC_STRUCTS = (("c_nvmlGpuFabricInfo_v3_t", True, True), ("c_nvmlGpuFabricInfo_v2_t", True, False))
+_FABRIC_FALLBACK = frozenset({"ArgumentVersionMismatch", "FunctionNotFound"})
+
+
+def _fabric_status(nv: Any, code: int) -> str:
+    """An ``nvmlReturn_t`` registration status as nvidia-smi prints it: ``Success``, or the
+    error's words (``NVMLError_InsufficientResources`` -> ``Insufficient Resources``;
+    ``Unknown`` -> ``Unknown Error``, nvmlErrorString's text)."""
+    if code == 0:
+        return "Success"
+    name = error_name(nv.NVMLError(code))
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name)
+    return "Unknown Error" if words == "Unknown" else words
+
+
+def _uuid16(raw: Any) -> str:
+    """16 bytes -> ``8-4-4-4-12`` lower-case hex (as nvidia-smi prints ``ClusterUUID``)."""
+    h = bytes(raw).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
 class GpuFieldReaders:
     """The per-GPU reads of :class:`gpuguard.gpu.nvml.NvmlSource`, in GpuState field order.
 
@@ -68,6 +102,7 @@ class GpuFieldReaders:
         self._read_pcie(rd, h)
         self._read_nvlinks(nv, rd, h)
         self._read_modes(nv, rd, h)
+        self._read_fabric(nv, rd, h)
 
     def _read_identity(self, rd: _GpuRead, h: Any) -> None:
         """UUID, serial, name, PCI bus id, VBIOS and InfoROM versions."""
@@ -272,6 +307,38 @@ class GpuFieldReaders:
         fi = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         if fi is not None:
             r(rd, {"recovery_action": _recovery_field}, "nvmlDeviceGetFieldValues", h, [fi])
+
+    def _read_fabric(self, nv: Any, rd: _GpuRead, h: Any) -> None:
+        """NVLink fabric registration: ``nvmlDeviceGetGpuFabricInfoV`` with the newest struct
+        the driver takes (:data:`_FABRIC_STRUCTS`), else ``nvmlDeviceGetGpuFabricInfo``
+        (pre-R550). One call per GPU per snapshot (the health run's read; the collector's
+        per-interval telemetry never reads it). NotSupported (no fabric) leaves every
+        ``fabric_*`` field None; another error is recorded under ``fabric_state``."""
+        calls: list[tuple[str, Any, bool, bool]] = []
+        if getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None) is not None:
+            calls += [("nvmlDeviceGetGpuFabricInfoV", getattr(nv, name, None), mask, summary)
+                      for name, mask, summary in _FABRIC_STRUCTS]
+        calls.append(("nvmlDeviceGetGpuFabricInfo", getattr(nv, "c_nvmlGpuFabricInfo_t", None), False, False))
+        for fn, struct, has_mask, has_summary in calls:
+            if struct is None:
+                continue
+            st = struct()  # the versioned structs set their version in __init__
+            raw = self._call(rd, ("fabric_state",), (fn,), h, ctypes.byref(st), end_on=_FABRIC_FALLBACK)
+            if raw is END:
+                continue
+            if raw is SKIP:
+                return
+            g = rd.state
+            try:
+                g.fabric_state = FABRIC_STATES.get(int(st.state))
+                g.fabric_status = _fabric_status(nv, int(st.status))
+                g.fabric_clique_id = int(st.cliqueId)
+                g.fabric_cluster_uuid = _uuid16(st.clusterUuid)
+                g.fabric_health = decode_fabric_health(int(st.healthMask)) if has_mask else None
+                g.fabric_health_summary = FABRIC_HEALTH_SUMMARIES.get(int(st.healthSummary)) if has_summary else None
+            except Exception as e:  # an unconvertible value is a read error
+                g.read_errors["fabric_state"] = error_name(e)
+            return
 
     def _read_nvlinks(self, nv: Any, rd: _GpuRead, h: Any) -> None:
         """Links 0.. up to ``NVML_NVLINK_MAX_LINKS``; the first link index answering

@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from gpuguard.model import CLOCK_EVENT_REASONS, NodeSnapshot
 
@@ -285,3 +286,74 @@ def new_snapshot(source: str, where: str, driver_raw: str | None, cuda_raw: str 
         driver_version=rd.text("driver_version", driver_raw),
         cuda_version=rd.text("cuda_version", cuda_raw),
     )
+
+
+#: ``Incorrect Configuration`` texts -> reason (:data:`gpuguard.model.FABRIC_INCORRECT_CONFIGURATION`):
+#: the printed words, lower-cased with everything but letters and digits dropped, are
+#: matched on a keyword (the nvml.h names: SYSGUID, CHASSIS_SN, NO_PARTITION,
+#: INSUFFICIENT_NVLINKS, INCOMPATIBLE_GPU_FW, INVALID_LOCATION, GPU_STATE_INVALID).
+_INCORRECT_CONFIG_WORDS = (("sysguid", "incorrect_sysguid"), ("chassis", "incorrect_chassis_sn"),
+                           ("partition", "no_partition"), ("nvlink", "insufficient_nvlinks"),
+                           ("firmware", "incompatible_gpu_fw"), ("fw", "incompatible_gpu_fw"),
+                           ("location", "invalid_location"), ("state", "gpu_state_invalid"))
+
+
+def read_fabric(gpu: Any, rd: ValueReader, state: str | None, status: str | None, clique: str | None = None,
+                cluster: str | None = None, summary: str | None = None,
+                flags: dict[str, str | None] | None = None, incorrect: str | None = None) -> None:
+    """Fill ``gpu``'s ``fabric_*`` fields from the printed values of nvidia-smi's
+    ``Fabric`` block (``-q`` text and ``-q -x`` XML alike; ``--query-gpu`` gives
+    ``fabric.state`` / ``fabric.status`` only). ``flags``: :data:`FABRIC_HEALTH_FLAGS`
+    name -> printed value. ``N/A`` (GPUs without NVLink fabric) leaves every field None.
+
+    ``Status`` is the registration's *error* (``Success``, ``Insufficient Resources``,
+    ``Unknown Error``): kept as printed, never a read error of the dump. A state or health
+    text gpuguard does not know is logged and left None (our parsing gap is no fault;
+    ``Summary`` still says ``Unhealthy`` for any problem)."""
+    from gpuguard.model import FABRIC_HEALTH_FLAGS, FABRIC_HEALTH_SUMMARIES, FABRIC_STATES
+
+    where = rd.where or "nvidia-smi"
+    s = rd.text("fabric_state", state)
+    if (clean_value(state) or "").lower() == "not supported":
+        gpu.fabric_state = "not_supported"  # NVML state 0: not an N/A to drop, a GPU without a fabric
+    elif s is not None:
+        name = "_".join(s.lower().split())
+        if name in FABRIC_STATES.values():
+            gpu.fabric_state = name
+        else:
+            log.warning("%s: cannot read fabric_state from %r; left as None", where, s)
+    st = clean_value(status)
+    if st and st.lower() not in _NOT_AVAILABLE:
+        gpu.fabric_status = st
+    gpu.fabric_clique_id = rd.int("fabric_clique_id", clique)
+    gpu.fabric_cluster_uuid = rd.text("fabric_cluster_uuid", cluster)
+    sm = rd.text("fabric_health_summary", summary)
+    if sm is not None:
+        name = "_".join(sm.lower().split())
+        if name in FABRIC_HEALTH_SUMMARIES.values():
+            gpu.fabric_health_summary = name
+        else:
+            log.warning("%s: cannot read fabric_health_summary from %r; left as None", where, sm)
+    health: list[str] = []
+    seen = False
+    for name, raw in (flags or {}).items():
+        v = rd.text("fabric_health", raw)
+        if v is None:
+            continue
+        seen = True
+        bad = FABRIC_HEALTH_FLAGS[name][3]
+        if v.lower() == bad:
+            health.append(name)
+        elif v.lower() not in ("full", "false"):
+            log.warning("%s: cannot read fabric health %s from %r; ignored", where, name, v)
+    ic = rd.text("fabric_health", incorrect)
+    if ic is not None:
+        seen = True
+        word = re.sub(r"[^a-z0-9]", "", ic.lower())
+        reason = next((r for k, r in _INCORRECT_CONFIG_WORDS if k in word), None)
+        if reason is not None:
+            health.append(f"incorrect_configuration.{reason}")
+        elif word != "none":
+            log.warning("%s: cannot read fabric Incorrect Configuration from %r; ignored", where, ic)
+    if seen:
+        gpu.fabric_health = health

@@ -7,7 +7,8 @@ by their ``--help-query-gpu`` names (``temperature.gpu``, ``power.draw [W]``,
 value (``32.70 W``) into the header (``power.draw [W]``); either way it is dropped.
 Values use the sentinels of ``-q`` (``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``,
 ``[GPU requires reset]``), read by :class:`~gpuguard.gpu.nvsmi_common.ValueReader`.
-Columns gpuguard has no field for (``fan.speed``, ``pstate``...) are skipped.
+``fabric.state`` / ``fabric.status`` fill the NVLink fabric registration fields
+(:func:`~gpuguard.gpu.nvsmi_common.read_fabric`). Columns gpuguard has no field for (``fan.speed``, ``pstate``...) are skipped.
 
 ``clocks_throttle_reasons.active`` / ``clocks_event_reasons.active`` (R535 renamed
 "throttle" to "event") is the NVML bit mask in hex (``0x0000000000000004``), decoded by
@@ -29,7 +30,7 @@ import re
 import time
 from datetime import datetime
 
-from gpuguard.gpu.nvsmi_common import NvsmiParseError, ValueReader, clean_value, order_reasons
+from gpuguard.gpu.nvsmi_common import NvsmiParseError, ValueReader, clean_value, order_reasons, read_fabric
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, decode_clock_event_reasons, norm_pci
 
 SOURCE = "nvidia-smi-query"
@@ -74,6 +75,8 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "pcie.link.gen.max": ("pcie_gen_max", "int"), "pcie.link.gen.gpumax": ("pcie_gen_max", "int"),
     "pcie.link.width.current": ("pcie_width_current", "int"), "pcie.link.width.max": ("pcie_width_max", "int"),
     "gpu_recovery_action": ("recovery_action", "recovery"),
+    # NVLink fabric registration (R550+ --help-query-gpu: "fabric.state", "fabric.status")
+    "fabric.state": ("fabric_state", "fabric"), "fabric.status": ("fabric_status", "fabric"),
 }
 #: Columns that carry nothing to judge: a CSV of only these is refused.
 _IDENTITY = {"index", "name", "gpu_name", "uuid", "gpu_uuid", "serial", "gpu_serial", "pci.bus_id", "gpu_bus_id",
@@ -167,6 +170,8 @@ def _gpu(row: dict[str, str], n: int, where: str) -> GpuState:
         if spec is None or spec[0] in done:
             continue
         field, kind = spec
+        if kind == "fabric":
+            continue  # both columns at once, below
         if kind == "int":
             v = rd.int(field, raw)
         elif kind == "float":
@@ -187,6 +192,8 @@ def _gpu(row: dict[str, str], n: int, where: str) -> GpuState:
         setattr(g, field, v)
         done.add(field)
     g.clock_event_reasons = _reasons(rd, row)
+    if "fabric.state" in row or "fabric.status" in row:
+        read_fabric(g, rd, row.get("fabric.state"), row.get("fabric.status"))
     return g
 
 

@@ -21,6 +21,9 @@ Layout variants handled (old name / new name):
 * ``Replays Since Reset`` / ``Replay Number``.
 * R575+ (Blackwell) ``ECC Errors > Channel Repair Pending`` / ``TPC Repair Pending`` /
   ``Unrepairable Memory`` (580 dump in tests/data); absent on older drivers (``None``).
+* ``Fabric`` (R535+: ``State``, ``Status``; R550+: ``CliqueId``, ``ClusterUUID``, a
+  ``Health`` block; R570+: ``Health > Summary`` / ``Incorrect Configuration``), read by
+  :func:`~gpuguard.gpu.nvsmi_common.read_fabric`; ``N/A`` on GPUs without NVLink fabric.
 
 Temperatures: ``GPU Current Temp`` -> ``temp_c``, ``GPU Slowdown Temp`` ->
 ``temp_slowdown_c``, ``GPU Shutdown Temp`` -> ``temp_shutdown_c``. The 535+ Hopper
@@ -52,9 +55,10 @@ from gpuguard.gpu.nvsmi_common import (
     first_available,
     order_reasons,
     new_snapshot,
+    read_fabric,
     reject_other_formats,
 )
-from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, norm_pci
+from gpuguard.model import CLOCK_EVENT_REASONS, FABRIC_HEALTH_FLAGS, GpuState, NodeSnapshot, norm_pci
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +334,18 @@ def _read_thermal_power_clocks(rd: ValueReader, g: Entry, gpu: GpuState) -> None
     gpu.mem_clock_max_mhz = rd.float("mem_clock_max_mhz", g.get("Max Clocks", "Memory"))
 
 
+def _read_fabric(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
+    """The ``Fabric`` block (R535+; ``Health`` from R550, its ``Summary`` and ``Incorrect
+    Configuration`` lines from R570): state, status, clique id, cluster UUID, health."""
+    f = g.find("Fabric")
+    if f is None:
+        return
+    h = f.find("Health") or Entry(key="")
+    read_fabric(gpu, rd, f.get("State"), f.get("Status"), f.get("CliqueId"), f.get("ClusterUUID"),
+                h.get("Summary"), {name: h.get(label) for name, (_s, label, _x, _b) in FABRIC_HEALTH_FLAGS.items()},
+                h.get("Incorrect Configuration"))
+
+
 def _gpu_state(
     index: int,
     g: Entry,
@@ -346,6 +362,7 @@ def _gpu_state(
     _read_util_memory(rd, g, gpu)
     _read_ecc_pages_rows(rd, g, gpu)
     _read_thermal_power_clocks(rd, g, gpu)
+    _read_fabric(rd, g, gpu)
     return gpu
 
 
@@ -354,7 +371,7 @@ _GPU_SECTION_KEYS = frozenset(k.casefold() for k in (
     "Product Name", "GPU UUID", "Serial Number", "VBIOS Version", "Persistence Mode", "PCI",
     "FB Memory Usage", "Utilization", "Ecc Mode", "ECC Mode", "ECC Errors", "Retired Pages",
     "Remapped Rows", "Temperature", "Power Readings", "GPU Power Readings", "Clocks", "Max Clocks",
-    "Clocks Event Reasons", "Clocks Throttle Reasons", "Performance State", "MIG Mode",
+    "Clocks Event Reasons", "Clocks Throttle Reasons", "Performance State", "MIG Mode", "Fabric",
 ))
 
 

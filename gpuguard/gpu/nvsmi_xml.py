@@ -15,6 +15,7 @@ corpus sample is v11 from driver 510, element names of later drivers from public
   and ``double_bit/total``;
 * ``<remapped_rows>N/A</remapped_rows>`` (all remap fields ``None``);
 * ``mig_mode/current_mig``;
+* ``fabric/{state,status,cliqueId,clusterUuid,health/*}`` (R535+; ``N/A`` without a fabric);
 * ``temperature/gpu_temp_slow_threshold`` and ``gpu_temp_max_threshold`` are absolute
   thresholds; the ``*_tlimit*`` elements are margins and are not mapped.
 
@@ -36,8 +37,9 @@ from gpuguard.gpu.nvsmi_common import (
     is_xml,
     order_reasons,
     new_snapshot,
+    read_fabric,
 )
-from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, norm_pci
+from gpuguard.model import CLOCK_EVENT_REASONS, FABRIC_HEALTH_FLAGS, GpuState, NodeSnapshot, norm_pci
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +240,19 @@ def _read_thermal_power_clocks(rd: ValueReader, el: ET.Element, gpu: GpuState) -
     )
 
 
+def _read_fabric(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None:
+    """``<fabric>``: ``state``, ``status``, ``cliqueId``, ``clusterUuid`` and ``health/*``
+    (elements as the R550+ DTD names them; ``health/summary`` and
+    ``health/incorrect_configuration`` for the R570+ lines of the same names in ``-q``)."""
+    f = el.find("fabric")
+    if f is None:
+        return
+    read_fabric(gpu, rd, f.findtext("state"), f.findtext("status"), f.findtext("cliqueId"),
+                f.findtext("clusterUuid"), f.findtext("health/summary"),
+                {name: f.findtext(f"health/{tag}") for name, (_s, _l, tag, _b) in FABRIC_HEALTH_FLAGS.items()},
+                f.findtext("health/incorrect_configuration"))
+
+
 def _gpu_state(
     index: int, el: ET.Element, driver: str | None, cuda: str | None, where: str
 ) -> GpuState:
@@ -249,6 +264,7 @@ def _gpu_state(
     _read_util_memory(rd, el, gpu)
     _read_ecc_pages_rows(rd, el, gpu)
     _read_thermal_power_clocks(rd, el, gpu)
+    _read_fabric(rd, el, gpu)
     return gpu
 
 
