@@ -395,6 +395,32 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
         node["log"].read_text()
 
 
+def test_fail_job_after_the_job_is_told_by_the_decisions_flag_not_its_reason_text(node, make_config, write_replay,
+                                                                                   monkeypatch):
+    """The Epilog tells a fail-job alerted after the job by Decision.fail_job_alerted: a
+    reworded note (or none) changes neither the log nor what is recorded."""
+    from gpuguard import policy
+
+    real = policy.after_job
+
+    def reworded(decision):
+        d = real(decision)
+        d.reason = d.reason.replace(policy.AFTER_JOB_NOTE, " [alerted: the job had ended]")
+        return d
+
+    monkeypatch.setattr(policy, "after_job", reworded)
+    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})), kernel_log=str(node["kl"]))
+    assert hook.run(EPILOG_ENV) == 0
+    assert node["calls"]() == []
+    reason = "gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off [alerted: the job had ended]"
+    st = open_store(node["db"])
+    assert st.query("select decision, reason from health_runs") == [{"decision": "proceed", "reason": reason}]
+    assert st.query("select action from findings where code = 'config.persistence_off'") == [{"action": "alert"}]
+    assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail): " + reason in \
+        node["log"].read_text()
+
+
 def test_mig_node_part_gives_the_controller_the_node_side_template(node, make_config, write_replay, tmp_path):
     """A MIG node samples no GPU: the controller's template counted 0 sampled GPUs and
     had no GPU name ('gpu._.x_.n1.train') where the node side derives from SLURM_JOB_GPUS
