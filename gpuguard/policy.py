@@ -180,6 +180,24 @@ def after_job(decision: Decision) -> Decision:
     return Decision("proceed", reason + AFTER_JOB_NOTE, acts, policy_outcome="fail-job", fail_job_alerted=True)
 
 
+#: What a run records as done when its drain or fail-job was held back
+#: (``health_runs.decision``; the policy's outcome goes to ``policy_decision``).
+HELD_BACK = {"maintenance": "suppressed", "dry-run": "dry-run"}
+
+
+def done_outcome(decision: Decision, *, maintenance: bool, dry_run: bool) -> str:
+    """What a hook or health run did with ``decision``: its ``outcome``, except that a
+    ``drain`` or ``fail-job`` is ``suppressed`` in maintenance (nothing drained or failed,
+    :mod:`gpuguard.ops.maintenance`) and ``dry-run`` when ``[slurm] drain = false`` (the
+    actuator refuses every drain and fail-job). ``decision.decided`` keeps the policy's."""
+    if decision.outcome in ("drain", "fail-job"):
+        if maintenance:
+            return HELD_BACK["maintenance"]
+        if dry_run:
+            return HELD_BACK["dry-run"]
+    return decision.outcome
+
+
 def _control(c: str) -> bool:
     o = ord(c)
     return o < 32 or 127 <= o <= 159 or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069

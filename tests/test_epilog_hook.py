@@ -373,8 +373,8 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
     reason = ("gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
               " (fail-job after the job ended: alerted only)")
     st = open_store(node["db"])
-    assert st.query("select hook, job_id, decision, reason from health_runs") == [
-        {"hook": "epilog", "job_id": "42", "decision": "proceed", "reason": reason}]
+    assert st.query("select hook, job_id, decision, policy_decision, reason from health_runs") == [
+        {"hook": "epilog", "job_id": "42", "decision": "proceed", "policy_decision": "fail-job", "reason": reason}]
     assert st.query("select code, action from findings where code = 'config.persistence_off'") == [
         {"code": "config.persistence_off", "action": "alert"}]
     s = summary(node["db"])
