@@ -97,8 +97,10 @@ def write_output(path: str, data: bytes | str, *, force: bool = False) -> None:
       ``force``: a symlink as the last component is refused, never followed (its target
       untouched; a dangling one creates nothing), and the other kinds are refused
       before anything is opened (opening a device or FIFO for writing can block or have
-      effects of its own). Directories above the last component are followed: that is
-      the path the operator typed.
+      effects of its own). Directories above the last component are followed (that is
+      the path the operator typed), except, as root, a symlink another user owns
+      (``/home/alice/reports -> /etc`` would let alice choose where root writes): ``PATH:
+      DIR is a symbolic link owned by uid N; ...``.
     * **All or nothing.** ``data`` goes to a temporary file ``.NAME.XXXXXXXX.tmp`` in
       the target's directory (``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600 while written),
       is flushed to disk (``fsync``), and is then linked or renamed into place, so a
@@ -118,11 +120,21 @@ def write_output(path: str, data: bytes | str, *, force: bool = False) -> None:
     d, name = os.path.split(path)
     if name in ("", ".", ".."):
         raise InputError(f"{path}: not a regular file; refusing to write to it")
+    if os.geteuid() == 0:
+        _no_foreign_symlink(path, d or ".")
     try:
         dfd = os.open(d or ".", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise InputError(f"{path}: cannot write: {e.strerror or e}") from None
     try:
+        if os.geteuid() == 0:  # the directory opened is the one checked (not swapped meanwhile)
+            _no_foreign_symlink(path, d or ".")
+            try:
+                same = os.path.samestat(os.stat(d or "."), os.fstat(dfd))
+            except OSError:
+                same = False
+            if not same:
+                raise InputError(f"{path}: its directory changed while it was opened; not written")
         old = _replaceable(path, name, dfd, force)
         tmp = _write_temporary(path, name, dfd, raw, old)
         try:
@@ -136,6 +148,24 @@ def write_output(path: str, data: bytes | str, *, force: bool = False) -> None:
                 pass  # a stray temporary file; the output itself is settled
     finally:
         os.close(dfd)
+
+
+def _no_foreign_symlink(path: str, d: str) -> None:
+    """As root: refuse when a directory on the way to ``path`` is reached through a
+    symlink another user owns (``/home/alice/reports -> /etc``: alice would choose where
+    root writes), as Linux's ``fs.protected_symlinks`` does for sticky directories."""
+    here = os.sep
+    for part in os.path.abspath(d).split(os.sep):
+        if not part:
+            continue
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return  # opening the directory reports it
+        if stat.S_ISLNK(st.st_mode) and st.st_uid != 0:
+            raise InputError(f"{path}: {here} is a symbolic link owned by uid {st.st_uid}; root does not write "
+                             "through another user's link")
 
 
 def _replaceable(path: str, name: str, dfd: int, force: bool) -> os.stat_result | None:

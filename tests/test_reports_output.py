@@ -243,3 +243,49 @@ def test_every_report_keeps_an_existing_file_unless_forced(tmp_path, name):
     r = CliRunner().invoke(main, [*args, "--force"], env=env)
     assert (r.exit_code, r.output) == (0, f"wrote {out}\n")
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def _commands(group, prefix=()):
+    import click
+
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), cmd
+
+
+def test_every_command_writing_a_file_goes_through_the_one_writer():
+    """Every -o/--output FILE has --force (gpuguard.output.output_file_options), so its
+    file is written by write_output_file; a command writing a named file another way fails
+    here."""
+    with_o = {}
+    for name, cmd in _commands(main):
+        opts = {o.name: o for o in cmd.params}
+        if "output" in opts or any("-o" in o.opts for o in cmd.params):
+            with_o[name] = "force" in opts and opts["output"].opts == ["-o", "--output"]
+    assert with_o == {"gpu snapshot": True, "job show": True, "report all": True, "report cost": True,
+                      "report efficiency": True, "report failures": True, "report wait": True}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a symlink to another uid")
+def test_root_does_not_write_through_a_users_directory_symlink(tmp_path):
+    """alice's ~/reports -> /etc (here: a directory standing for it): root with --force
+    must not replace the root-owned file alice pointed it at."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0\n")
+    home = tmp_path / "alice"
+    home.mkdir()
+    link = home / "reports"
+    link.symlink_to(etc)
+    os.lchown(link, 12345, 12345)
+    target = link / "passwd"
+    with pytest.raises(InputError) as e:
+        write_output(str(target), "pwned", force=True)
+    assert str(e.value) == (f"{target}: {link} is a symbolic link owned by uid 12345; root does not write "
+                            "through another user's link")
+    assert (etc / "passwd").read_text() == "root:x:0:0\n" and _names(etc) == ["passwd"]
+    os.lchown(link, 0, 0)  # root's own link is followed: the path the operator typed
+    write_output(str(link / "new.csv"), "x")
+    assert (etc / "new.csv").read_text() == "x"
