@@ -9,7 +9,8 @@ metric over the last ``[baseline] runs`` (N, default 20) runs of the template th
 * had no critical finding during the job, and
 * were not judged anomalous (verdict ``healthy`` or ``learning``),
 
-and were judged after the template's last ``baseline reset``. With fewer than
+and were judged after the template's last ``baseline reset`` (and after its GPU model's
+own last reset, ``baseline reset --gpu-model``: :func:`reset_baseline`). With fewer than
 ``[baseline] min_runs`` (default 3) such runs the template is ``learning`` and nothing
 is judged against it; a metric with fewer than ``min_runs`` values is not judged either
 (e.g. checkpoint time when most runs wrote none). Sources of N = 20 and min = 3: :data:`gpuguard.config.SCHEMA`.
@@ -56,6 +57,8 @@ from gpuguard.checks.idle import idle_history, judge_idle  # noqa: F401  (moved 
 
 LEARNING = "learning"
 READY = "ready"
+#: ``[baseline] relearn_forgets``: what a re-learn on one GPU model forgets (:mod:`gpuguard.epilog.relearn`).
+RELEARN_FORGETS = ("all-models", "gpu-model")
 #: Verdict causes that let a run into its template's baseline.
 BASELINE_CAUSES = ("healthy", "learning")
 
@@ -69,6 +72,7 @@ class BaselineSettings:
     runs: int
     min_runs: int
     relearn_runs: int
+    relearn_forgets: str
     idle_readings: int
     idle_min_readings: int
     idle_temp_rise_c: float
@@ -85,6 +89,9 @@ class BaselineSettings:
             raise ConfigError(f"{cfg.path or '<config>'}: baseline.runs must be >= baseline.min_runs >= 1")
         if s.relearn_runs != 0 and s.relearn_runs < s.min_runs:
             raise ConfigError(f"{cfg.path or '<config>'}: baseline.relearn_runs must be 0 or >= baseline.min_runs")
+        if s.relearn_forgets not in RELEARN_FORGETS:
+            raise ConfigError(f"{cfg.path or '<config>'}: baseline.relearn_forgets must be one of "
+                              f"{', '.join(RELEARN_FORGETS)}, got {s.relearn_forgets!r}")
         if s.idle_min_readings < 1 or s.idle_readings < s.idle_min_readings:
             raise ConfigError(f"{cfg.path or '<config>'}: baseline.idle_readings must be >= idle_min_readings >= 1")
         return s
@@ -123,9 +130,21 @@ class Baseline:
                 "metrics": {m: {"median": s.median, "mad": s.mad, "n": s.n} for m, s in self.stats.items()}}
 
 
-def _reset_at(store: Any, template: str) -> float:
-    rows = store.query("select reset_at from templates where name = ?", [template])
-    return float(rows[0]["reset_at"] or 0.0) if rows else 0.0
+def _has_model_resets(store: Any) -> bool:
+    """Whether the store has ``baseline_resets`` (step ``baseline_model_resets``); a
+    reader may open a store no writer has migrated yet: then no model was reset alone."""
+    return bool(store._guard("baseline resets table", lambda: store.conn.execute(
+        "select 1 from sqlite_master where type = 'table' and name = 'baseline_resets'").fetchone()))
+
+
+def since_reset_sql(store: Any) -> str:
+    """SQL condition on a ``verdicts`` row: judged after its template's reset and after
+    its own GPU model's (:func:`reset_baseline`)."""
+    cut = "coalesce((select t.reset_at from templates t where t.name = verdicts.template), 0)"
+    if _has_model_resets(store) and _model_col(store) == "gpu_model":
+        cut = (f"max({cut}, coalesce((select r.reset_at from baseline_resets r where r.template = "
+               "verdicts.template and r.gpu_model = verdicts.gpu_model), 0))")
+    return f"verdicts.at > {cut}"
 
 
 def _model_col(store: Any) -> str:
@@ -140,8 +159,8 @@ def eligible_runs(store: Any, template: str, limit: int, gpu_model: str | None =
     those on ``gpu_model`` (``None``: on every model)."""
     where, params = ("", []) if gpu_model is None else (f" and {_model_col(store)} = ?", [gpu_model])
     return store.query(
-        f"select job_id, at, start_at from verdicts where template = ? and baseline_ok = 1 and at > ?{where} "
-        "order by at desc, job_id desc limit ?", [template, _reset_at(store, template), *params, limit])
+        f"select job_id, at, start_at from verdicts where template = ? and baseline_ok = 1 and {since_reset_sql(store)}"
+        f"{where} order by at desc, job_id desc limit ?", [template, *params, limit])
 
 
 def newest_model(store: Any, template: str) -> str:
@@ -153,10 +172,11 @@ def newest_model(store: Any, template: str) -> str:
 
 
 def model_runs(store: Any, template: str, limit: int) -> dict[str, int]:
-    """Eligible runs of ``template`` since its reset per GPU model (at most ``limit`` each)."""
+    """Eligible runs of ``template`` since its and each model's reset per GPU model (at
+    most ``limit`` each)."""
     col = _model_col(store)
     rows = store.query(f"select {col} as gpu_model, count(*) as n from verdicts where template = ? and "
-                       f"baseline_ok = 1 and at > ? group by {col} order by 1", [template, _reset_at(store, template)])
+                       f"baseline_ok = 1 and {since_reset_sql(store)} group by {col} order by 1", [template])
     return {r["gpu_model"] or "": min(int(r["n"]), limit) for r in rows}
 
 
@@ -208,19 +228,53 @@ def update_baseline(store: Any, template: str, *, cfg: Config | None = None, gpu
     return b
 
 
-def reset_baseline(store: Any, template: str, *, now: float | None = None) -> int:
-    """Forget ``template``'s baseline on every GPU model: runs judged before now no
-    longer count, so the template learns again (a change to the job, the reason to reset,
-    holds on every model). Returns the number of baseline rows removed. Raises
-    :class:`gpuguard.store.StoreError`."""
+def reset_baseline(store: Any, template: str, *, gpu_model: str | None = None, now: float | None = None) -> int:
+    """Forget ``template``'s baseline so that runs judged up to ``now`` (default: now)
+    no longer count and it learns again from the next runs.
+
+    * ``gpu_model=None``: on every GPU model (a change to the job holds on every model):
+      ``templates.reset_at = now``, every ``baselines`` row of the template removed (and
+      its per-model reset times, which this one covers).
+    * ``gpu_model="NAME"`` (``""`` = the runs whose model was not known): on that model
+      only (a new node image or driver on one partition): ``baseline_resets`` (template,
+      NAME) = ``now``, that model's ``baselines`` rows removed. The other models' runs,
+      baselines and cached rows are left as they were.
+
+    The verdicts and comparisons themselves are kept (``job show`` still reads them);
+    they only stop counting. Returns the number of ``baselines`` rows removed. Raises
+    :class:`gpuguard.store.StoreError` (also for ``gpu_model`` on a store without step
+    ``baseline_model_resets``: open it for writing, which migrates it)."""
     now = time.time() if now is None else now
 
     def go() -> int:
         with store.tx():
-            n = store.db.execute("delete from baselines where template = ?", [template]).rowcount
-            store.db.execute("update templates set reset_at = ? where name = ?", [now, template])
-            return n
+            if gpu_model is None:
+                n = store.db.execute("delete from baselines where template = ?", [template]).rowcount
+                store.db.execute("update templates set reset_at = ? where name = ?", [now, template])
+                if _has_model_resets(store):
+                    store.db.execute("delete from baseline_resets where template = ?", [template])
+                return n
+            return reset_model_runs(store, template, gpu_model, now)
     return store._guard("baseline reset", go)
+
+
+def reset_model_runs(store: Any, template: str, gpu_model: str, at: float) -> int:
+    """Forget ``template``'s runs on ``gpu_model`` judged up to ``at`` (epoch s): its
+    ``baseline_resets`` time set, that model's ``baselines`` rows removed. Call inside a
+    transaction (:func:`reset_baseline`, :func:`gpuguard.epilog.relearn.relearn_if_due`).
+    Returns the rows removed."""
+    n = store.db.execute("delete from baselines where template = ? and gpu_model = ?", [template, gpu_model]).rowcount
+    store.db.execute("insert into baseline_resets (template, gpu_model, reset_at) values (?, ?, ?) "
+                     "on conflict (template, gpu_model) do update set reset_at = excluded.reset_at",
+                     [template, gpu_model, at])
+    return n
+
+
+def template_models(store: Any, template: str) -> list[str]:
+    """Every GPU model ``template`` has a judged run on (reset or not), sorted."""
+    col = _model_col(store)
+    return [r["m"] or "" for r in store.query(f"select distinct {col} as m from verdicts where template = ? "
+                                               "order by 1", [template])]
 
 
 def list_templates(store: Any, *, cfg: Config | None = None) -> list[dict[str, Any]]:

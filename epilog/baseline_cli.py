@@ -1,5 +1,5 @@
 """``gpuguard template list``, ``gpuguard baseline show TEMPLATE``, ``gpuguard baseline
-reset TEMPLATE``: a thin layer over :mod:`gpuguard.epilog.baseline`.
+reset TEMPLATE [--gpu-model NAME]``: a thin layer over :mod:`gpuguard.epilog.baseline`.
 
 Both groups read the cluster store (``[paths] cluster_store``, on a single host the node
 store). Exit 2 with a one-line error when the store cannot be opened or the template is
@@ -119,19 +119,34 @@ def baseline_show(obj: Any, template_name: str, gpu_model: str | None, fmt: str)
 
 @baseline.command("reset")
 @click.argument("template_name", metavar="TEMPLATE")
+@click.option("--gpu-model", "gpu_model", metavar="NAME", default=None,
+              help="forget only this GPU model's runs (its NVML product name, as `template list --format json` "
+                   "names it; \"\" = runs whose model was not known); the other models keep theirs")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.pass_obj
-def baseline_reset(obj: Any, template_name: str, yes: bool) -> None:
-    """Forget TEMPLATE's baseline on every GPU model: it learns again from the next runs
-    (use after a deliberate change to the job, e.g. a new model size)."""
+def baseline_reset(obj: Any, template_name: str, gpu_model: str | None, yes: bool) -> None:
+    """Forget TEMPLATE's baseline on every GPU model, or with --gpu-model on that model
+    only: the runs judged until now stop counting and it learns again from the next runs
+    (use after a deliberate change to the job, e.g. a new model size; --gpu-model after
+    a change on one partition, e.g. a new node image). The verdicts stay for `job show`.
+    Exit 2 for an unknown template or a model the template never ran on."""
     store = _open(obj, write=True)
     try:
         _known(store, template_name)
+        if gpu_model is not None and gpu_model not in baseline_mod.template_models(store, template_name):
+            known = ", ".join(repr(m) for m in baseline_mod.template_models(store, template_name)) or "none"
+            raise click.ClickException(f"template {template_name!r} has no run on GPU model {gpu_model!r} "
+                                       f"(its models: {known})")
+        what = "every GPU model" if gpu_model is None else f"GPU model {gpu_model or 'unknown'}"
         if not yes:
-            click.confirm(f"reset the baseline of {template_name} (every GPU model)?", abort=True)
+            click.confirm(f"reset the baseline of {template_name} ({what})?", abort=True)
         models = baseline_mod.model_runs(store, template_name, 1)
-        baseline_mod.reset_baseline(store, template_name)
+        baseline_mod.reset_baseline(store, template_name, gpu_model=gpu_model)
     finally:
         store.close()
+    if gpu_model is not None:
+        click.echo(f"baseline of {template_name} on {gpu_model or 'an unknown GPU model'} reset; it is learning "
+                   "again there (other GPU models unchanged)")
+        return
     on = f" on {len(models)} GPU models" if len(models) > 1 else ""
     click.echo(f"baseline of {template_name} reset{on}; it is learning again")

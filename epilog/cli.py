@@ -18,7 +18,7 @@ import click
 
 from gpuguard.epilog.summary import METRICS, XID_KINDS, load_summaries
 from gpuguard.metrics import gpu_columns
-from gpuguard.output import cell, display_tz, emit, isoify, output_options, table
+from gpuguard.output import cell, display_tz, emit, isoify, output_file_options, output_options, table
 from gpuguard.store import StoreError
 
 
@@ -152,13 +152,13 @@ def job() -> None:
 @click.argument("job_id")
 @output_options(formats=("text", "json", "csv", "html"))
 @click.option("--full", is_flag=True, help="text: every metric, finding and event after the one-screen page")
-@click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False), help="write to FILE instead of stdout")
+@output_file_options()
 @click.option("--timezone", "tz_name", metavar="ZONE", help="zone of printed times (default: [display] timezone, "
               "$TZ, the system zone)")
 @click.option("--store", "store_path", metavar="FILE",
               help="store to read, read-only (default: the cluster store when readable, else the job's AdminComment)")
 @click.pass_obj
-def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz_name: str | None,
+def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, force: bool, tz_name: str | None,
              store_path: str | None) -> None:
     """Show JOB_ID on one screen: header (user, account, state, exit, elapsed vs limit,
     nodes, GPUs), the verdict with its evidence, per-GPU utilisation/memory/power bars and
@@ -220,12 +220,9 @@ def job_show(obj: Any, job_id: str, fmt: str, full: bool, output: str | None, tz
         if full:
             text += "\n\n" + format_text(rep)
     if output:
-        from gpuguard.inputs import InputError, write_output
+        from gpuguard.output import write_output_file
 
-        try:
-            write_output(output, text)
-        except InputError as e:
-            _fail(str(e))
+        write_output_file(output, text, force=force)  # a new file unless --force (exit 2)
         click.echo(f"wrote {output}", err=True)
     else:
         from gpuguard.output import printable

@@ -216,19 +216,20 @@ def _post_job_checks(cfg: Any, env: dict[str, str], job_id: str | None, job_gpus
     store I/O; alerts queued. Returns ``(LiveCheck, PendingDrains)``."""
     from gpuguard.nodecheck import live_check, pending_drains
     from gpuguard.ops.maintenance import cached as maintenance_now
-    from gpuguard.policy import AFTER_JOB_NOTE
 
     maint = maintenance_now(cfg, node)  # the last health run's view: no Slurm call here
     pend = pending_drains(cfg, deadline, log, allow_drain=not maint.active)
     live = live_check(cfg, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, deadline=deadline)
+    live.maintenance = maint.active  # a drain held back is recorded as suppressed
     res = live.result
     for err in res.tool_errors:
         log.error("tool error: %s", err)
     for f, action in res.decision.actions:
         log.info("finding %s %s %s gpu=%s: %s", f.code, f.severity, action, f.gpu_index, f.message)
-    if res.decision.outcome == "drain" and live.drain is not None and live.drain.status != "confirmed":
+    if res.decision.outcome == "drain" and live.drain is not None and live.drain.status not in ("confirmed",
+                                                                                               "dry-run"):
         log.error("tool error: drain failed: %s", live.drain.why)
-    elif res.decision.reason.endswith(AFTER_JOB_NOTE):
+    elif res.decision.fail_job_alerted:  # policy.after_job's flag, never the reason's wording
         log.warning("post-job finding with action fail-job, alerted (the job has ended; nothing to fail): %s",
                     res.decision.reason)
     if maint.active and res.decision.outcome == "drain":

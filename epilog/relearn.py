@@ -20,8 +20,16 @@ the first of them, they are marked fit for the baseline, ``templates.relearned_a
 ``relearned_jobs`` record it (shown by ``gpuguard template list``), and the baseline is
 recomputed from them (K >= ``min_runs``, so it is ready at once). The K-th run's verdict
 stays ``job-changed`` (it was, against the old baseline) and its evidence says
-``relearned``. Moving ``reset_at`` forgets the runs on the template's other GPU models
-from before the first of them too: the job changed, on every model it runs on.
+``relearned``. What else is forgotten is ``[baseline] relearn_forgets``:
+
+* ``all-models`` (default): moving ``reset_at`` forgets the runs on the template's other
+  GPU models from before the first of them too: the job changed, on every model it runs
+  on;
+* ``gpu-model``: only this model's earlier runs are forgotten (its ``baseline_resets``
+  time moves to just before the first of them, ``templates.reset_at`` stays): the other
+  models keep their baselines and re-learn from their own runs when the change reaches
+  them (a change seen on one partition only, a new node image there, is not taken for a
+  change of the job everywhere).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 
 from gpuguard.config import Config
 from gpuguard.epilog import robust
-from gpuguard.epilog.baseline import BaselineSettings
+from gpuguard.epilog.baseline import BaselineSettings, reset_model_runs, since_reset_sql
 
 #: Metrics whose agreement makes K runs one new normal.
 AGREE_METRICS = ("step_time_p50_s", "throughput_per_s", "samples_per_step", "mem_peak_mib")
@@ -59,14 +67,14 @@ def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float,
     from gpuguard.config import from_dict
 
     cfg = cfg if cfg is not None else from_dict({})
-    k = BaselineSettings.from_config(cfg).relearn_runs
+    settings = BaselineSettings.from_config(cfg)
+    k = settings.relearn_runs
     if k <= 0:
         return None
     tol = float(cfg.values["verdict"]["min_rel_change"])
     rows = store.query(
-        "select v.job_id, v.at, v.cause, v.critical, v.exit_code from verdicts v join templates t on t.name = "
-        "v.template where v.template = ? and v.gpu_model = ? and v.at > coalesce(t.reset_at, 0) "
-        "order by v.at desc, v.job_id desc limit ?", [template, gpu_model, k])
+        "select job_id, at, cause, critical, exit_code from verdicts where template = ? and gpu_model = ? "
+        f"and {since_reset_sql(store)} order by at desc, job_id desc limit ?", [template, gpu_model, k])
     if len(rows) < k or any(r["cause"] != "job-changed" or r["critical"] or r["exit_code"] not in (None, 0)
                             for r in rows):
         return None
@@ -84,8 +92,13 @@ def relearn_if_due(store: Any, template: str, *, cfg: Config | None, now: float,
     def go() -> None:
         with store.tx():
             store.db.execute(f"update verdicts set baseline_ok = 1 where job_id in ({q})", jobs)
-            store.db.execute("update templates set reset_at = ?, relearned_at = ?, relearned_jobs = ? where name = ?",
-                             [first - 1e-3, now, json.dumps(info["jobs"]), template])
+            if settings.relearn_forgets == "gpu-model":  # this model's earlier runs only
+                reset_model_runs(store, template, gpu_model, first - 1e-3)
+                store.db.execute("update templates set relearned_at = ?, relearned_jobs = ? where name = ?",
+                                 [now, json.dumps(info["jobs"]), template])
+            else:
+                store.db.execute("update templates set reset_at = ?, relearned_at = ?, relearned_jobs = ? "
+                                 "where name = ?", [first - 1e-3, now, json.dumps(info["jobs"]), template])
             ev = store.query("select evidence from verdicts where job_id = ?", [jobs[0]])
             d = json.loads(ev[0]["evidence"] or "{}") if ev else {}
             d["relearned"] = info

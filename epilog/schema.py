@@ -8,7 +8,8 @@
 * ``baselines``: template baselines and verdicts: one row per template, the cached
   baseline per (template, GPU model, metric) (step ``baseline_gpu_model``), one verdict
   per job (with its GPU model), one comparison per (job, metric). Raw MAD (unscaled); z
-  and relative change as computed at judging time.
+  and relative change as computed at judging time. ``baseline_resets``: when one GPU
+  model's runs of a template were last forgotten (step ``baseline_model_resets``).
 """
 
 from __future__ import annotations
@@ -208,3 +209,14 @@ def _baseline_gpu_model(db: sqlite_utils.Database) -> None:
                  "select template, '', metric, median, mad, n, updated_at from baselines")
     conn.execute("drop table baselines")
     conn.execute("alter table baselines_new rename to baselines")
+
+
+@MIGRATIONS(name="baseline_model_resets")
+def _baseline_model_resets(db: sqlite_utils.Database) -> None:
+    """``baseline_resets``: per (template, GPU model) the time its baseline was last
+    forgotten on that model alone (``gpuguard baseline reset TEMPLATE --gpu-model NAME``,
+    a re-learn with ``[baseline] relearn_forgets = "gpu-model"``). A run counts for its
+    model's baseline when judged after both this time and ``templates.reset_at`` (the
+    whole template's reset)."""
+    db.conn.execute("create table baseline_resets (template text not null, gpu_model text not null, "
+                    "reset_at real not null, primary key (template, gpu_model))")

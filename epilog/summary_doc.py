@@ -116,7 +116,9 @@ class JobSummary:
     * ``malformed_records``/``rejected_files``/``records_truncated``: from the ingest of
       the job directory (``rejected_files`` is a list of ``[name, why]``);
     * ``post_job``: the epilog health run (``{outcome, reason, findings: [{code,
-      severity, action, gpu_index}]}``) or None.
+      severity, action, gpu_index}]}``) or None; ``outcome`` is what the run did
+      (``health_runs.decision``: ``proceed``, ``drain``, or ``suppressed`` / ``dry-run``
+      for a drain maintenance or ``[slurm] drain = false`` held back).
     """
 
     job_id: str

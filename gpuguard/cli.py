@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuguard import config as config_mod
-from gpuguard.output import emit, output_options, table
+from gpuguard.output import emit, output_file_options, output_options, table, write_output_file
 
 
 class _Obj:
@@ -342,21 +342,16 @@ def _print_gpus(snap: Any, fmt: str) -> None:
 
 
 @gpu.command("snapshot")
-@click.option("-o", "--output", required=True, metavar="FILE",
-              help="file to write (gpuguard-snapshot/1 JSON, a replay fixture)")
+@output_file_options("file to write (gpuguard-snapshot/1 JSON, a replay fixture)", required=True)
 @click.option("--from-nvidia-smi", "nvsmi", metavar="FILE", help="read a saved `nvidia-smi -q` / `-q -x` dump")
 @click.pass_obj
-def gpu_snapshot(obj: _Obj, output: str, nvsmi: str | None) -> None:
-    """Record the GPUs' state as a replay snapshot (for tests, triage and bug reports)."""
+def gpu_snapshot(obj: _Obj, output: str, force: bool, nvsmi: str | None) -> None:
+    """Record the GPUs' state as a replay snapshot (for tests, triage and bug reports).
+    An existing FILE is replaced only with --force (exit 2 otherwise, nothing written)."""
     from gpuguard.gpu.replay import dump_snapshot
 
-    from gpuguard.inputs import InputError, write_output
-
     snap = _snapshot(obj, nvsmi)
-    try:
-        write_output(output, dump_snapshot(snap) + "\n")
-    except InputError as e:
-        _fail(str(e))
+    write_output_file(output, dump_snapshot(snap) + "\n", force=force)
     click.echo(f"wrote {len(snap.gpus)} GPU(s) to {output}")
 
 

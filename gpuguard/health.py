@@ -367,15 +367,19 @@ def run_health(cfg: Config, *, hook: str, store: Any = None, job_id: str | None 
 
 
 def record_run(store: Any, cfg: Config, hook: str, job_id: str | None, started: float,
-               res: HealthResult, new_cursor: str | None) -> int:
+               res: HealthResult, new_cursor: str | None, *, done: str | None = None) -> int:
     """Write the run, its findings, events, inventory changes and counters; then move the
-    kernel-log cursor. Raises :class:`gpuguard.store.StoreError`."""
+    kernel-log cursor. ``decision`` is what the run did: ``done``
+    (:func:`gpuguard.policy.done_outcome`: ``suppressed``, ``dry-run``), else the
+    decision's outcome; ``policy_decision`` the policy's (``res.decision.decided``).
+    Raises :class:`gpuguard.store.StoreError`."""
     node = cfg.node_name
     now = time.time()
     snap = res.snapshot
     run_id = store.insert("health_runs", {
         "node": node, "hook": hook, "job_id": job_id, "started_at": started, "finished_at": now,
-        "decision": res.decision.outcome, "reason": res.decision.reason,
+        "decision": done or res.decision.outcome, "policy_decision": res.decision.decided,
+        "reason": res.decision.reason,
         "tool_errors": json.dumps(res.tool_errors), "gpu_count": len(snap.gpus) if snap else None,
         "source": snap.source if snap else None,
     })

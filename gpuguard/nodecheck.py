@@ -35,6 +35,9 @@ class LiveCheck:
     collected: Collected
     result: HealthResult
     drain: Outcome | None = None
+    #: the node is in maintenance (the hook set it): a drain or fail-job is recorded as
+    #: ``suppressed`` (:func:`gpuguard.policy.done_outcome`)
+    maintenance: bool = False
 
 
 def pending_drains(cfg: Any, deadline: float | None, log: Any, *, allow_drain: bool = True) -> PendingDrains:
@@ -110,8 +113,8 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
         if res.decision.outcome == "drain" and not pend.dry_run:
             out.drain = drain_then_commit(cfg, pend, col, res)
         else:
-            if res.decision.outcome == "drain":
-                pend.log.warning("dry run: would drain %s: %s", cfg.node_name, res.decision.reason)
+            if res.decision.outcome == "drain":  # logs "dry run: would drain"; kept for the record
+                out.drain = pend.drain(cfg.node_name, res.decision.reason)
             commit_cursor(cfg, col.new_cursor, res.tool_errors)
     finally:
         col.release_cursor()
@@ -126,14 +129,20 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
     decided with the run's. ``acted``: the :class:`gpuguard.policy.Decision` the hook acted
     on after the live check (a fail-job escalated to a drain, the NCCL probe's drain); it
     is what the run records (outcome, reason, and the action of each finding whose code it
-    names), since it is what was done. A drain only the history shows is made here, once
+    names), since it is what was done; held back by maintenance (``live.maintenance``) or a
+    dry run it is recorded as ``suppressed`` / ``dry-run``, the policy's outcome beside it
+    (:func:`gpuguard.health.record_run`). A drain only the history shows is made here, once
     (never a second time for a drain already made: ``live.drain``)."""
+    from gpuguard.policy import done_outcome
+
     res = judge(cfg, live.collected, hook=hook, store=store, job_id=job_id, job_gpus=job_gpus,
                 extra_findings=extra_findings)
     if acted is not None:
         res.decision = _as_acted(res.decision, acted)
+    done = done_outcome(res.decision, maintenance=live.maintenance, dry_run=pend.dry_run)
     try:
-        res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor)
+        res.run_id = record_run(store, cfg, hook, job_id, live.collected.started, res, live.collected.new_cursor,
+                                done=done)
     except Exception as e:  # locked, corrupt, read-only, full: the verdict is already acted on
         live.result.tool_errors.append(f"store: {e}")
         return live.result
@@ -149,4 +158,5 @@ def _as_acted(decision: Any, acted: Any) -> Any:
     from gpuguard.policy import Decision
 
     by_code = {f.code: a for f, a in acted.actions}
-    return Decision(acted.outcome, acted.reason, [(f, by_code.get(f.code, a)) for f, a in decision.actions])
+    return Decision(acted.outcome, acted.reason, [(f, by_code.get(f.code, a)) for f, a in decision.actions],
+                    policy_outcome=acted.policy_outcome)

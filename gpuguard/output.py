@@ -1,5 +1,7 @@
 """The one CLI output layer: formats, times, numbers and tables for every command.
 
+* **Output files.** :func:`output_file_options` gives a command ``-o/--output FILE`` and
+  ``--force``; :func:`write_output_file` writes it (a new file unless ``--force``).
 * **Formats.** :func:`output_options` gives a command ``--format text|json|csv`` (plus
   whatever extra formats it renders itself, e.g. ``html``) and ``--json`` as an alias of
   ``--format json`` (modelled on sqlite-utils' ``output_options``); :func:`emit` writes
@@ -68,6 +70,39 @@ def output_options(formats: Sequence[str] = FORMATS, default: str = "text") -> C
                             show_default=True, help="output format")(wrapper)
 
     return deco
+
+
+def output_file_options(help_text: str = "write to FILE instead of stdout", *, required: bool = False) -> Callable:
+    """Click decorator for every command that writes a file the command line names:
+    ``-o/--output FILE`` (the command receives ``output``, ``None`` when not given) and
+    ``--force`` (``force``: replace an existing file). Write it with
+    :func:`write_output_file`, whose policy is :func:`gpuguard.inputs.write_output`'s."""
+
+    def deco(f: Callable) -> Callable:
+        f = click.option("--force", is_flag=True,
+                         help="with -o: replace FILE if it exists (only a regular file you own; "
+                              "never a symlink, FIFO, device or directory)")(f)
+        return click.option("-o", "--output", metavar="FILE", required=required, help=help_text)(f)
+
+    return deco
+
+
+class OutputFileError(click.ClickException):
+    """An ``-o FILE`` that was not written: ``Error: <one line naming the file>``, exit 2."""
+
+    exit_code = 2
+
+
+def write_output_file(path: str, data: str | bytes, *, force: bool) -> None:
+    """Write ``data`` to the ``-o`` file ``path`` (:func:`gpuguard.inputs.write_output`:
+    a new file unless ``force``, all or nothing, never through a symlink, never another
+    user's file). Raises :class:`OutputFileError` (exit 2) when nothing was written."""
+    from gpuguard.inputs import InputError, write_output
+
+    try:
+        write_output(path, data, force=force)
+    except InputError as e:
+        raise OutputFileError(str(e)) from None
 
 
 def emit(fmt: str, data: Any, *, rows: list[dict[str, Any]] | None = None, headers: Sequence[str] | None = None,

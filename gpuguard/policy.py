@@ -75,14 +75,27 @@ def __getattr__(name: str) -> Any:
 class Decision:
     """The hook's decision.
 
-    ``outcome`` is ``proceed``, ``drain`` or ``fail-job``; ``reason`` is the drain reason
-    (starts with ``gpuguard:``, at most :data:`REASON_MAX` characters) or the fail-job
-    message; ``actions`` pairs each finding with its action.
+    ``outcome`` is ``proceed``, ``drain`` or ``fail-job``: what the hook acts on;
+    ``reason`` is the drain reason (starts with ``gpuguard:``, at most
+    :data:`REASON_MAX` characters) or the fail-job message; ``actions`` pairs each
+    finding with its action. ``policy_outcome``: the policy table's outcome for the
+    findings when the hook acts on another one (``fail-job`` alerted after the job,
+    :func:`after_job`; ``fail-job`` escalated to a drain by the Prolog's fail streak);
+    ``""`` = ``outcome``. ``fail_job_alerted``: set by :func:`after_job` when a fail-job
+    was turned into alerts because the job had ended (what the Epilog logs; never read
+    from the reason text).
     """
 
     outcome: str
     reason: str = ""
     actions: list[tuple[Finding, str]] = field(default_factory=list)
+    policy_outcome: str = ""
+    fail_job_alerted: bool = False
+
+    @property
+    def decided(self) -> str:
+        """The policy table's outcome: ``policy_outcome``, else ``outcome``."""
+        return self.policy_outcome or self.outcome
 
     @property
     def exit_code(self) -> int:
@@ -153,16 +166,36 @@ def after_job(decision: Decision) -> Decision:
     """``decision`` as an Epilog can act on it: the job has ended, so nothing is failed.
     Each finding's ``fail-job`` becomes ``alert``; a ``fail-job`` outcome becomes
     ``proceed`` whose reason is the fail-job reason with :data:`AFTER_JOB_NOTE` (cut to
-    :data:`REASON_MAX`), so the recorded run says what was done and why. A ``drain``
-    outcome (an Epilog drains) and every other action are kept; so is the finding's own
-    severity. Returns a new :class:`Decision`."""
+    :data:`REASON_MAX`), so the recorded run says what was done and why; that decision
+    carries ``fail_job_alerted=True`` and ``policy_outcome="fail-job"`` (what callers test:
+    the note is text for people and may change). A ``drain`` outcome (an Epilog drains)
+    and every other action are kept; so is the finding's own severity. Returns a new
+    :class:`Decision`."""
     acts = [(f, "alert" if a == "fail-job" else a) for f, a in decision.actions]
     if decision.outcome != "fail-job":
-        return Decision(decision.outcome, decision.reason, acts)
+        return Decision(decision.outcome, decision.reason, acts, decision.policy_outcome)
     reason = decision.reason
     if len(reason) + len(AFTER_JOB_NOTE) > REASON_MAX:
         reason = reason[: REASON_MAX - len(AFTER_JOB_NOTE) - 3] + "..."
-    return Decision("proceed", reason + AFTER_JOB_NOTE, acts)
+    return Decision("proceed", reason + AFTER_JOB_NOTE, acts, policy_outcome="fail-job", fail_job_alerted=True)
+
+
+#: What a run records as done when its drain or fail-job was held back
+#: (``health_runs.decision``; the policy's outcome goes to ``policy_decision``).
+HELD_BACK = {"maintenance": "suppressed", "dry-run": "dry-run"}
+
+
+def done_outcome(decision: Decision, *, maintenance: bool, dry_run: bool) -> str:
+    """What a hook or health run did with ``decision``: its ``outcome``, except that a
+    ``drain`` or ``fail-job`` is ``suppressed`` in maintenance (nothing drained or failed,
+    :mod:`gpuguard.ops.maintenance`) and ``dry-run`` when ``[slurm] drain = false`` (the
+    actuator refuses every drain and fail-job). ``decision.decided`` keeps the policy's."""
+    if decision.outcome in ("drain", "fail-job"):
+        if maintenance:
+            return HELD_BACK["maintenance"]
+        if dry_run:
+            return HELD_BACK["dry-run"]
+    return decision.outcome
 
 
 def _control(c: str) -> bool:

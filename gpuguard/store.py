@@ -124,6 +124,18 @@ def _core_node_idle(db: sqlite_utils.Database) -> None:
     db["node_idle"].create_index(["node", "uuid", "at"])
 
 
+@CORE(name="health_run_policy")
+def _core_health_run_policy(db: sqlite_utils.Database) -> None:
+    """``health_runs.policy_decision``: the policy's outcome for the run's findings
+    (``proceed``/``drain``/``fail-job``, :attr:`gpuguard.policy.Decision.decided`) beside
+    ``decision``, which is what the run did: ``suppressed`` when maintenance kept a drain
+    or fail-job from happening, ``dry-run`` when ``[slurm] drain = false`` did, ``drain``
+    for a fail-job the Prolog's streak escalated, ``proceed`` for a fail-job found after
+    the job (alerted). NULL on runs recorded before this step: read it as ``decision``
+    (those runs recorded the policy's outcome there, suppressed or not)."""
+    db.conn.execute("alter table health_runs add column policy_decision text")
+
+
 register_set(CORE)
 
 

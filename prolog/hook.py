@@ -75,6 +75,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     # the verdict and the drain come first, from live state only: no store I/O before them
     live = live_check(cfg, pend, hook="prolog", job_id=job_id, job_gpus=henv.job_gpus, deadline=deadline,
                       commit=not config_error)
+    live.maintenance = maint.active  # a drain/fail-job held back is recorded as suppressed
     res = live.result
     outcome = _unless_maintenance(cfg, maint, res.decision.outcome, res.decision.reason, log)
     announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
@@ -181,7 +182,7 @@ def _fail_job(cfg, live, pend, henv, decision, log, nccl=None) -> int:
         log.warning("fail-job escalated to drain after %d jobs: %s", n, reason)
         # what is done, as it is recorded: the node is drained for this code (no job is failed)
         acted = Decision("drain", reason, [(f, "drain" if f.code == code and a == "fail-job" else a)
-                                           for f, a in decision.actions])
+                                           for f, a in decision.actions], policy_outcome=decision.decided)
         return _drain_now(cfg, live, pend, henv, acted, recovery_of_findings([{"code": code, "action": "drain"}]),
                           log, nccl)
     done = pend.actuator.fail_job(job_id, decision.reason)

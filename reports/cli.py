@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, tzinfo
 
 import click
 
-from gpuguard.output import ZoneError, display_tz, output_options, printable, resolve_zone
+from gpuguard.output import ZoneError, display_tz, output_file_options, output_options, printable, resolve_zone
 
 DATE_HELP = "YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], 'now' or -Nd (N days ago), in the report timezone"
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([dh])$")
@@ -170,8 +170,7 @@ def _csv_list(ctx, param, value):
 
 
 def _report_options(f):
-    f = click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False),
-                     help="write to FILE instead of stdout")(f)
+    f = output_file_options()(f)
     f = output_options(formats=("text", "csv", "json", "html"))(f)
     for name in reversed(("user", "account", "partition", "qos", "state", "gpu-type")):
         f = click.option(f"--{name}", f"f_{name.replace('-', '_')}", metavar="A[,B]", multiple=True,
@@ -196,7 +195,7 @@ def _report_options(f):
 
 def _run(obj, names: list[str], since: str | None, until: str | None, by: str, tz_name: str | None,
          cluster: str | None, fmt: str, output: str | None, per: str | None = None,
-         filters: dict | None = None) -> None:
+         filters: dict | None = None, force: bool = False) -> None:
     from gpuguard.reports.queries import Filters, Rates, ReportError, by_keys, run_reports
     from gpuguard.reports.render import render
     from gpuguard.store import StoreError
@@ -230,12 +229,9 @@ def _run(obj, names: list[str], since: str | None, until: str | None, by: str, t
         store.close()
     text = render(reps, fmt, tz, generated_at=now)
     if output:
-        from gpuguard.inputs import InputError, write_output
+        from gpuguard.output import write_output_file
 
-        try:
-            write_output(output, text)  # never through a symlink, only to a regular file
-        except InputError as e:
-            raise click.ClickException(str(e)) from None
+        write_output_file(output, text, force=force)  # a new file unless --force (exit 2)
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
@@ -245,10 +241,10 @@ def _make(name: str, names: list[str], doc: str):
     @_report_options
     @click.pass_obj
     def cmd(obj, since, until, by, per, tz_name, cluster, f_user, f_account, f_partition, f_qos, f_state,
-            f_gpu_type, fmt, output):
+            f_gpu_type, fmt, output, force):
         filters = {"user": f_user, "account": f_account, "partition": f_partition, "qos": f_qos,
                    "state": f_state, "gpu_type": f_gpu_type}
-        _run(obj, names, since, until, by, tz_name, cluster, fmt, output, per=per, filters=filters)
+        _run(obj, names, since, until, by, tz_name, cluster, fmt, output, per=per, filters=filters, force=force)
 
     cmd.__doc__ = doc
     return report.command(name)(cmd)

@@ -192,6 +192,18 @@ def test_snapshot_refuses_to_write_through_a_symlink(tmp_path):
     assert target.read_text() == "precious"
 
 
+def test_snapshot_keeps_an_existing_file_unless_forced(tmp_path):
+    out = tmp_path / "snap.json"
+    out.write_text("precious")
+    dump = str(DATA / "nvsmi-q-h100-535.161.08-powerbrake.txt")
+    r = invoke("gpu", "snapshot", "-o", str(out), "--from-nvidia-smi", dump)
+    assert (r.exit_code, r.output) == (2, f"Error: {out}: already exists; not replaced (--force replaces it)\n")
+    assert out.read_text() == "precious"
+    r = invoke("gpu", "snapshot", "-o", str(out), "--force", "--from-nvidia-smi", dump)
+    assert (r.exit_code, r.output) == (0, f"wrote 1 GPU(s) to {out}\n")
+    assert json.loads(out.read_text())["format"] == "gpuguard-snapshot/1"
+
+
 def test_check_separates_could_not_check_3_from_critical_2(tmp_path):
     """Critical findings exit 2 (documented); anything that stops the check (a bad option,
     a bad config, a missing or binary input) exits 3, the monitoring-plugin UNKNOWN,

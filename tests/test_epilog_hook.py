@@ -373,8 +373,8 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
     reason = ("gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off"
               " (fail-job after the job ended: alerted only)")
     st = open_store(node["db"])
-    assert st.query("select hook, job_id, decision, reason from health_runs") == [
-        {"hook": "epilog", "job_id": "42", "decision": "proceed", "reason": reason}]
+    assert st.query("select hook, job_id, decision, policy_decision, reason from health_runs") == [
+        {"hook": "epilog", "job_id": "42", "decision": "proceed", "policy_decision": "fail-job", "reason": reason}]
     assert st.query("select code, action from findings where code = 'config.persistence_off'") == [
         {"code": "config.persistence_off", "action": "alert"}]
     s = summary(node["db"])
@@ -392,6 +392,32 @@ def test_fail_job_finding_after_the_job_is_recorded_as_the_alert_it_was(node, ma
     assert reg.get_sample_value("gpuguard_health_findings", {
         "node": "n1", "code": "config.persistence_off", "severity": "warning", "action": "fail-job", "gpu": "2"}) is None
     assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail)" in \
+        node["log"].read_text()
+
+
+def test_fail_job_after_the_job_is_told_by_the_decisions_flag_not_its_reason_text(node, make_config, write_replay,
+                                                                                   monkeypatch):
+    """The Epilog tells a fail-job alerted after the job by Decision.fail_job_alerted: a
+    reworded note (or none) changes neither the log nor what is recorded."""
+    from gpuguard import policy
+
+    real = policy.after_job
+
+    def reworded(decision):
+        d = real(decision)
+        d.reason = d.reason.replace(policy.AFTER_JOB_NOTE, " [alerted: the job had ended]")
+        return d
+
+    monkeypatch.setattr(policy, "after_job", reworded)
+    make_config('[prolog]\nstart_collector = false\n[policy]\n"config.persistence_off" = "fail-job"\n',
+                replay=write_replay(node_snapshot(4, gpu2={"persistence_mode": False})), kernel_log=str(node["kl"]))
+    assert hook.run(EPILOG_ENV) == 0
+    assert node["calls"]() == []
+    reason = "gpuguard: config.persistence_off gpu2 (0000:3a:00.0) persistence mode off [alerted: the job had ended]"
+    st = open_store(node["db"])
+    assert st.query("select decision, reason from health_runs") == [{"decision": "proceed", "reason": reason}]
+    assert st.query("select action from findings where code = 'config.persistence_off'") == [{"action": "alert"}]
+    assert "post-job finding with action fail-job, alerted (the job has ended; nothing to fail): " + reason in \
         node["log"].read_text()
 
 

@@ -150,6 +150,7 @@ def test_a_dry_run_drains_nothing_keeps_nothing_pending_and_moves_the_cursor(hc)
     assert hc.slurm.updates() == []
     assert PendingDrains(cfg, None).entries() == {}
     assert read_cursor_file(cfg) is not None
-    assert hc.actions() == [("drain", "health", "refused", "reboot")]
+    # recorded as what was done: a dry run held the drain back (as maintenance's "suppressed")
+    assert hc.actions() == [("dry-run", "health", "refused", "reboot")]
     assert hc.run().result.decision.outcome == "proceed"  # the XID is not read again
     assert _rows(cfg, "select kind, code from events") == [("xid", 79)]

@@ -354,3 +354,18 @@ def test_mailprog_never_passes_an_option_as_the_recipient(tmp_path, rcpt):
     assert cp.stderr == (f"gpuguard-mail: not sent: recipient {rcpt!r} starts with '-' (it would be read as a "
                          "mailer option)\n")
     assert not os.path.exists(f"{log}.argv")
+
+
+def test_o_keeps_an_existing_file_unless_forced(big, tmp_path):
+    out = tmp_path / "passwd"
+    out.write_text("root:x:0:0\n")
+    r = show("4242", "--store", big, "--format", "html", "-o", str(out))
+    assert (r.exit_code, r.output) == (2, f"Error: {out}: already exists; not replaced (--force replaces it)\n")
+    assert out.read_text() == "root:x:0:0\n"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = show("4242", "--store", big, "--format", "csv", "-o", str(fifo), "--force")
+    assert (r.exit_code, r.output) == (2, f"Error: {fifo}: not a regular file; refusing to write to it\n")
+    r = show("4242", "--store", big, "--format", "csv", "-o", str(out), "--force")
+    assert (r.exit_code, r.output) == (0, f"wrote {out}\n")
+    assert out.read_text().splitlines()[0] == "node,metric,value,unit"

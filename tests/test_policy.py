@@ -55,3 +55,20 @@ def test_reason_is_one_line_and_capped():
 def test_control_characters_never_reach_scontrol():
     d = decide([F("throttle.hw_slowdown_idle", "critical", 2, "gpu2 (0000:75:00.0\x00evil\x1b[2J) hw_slowdown")])
     assert d.reason == "gpuguard: throttle.hw_slowdown_idle gpu2 (0000:75:00.0 evil [2J) hw_slowdown"
+
+
+def test_after_job_flags_the_alerted_fail_job_on_the_decision():
+    from gpuguard.policy import AFTER_JOB_NOTE, after_job
+
+    fs = [F("config.persistence_off", "warning", 0, "gpu0 persistence mode off")]
+    d = after_job(decide(fs, {"config.persistence_off": "fail-job"}))
+    assert (d.outcome, d.reason, d.policy_outcome, d.decided, d.fail_job_alerted) == (
+        "proceed", "gpuguard: config.persistence_off gpu0 persistence mode off" + AFTER_JOB_NOTE, "fail-job",
+        "fail-job", True)
+    assert [a for _, a in d.actions] == ["alert"]
+    # a decision whose reason merely ends with the note is not flagged
+    plain = after_job(decide(fs, {"config.persistence_off": "alert"}))
+    plain.reason = "gpuguard: x" + AFTER_JOB_NOTE
+    assert (plain.outcome, plain.policy_outcome, plain.fail_job_alerted) == ("proceed", "", False)
+    drain = after_job(decide(fs, {"config.persistence_off": "drain"}))
+    assert (drain.outcome, drain.decided, drain.fail_job_alerted) == ("drain", "drain", False)

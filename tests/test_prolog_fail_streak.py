@@ -48,6 +48,22 @@ def test_third_job_failed_in_a_row_drains_the_node(node):
     assert f"fail-job escalated to drain after 3 jobs: {DRAIN_REASON}" in log
 
 
+def test_escalated_drain_is_recorded_as_the_drain_with_the_policys_fail_job_beside_it(node):
+    from gpuguard.store import open_store
+
+    assert [hook.run(dict(ENV, SLURM_JOB_ID=j)) for j in ("42", "43", "44")] == [0, 0, 1]
+    st = open_store(str(node["tmp"] / "node.db"), create=False)
+    try:
+        assert [(r["job_id"], r["decision"], r["policy_decision"]) for r in
+                st.query("select * from health_runs order by id")] == [
+            ("42", "fail-job", "fail-job"), ("43", "fail-job", "fail-job"), ("44", "drain", "fail-job")]
+        assert [(r["action"], r["by"], r["outcome"], r["reason"], r["policy_decision"]) for r in
+                st.query("select * from node_actions order by id")] == [
+            ("drain", "prolog", "done", DRAIN_REASON, "fail-job")]
+    finally:
+        st.close()
+
+
 def test_a_fault_that_clears_starts_the_count_afresh(node):
     assert [hook.run(dict(ENV, SLURM_JOB_ID=j)) for j in ("42", "43")] == [0, 0]
     node["config"](healthy=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.recovery import RECOVERY_TEXT, recovery_of, recovery_of_findings
+from gpuguard.ops.nodes import DRY_RUN
 from gpuguard.ops import schema as _schema  # noqa: F401  (registers the "ops" store migration set)
 
 BUSY_FLAGS = {"ALLOCATED", "MIXED", "COMPLETING"}
@@ -116,7 +117,8 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
             commit_cursor(cfg, col.new_cursor, live.tool_errors)
     finally:
         col.release_cursor()
-    res = live if store is None else _judge_and_record(cfg, store, col, live)
+    held = {"maintenance": maint.active, "dry_run": pend.dry_run}  # what keeps a drain from happening
+    res = live if store is None else _judge_and_record(cfg, store, col, live, held)
     added = _run_steps(cfg, store, node, col, res, deadline, log, now=now)
     if res.decision.outcome == "drain" and drained is None and not maint.active:
         # the history or a step: through the pending list, no cursor; a dry run keeps
@@ -126,7 +128,7 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
         res.decision.reason = drained.reason  # what is on the node, how act_on and drain_run trace it
     if added and store is not None and res.run_id is not None:
         try:
-            _record_steps(store, cfg, res, added)
+            _record_steps(store, cfg, res, added, held)
         except Exception as e:
             res.tool_errors.append(f"store: {e}")
     out = HealthOutcome(res, maint, tool_errors=errors + res.tool_errors)
@@ -140,16 +142,19 @@ def run(cfg: Any, *, store: Any, log: Any, deadline: float, slurm: Any = None,
     return out
 
 
-def _judge_and_record(cfg: Any, store: Any, col: Any, live: Any) -> Any:
+def _judge_and_record(cfg: Any, store: Any, col: Any, live: Any, held: dict[str, bool]) -> Any:
     """Judge ``col`` again with the store's history and record the run with its kernel-log
-    events (before the slow steps: a run killed in them keeps what the log showed).
+    events (before the slow steps: a run killed in them keeps what the log showed), as
+    done (``held``: maintenance / dry run, :func:`gpuguard.policy.done_outcome`).
     Returns the result (with ``live``'s tool errors: the cursor's, the pending list's)."""
     from gpuguard import health as health_mod
+    from gpuguard.policy import done_outcome
 
     res = health_mod.judge(cfg, col, hook="health", store=store)
     res.tool_errors += [e for e in live.tool_errors if e not in res.tool_errors]
     try:
-        res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor)
+        res.run_id = health_mod.record_run(store, cfg, "health", None, col.started, res, col.new_cursor,
+                                           done=done_outcome(res.decision, **held))
     except Exception as e:
         res.tool_errors.append(f"store: {e}")
     return res
@@ -175,11 +180,13 @@ def _run_steps(cfg: Any, store: Any, node: str, col: Any, res: Any, deadline: fl
     return more
 
 
-def _record_steps(store: Any, cfg: Any, res: Any, added: list[Any]) -> None:
+def _record_steps(store: Any, cfg: Any, res: Any, added: list[Any], held: dict[str, bool]) -> None:
     """Add the steps' findings to the run recorded before they ran, with the decision
-    taken on all findings (the run's row is what clean-run counts and drain tracing read)."""
+    taken on all findings, as done (``held``; the run's row is what clean-run counts and
+    drain tracing read)."""
     import json
 
+    from gpuguard.policy import done_outcome
     from gpuguard.rows import finding_row
 
     at = time.time()
@@ -189,8 +196,9 @@ def _record_steps(store: Any, cfg: Any, res: Any, added: list[Any]) -> None:
 
     def go() -> None:
         with store.tx():
-            store.conn.execute("update health_runs set decision = ?, reason = ?, tool_errors = ? where id = ?",
-                               [res.decision.outcome, res.decision.reason, json.dumps(res.tool_errors), res.run_id])
+            store.conn.execute("update health_runs set decision = ?, policy_decision = ?, reason = ?, tool_errors = ? "
+                               "where id = ?", [done_outcome(res.decision, **held), res.decision.decided,
+                                                res.decision.reason, json.dumps(res.tool_errors), res.run_id])
             store.insert_many("findings", rows)
     store._guard("health run update", go)
 
@@ -216,8 +224,9 @@ def _record_once(store: Any, node: str, **row: Any) -> dict[str, Any] | None:
     return dict(row, id=row_id, node=node)
 
 
-#: drain outcome of :mod:`gpuguard.drainq` -> ``node_actions.outcome``
-_DRAIN_OUTCOME = {"confirmed": "done", "pending": "failed", "refused": "refused", "dry-run": "refused"}
+#: drain outcome of :mod:`gpuguard.drainq` -> ``node_actions.outcome`` (a dry run is
+#: recorded as action ``dry-run``, outcome ``refused``: :data:`gpuguard.ops.nodes.DRY_RUN`)
+_DRAIN_OUTCOME = {"confirmed": "done", "pending": "failed", "refused": "refused"}
 
 
 def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, deadline: float,
@@ -240,25 +249,7 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
                        run_id=run["id"] if run else None)
             done.append(dict(row, id=record_action(store, node=node, **row), node=node))
     if res.decision.outcome == "drain":
-        drains = [dict(f.to_dict(), action=a) for f, a in res.decision.actions if a == "drain"]
-        recovery = recovery_of_findings(drains)
-        if maint.active:
-            r = _record_once(store, node, action="suppressed", by="health", outcome="refused",
-                             why=f"would drain: {maint.line()}", reason=res.decision.reason,
-                             recovery=recovery, evidence=drains, run_id=res.run_id)
-            return done + ([r] if r else [])
-        if drained is None or (drained.status == "confirmed" and info is not None and info.drained and info.ours):
-            return done  # still faulty; the drain on record stands
-        status = _DRAIN_OUTCOME.get(drained.status, "failed")
-        row = dict(action="drain", by="health", outcome=status, why=drained.why, reason=res.decision.reason,
-                   slurm_reason=_stamped(cfg, node) if status == "done" else None, recovery=recovery,
-                   evidence=drains, run_id=res.run_id)
-        if status == "done":
-            done.append(dict(row, id=record_action(store, node=node, **row), node=node))
-        else:
-            r = _record_once(store, node, **row)
-            done += [r] if r else []
-        return done
+        return done + _record_drain(cfg, store, node, info, res, maint, drained)
     if not _clean(res) or info is None or not (info.drained and info.ours):
         return done
     rec = _drain_record(store, node, info)
@@ -281,15 +272,53 @@ def act_on(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any, *, 
         return done
     if maint.active:
         r = _record_once(store, node, action="suppressed", by="health", outcome="refused",
-                         why=f"would resume: {maint.line()}", reason=info.reason or "", recovery="auto")
+                         why=f"would resume: {maint.line()}", reason=info.reason or "", recovery="auto",
+                         policy_decision="resume")
         return done + ([r] if r else [])
     from gpuguard.ops import act
 
     status, why = act.resume(cfg, node, deadline=deadline, log=log)
+    evidence = {"clean_runs": clean, "drained_at": rec["at"]}
+    if (status, why) == ("refused", "dry run"):  # held back, recorded once as maintenance's is
+        r = _record_once(store, node, action="dry-run", by="health", outcome="refused",
+                         why=f"would resume: {DRY_RUN}", reason=info.reason or "", recovery="auto",
+                         evidence=evidence, run_id=res.run_id, policy_decision="resume")
+        return done + ([r] if r else [])
     row = dict(action="resume", by="health", outcome=status, why=why, reason=info.reason or "",
-               recovery="auto", evidence={"clean_runs": clean, "drained_at": rec["at"]}, run_id=res.run_id)
+               recovery="auto", evidence=evidence, run_id=res.run_id, policy_decision="resume")
     done.append(dict(row, id=record_action(store, node=node, **row), node=node))
     return done
+
+
+def _record_drain(cfg: Any, store: Any, node: str, info: Any, res: Any, maint: Any,
+                  drained: Any) -> list[dict[str, Any]]:
+    """:func:`act_on` for a run that decided to drain: the ``node_actions`` row of what
+    was done (``suppressed`` in maintenance, ``dry-run``, or the drain's outcome; none
+    while the drain on record stands). Returns the rows written."""
+    from gpuguard.ops.nodes import record_action
+
+    drains = [dict(f.to_dict(), action=a) for f, a in res.decision.actions if a == "drain"]
+    recovery = recovery_of_findings(drains)
+    if maint.active:
+        r = _record_once(store, node, action="suppressed", by="health", outcome="refused",
+                         why=f"would drain: {maint.line()}", reason=res.decision.reason,
+                         recovery=recovery, evidence=drains, run_id=res.run_id, policy_decision="drain")
+        return [r] if r else []
+    if drained is None or (drained.status == "confirmed" and info is not None and info.drained and info.ours):
+        return []  # still faulty; the drain on record stands
+    if drained.status == "dry-run":  # held back, as maintenance holds it: recorded as such
+        r = _record_once(store, node, action="dry-run", by="health", outcome="refused", why=f"would drain: {DRY_RUN}",
+                         reason=res.decision.reason, recovery=recovery, evidence=drains, run_id=res.run_id,
+                         policy_decision="drain")
+        return [r] if r else []
+    status = _DRAIN_OUTCOME.get(drained.status, "failed")
+    row = dict(action="drain", by="health", outcome=status, why=drained.why, reason=res.decision.reason,
+               slurm_reason=_stamped(cfg, node) if status == "done" else None, recovery=recovery,
+               evidence=drains, run_id=res.run_id, policy_decision=res.decision.decided)
+    if status == "done":
+        return [dict(row, id=record_action(store, node=node, **row), node=node)]
+    r = _record_once(store, node, **row)
+    return [r] if r else []
 
 
 def _stamped(cfg: Any, node: str) -> str | None:

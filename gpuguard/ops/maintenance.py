@@ -207,7 +207,7 @@ def record_suppressed(cfg: Any, m: Maintenance, outcome: str, reason: str, *, by
         st = open_store(cfg.store_path)
         try:
             record_action(st, node=cfg.node_name, action="suppressed", by=by, outcome="refused",
-                          why=f"would {outcome}: {m.line()}", reason=reason)
+                          why=f"would {outcome}: {m.line()}", reason=reason, policy_decision=outcome)
         finally:
             st.close()
     except Exception as e:

@@ -77,6 +77,11 @@ def read_node(slurm: Any, node: str, timeout_s: float | None = None) -> NodeInfo
     return parse_node(out)
 
 
+#: ``node_actions.why`` of an action a dry run held back, after ``would drain: `` /
+#: ``would resume: `` (as maintenance's ``would drain: in maintenance (...)``).
+DRY_RUN = "dry run ([slurm] drain = false)"
+
+
 def who() -> str:
     """The human behind a by-hand action: ``$SUDO_USER`` when run through sudo, else the
     login name."""
@@ -89,18 +94,22 @@ def who() -> str:
 def record_action(store: Any, *, node: str, action: str, by: str, outcome: str, reason: str = "",
                   why: str = "", slurm_reason: str | None = None, recovery: str = "",
                   evidence: Any = None, user: str | None = None, run_id: int | None = None,
-                  at: float | None = None) -> int:
+                  at: float | None = None, policy_decision: str | None = None) -> int:
     """Append one ``node_actions`` row; returns its id.
 
-    ``action``: ``drain`` | ``resume`` | ``suppressed`` (maintenance kept a drain/resume
-    from happening); ``by``: ``health`` | ``prolog`` | ``epilog`` | ``hand``; ``outcome``:
-    ``done`` | ``refused`` | ``failed``. Raises :class:`gpuguard.store.StoreError`."""
+    ``action`` is what was done: ``drain`` | ``resume`` | ``suppressed`` (maintenance
+    kept a drain, fail-job or resume from happening) | ``dry-run`` (``[slurm] drain =
+    false`` did; ``why`` ``would drain: ``:data:`DRY_RUN`); ``policy_decision`` what
+    gpuguard's rules decided (``drain``, ``fail-job``, ``resume``; ``fail-job`` on a drain
+    the Prolog's fail streak escalated; None by hand); ``by``: ``health`` | ``prolog`` |
+    ``epilog`` | ``hand``; ``outcome``: ``done`` | ``refused`` | ``failed``. Raises
+    :class:`gpuguard.store.StoreError`."""
     return store.insert("node_actions", {
         "node": node, "at": time.time() if at is None else at, "action": action, "by": by,
         "user": user if user is not None else ("root" if by != "hand" else who()),
         "outcome": outcome, "why": why, "reason": reason, "slurm_reason": slurm_reason,
         "recovery": recovery, "evidence": json.dumps(evidence, default=str) if evidence is not None else None,
-        "run_id": run_id,
+        "run_id": run_id, "policy_decision": policy_decision,
     })
 
 
@@ -191,20 +200,29 @@ def history(store: Any, node: str, since: float = 0.0, limit: int = 200) -> list
 def record_hook_drain(store: Any, node: str, live: Any, *, by: str, run_id: int | None, log: Any,
                       decision: Any = None) -> None:
     """After a Prolog/Epilog recorded its run: the drain it made (``live.drain``, a
-    :class:`gpuguard.drainq.Outcome`) as a ``node_actions`` row, with the drain findings
+    :class:`gpuguard.drainq.Outcome`; a dry run's as action ``dry-run``, refused) as a
+    ``node_actions`` row, with ``decision``'s policy outcome and the drain findings
     of ``decision`` (the recorded run's; default the live check's) as evidence and their
     recovery kind. The stamped Slurm reason is filled in by the next ``gpuguard health``
     run (no extra Slurm call inside the hook). Never raises."""
     try:
         o = getattr(live, "drain", None)
-        if o is None or o.status == "dry-run":
+        if o is None:
             return
         from gpuguard.recovery import recovery_of_findings
 
         d = decision if decision is not None else live.result.decision
         drains = [dict(f.to_dict(), action=a) for f, a in d.actions if a == "drain"]
+        if o.status == "dry-run":  # held back: recorded as gpuguard health records it
+            if getattr(live, "maintenance", False):
+                return  # maintenance held it back: its "suppressed" row says so
+            record_action(store, node=node, action="dry-run", by=by, outcome="refused", why=f"would drain: {DRY_RUN}",
+                          reason=o.reason, recovery=recovery_of_findings(drains), evidence=drains, run_id=run_id,
+                          user="root", policy_decision=d.decided)
+            return
         outcome = {"confirmed": "done", "refused": "refused"}.get(o.status, "failed")
         record_action(store, node=node, action="drain", by=by, outcome=outcome, why=o.why, reason=o.reason,
-                      recovery=recovery_of_findings(drains), evidence=drains, run_id=run_id, user="root")
+                      recovery=recovery_of_findings(drains), evidence=drains, run_id=run_id, user="root",
+                      policy_decision=d.decided)
     except Exception as e:
         log.error("tool error: recording the drain: %s: %s", type(e).__name__, e)

@@ -6,6 +6,8 @@ registered when :mod:`gpuguard.ops` is imported.
   Slurm shows it afterwards (``slurm_reason``, with its ``[user@time]`` stamp: how a later
   resume tells our drain from an admin's re-drain), the recovery kind
   (:mod:`gpuguard.recovery`) and the findings as evidence (JSON).
+  ``policy_decision`` (step ``node_action_policy``): what the rules decided, when
+  maintenance or a dry run held it back (``action`` ``suppressed`` / ``dry-run``).
 * ``health_steps``: the last result of each rate-limited health step (``every_s``), so a
   step that is not due re-reports its last findings instead of counting as clean.
 * ``alerts``: one row per de-duplication group (code, node, GPU within the window) with
@@ -58,3 +60,14 @@ def _alerts(db: sqlite_utils.Database) -> None:
     )
     db["alert_deliveries"].create_index(["status", "next_at"])
     db["alert_deliveries"].create_index(["sink", "sent_at"])
+
+
+@MIGRATIONS(name="node_action_policy")
+def _node_action_policy(db: sqlite_utils.Database) -> None:
+    """``node_actions.policy_decision``: what gpuguard's rules decided (``drain``,
+    ``fail-job``, ``resume``) beside ``action``, what was done: ``drain`` | ``resume`` |
+    ``suppressed`` (maintenance held it back) | ``dry-run`` (``[slurm] drain = false``
+    held it back; recorded as ``drain``/``refused`` by ``gpuguard health`` and not at all
+    by the hooks before this step). An escalated fail-job reads ``drain`` / ``fail-job``.
+    NULL on rows recorded before this step and on drains and resumes by hand."""
+    db.conn.execute("alter table node_actions add column policy_decision text")
