@@ -170,7 +170,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, ...]]] = {
     },
     "slurm": {
         "bin_dir": ("/usr/bin", str, "where scontrol, sacct, sinfo, sacctmgr live (hooks have no PATH)"),
-        "drain": (True, bool, "actually drain nodes; false = log the drain decision only (dry run)"),
+        "drain": (True, bool, "actually drain nodes; false = log the drain decision only (dry run: the Prolog then exits 0 and the job runs, as a non-zero exit would make Slurm drain the node)"),
     },
     "reports": {
         "gpu_hour_rate": (0.0, (int, float), "price of one GPU-hour where no gpu_hour_rates key matches (0 = costs not priced)"),

@@ -10,7 +10,8 @@ What it does, in order, inside ``[prolog] time_budget_s``:
    within half of the budget, and its findings are decided the same way;
 3. act on the decision: ``drain`` -> ``scontrol update state=drain reason="gpuguard: ..."``
    then exit 1 so Slurm requeues the job elsewhere (Slurm 22.05 then also marks the node
-   drained and holds the requeued batch job: SLURM-FACTS.md §5); ``fail-job`` -> note the
+   drained and holds the requeued batch job: SLURM-FACTS.md §5; in a dry run, ``[slurm]
+   drain = false``, exit 0 and the job runs); ``fail-job`` -> note the
    reason in the job's AdminComment, ``scancel`` the job and exit 0 (any non-zero Prolog
    exit would drain the node in Slurm 22.05);
    ``proceed`` -> create the job's record directory and start the collector
@@ -78,7 +79,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
     live.maintenance = maint.active  # a drain/fail-job held back is recorded as suppressed
     res = live.result
     outcome = _unless_maintenance(cfg, maint, res.decision.outcome, res.decision.reason, log)
-    announce(EXIT_DRAIN if outcome == "drain" and not config_error else EXIT_OK)
+    announce(_drain_exit(cfg) if outcome == "drain" and not config_error else EXIT_OK)
     _log_result(log, res)
     from gpuguard.ops.alert_spool import enqueue_from_hook
 
@@ -91,7 +92,7 @@ def run(env: dict[str, str] | None = None, loaded: tuple | None = None) -> int:
             log.error("tool error: drain not confirmed (%s); Slurm will drain with 'Prolog error' when this "
                       "prolog exits %d, and the drain stays pending", live.drain.why, EXIT_DRAIN)
         _record(cfg, live, pend, job_id, henv.job_gpus, log)
-        return EXIT_DRAIN
+        return _drain_exit(cfg, log)
     if outcome == "fail-job":
         return _fail_job(cfg, live, pend, henv, res.decision, log)
     nccl = [] if config_error else _nccl_probe(cfg, env, job_id, started, log)
@@ -198,14 +199,14 @@ def _drain_now(cfg, live, pend, henv, acted, recovery, log, nccl) -> int:
     through the pending-drain list (:meth:`gpuguard.drainq.PendingDrains.drain`: a dry run
     only logs; a list that cannot be written still drains), keep the outcome in ``live.drain``
     (the ``node_actions`` row), and record the run with ``acted`` as its decision (what
-    was done, not the live check's fail-job/proceed). Returns :data:`EXIT_DRAIN`."""
+    was done, not the live check's fail-job/proceed). Returns :func:`_drain_exit`'s status."""
     from gpuguard.hookrun import announce
 
-    announce(EXIT_DRAIN)
+    announce(_drain_exit(cfg))
     # pending first, drained even when the list cannot be written; the outcome is logged
     live.drain = pend.drain(cfg.node_name, acted.reason, recovery)
     _record(cfg, live, pend, henv.job_id, henv.job_gpus, log, nccl, acted=acted)
-    return EXIT_DRAIN
+    return _drain_exit(cfg, log)
 
 
 def _note_fail_streak(cfg, codes: list[str], job_id: str | None, log) -> tuple[str, int] | None:
@@ -245,8 +246,22 @@ def _proceed(cfg, env, config_error, live, pend, henv, nccl, maint, log) -> int:
     if later is not None and later.decision.outcome == "drain" and not maint.active:
         # a drain only the history shows (a site policy on a trend): acted on in _record
         log.warning("drain from history: %s", later.decision.reason)
-        return EXIT_DRAIN
+        return _drain_exit(cfg, log)
     log.info("proceed (%d finding(s))", len(live.result.findings))
+    return EXIT_OK
+
+
+def _drain_exit(cfg, log=None) -> int:
+    """The Prolog's exit status for a drain: :data:`EXIT_DRAIN` (Slurm requeues the job
+    elsewhere), or :data:`EXIT_OK` in a dry run (``[slurm] drain = false``): any non-zero
+    Prolog exit makes Slurm 22.05 drain the node itself with "Prolog error"
+    (SLURM-FACTS.md §5), which a run that only logs its drain decisions must not do; the
+    job runs. ``log``: where that is said (None: while only announcing the exit)."""
+    if cfg.get("slurm", "drain"):
+        return EXIT_DRAIN
+    if log is not None:
+        log.warning("dry run: the prolog exits 0 and the job runs (with [slurm] drain = true it would exit %d "
+                    "and Slurm would requeue the job)", EXIT_DRAIN)
     return EXIT_OK
 
 

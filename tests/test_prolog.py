@@ -117,9 +117,12 @@ def test_dry_run_does_not_call_scontrol(node):
     node["kl"].write_text(XID79)
     cfg_path = node["tmp"] / "gpuguard.toml"
     cfg_path.write_text(cfg_path.read_text().replace("[slurm]\n", "[slurm]\ndrain = false\n"))
-    assert hook.run(ENV) == 1
+    assert hook.run(ENV) == 0  # a non-zero exit would make Slurm drain the node ("Prolog error")
     assert node["calls"]() == []
-    assert f"dry run: would drain n1: {DRAIN_79}" in (node["tmp"] / "gpuguard.log").read_text()
+    log = (node["tmp"] / "gpuguard.log").read_text()
+    assert f"dry run: would drain n1: {DRAIN_79}" in log
+    assert "dry run: the prolog exits 0 and the job runs (with [slurm] drain = true it would exit 1 " \
+           "and Slurm would requeue the job)" in log
 
 
 def test_scontrol_failure_is_logged_and_still_fails_the_job(node, tmp_path, fake_slurm_bin):

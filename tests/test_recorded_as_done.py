@@ -77,7 +77,7 @@ def test_hook_in_maintenance_records_suppressed(faulty, hook, rc):
     assert acts == [("suppressed", hook, "refused", f"would drain: {MAINT}", "drain")]  # no dry-run row beside it
 
 
-@pytest.mark.parametrize("hook, rc", [("prolog", 1), ("epilog", 0)])
+@pytest.mark.parametrize("hook, rc", [("prolog", 0), ("epilog", 0)])
 def test_hook_dry_run_records_dry_run(faulty, hook, rc):
     config, slurm = faulty
     cfg = config(DRY)
