@@ -140,3 +140,14 @@ def test_an_indented_line_between_does_not_hide_the_forged_line():
     assert res.events == []
     assert res.rejected == {UNDER_RECORD_REASON: 1}
     assert [n for n, _why, _text in res.rejected_samples] == [3]
+
+
+@pytest.mark.parametrize("quote", ["' launched '", "tmpfs: Unknown parameter '", "NVRM: API mismatch: the client has the version 1"])
+def test_a_program_line_quoting_a_head_hides_no_real_xid(quote):
+    """A user's syslog line (``logger``) that quotes a head opens no window: the kernel's
+    XID in the same second is read."""
+    lines = ["Dec  1 10:00:00 n1 alice: " + quote,
+             "Dec  1 10:00:00 n1 kernel: " + REAL]
+    res = parse_lines(lines)
+    assert [(e.pci_bus_id, e.xid, e.line_no) for e in res.events] == [("0000:3b:00", 48, 2)]
+    assert res.unparsed == 0

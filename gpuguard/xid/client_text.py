@@ -70,6 +70,11 @@ MAX_CLIENT_TEXT_OTHERS = 64
 #: the reason of the NVRM API mismatch head (kept as a name: tests and callers use it)
 CLIENT_TEXT_REASON = CLIENT_TEXT_HEADS[0].reason
 
+#: Prefix tokens (:data:`gpuguard.xid.prefix.TOKENS`) only a kernel line's prefix holds; a
+#: head's line must have one, or no prefix at all (``dmesg -t``), so that a program's
+#: syslog line quoting a head (``host alice: x' launched '``) opens no window.
+KERNEL_TOKENS = frozenset({"priority", "kmsg_record", "kern_level", "facility", "bracket", "rfc5424_kernel",
+                           "host_kernel", "kernel", "nvswitch"})
 #: a word every head holds (a cheap test before the prefix is read)
 _HEAD_WORDS_RE = re.compile(r"API mismatch|' launched '|Unknown parameter '|failed to resolve '")
 _STAMP_RE = re.compile(r"\[\s*\d+\.\d+\]")
@@ -99,7 +104,9 @@ class ClientText:
 
         if not _HEAD_WORDS_RE.search(text):  # most records: no head, no tokenising
             return None
-        _names, rest = text_prefix_tokens(text)
+        names, rest = text_prefix_tokens(text)
+        if names and not KERNEL_TOKENS.intersection(names):
+            return None  # a program's line ("host alice: ..."), or a date alone: not the kernel's
         start = len(text) - len(rest)
         for h in CLIENT_TEXT_HEADS:
             if structured and h.text_only:
