@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.inputs import json_loads
+
 MANIFEST = "job.json"
 MAX_MANIFEST_BYTES = 1024 * 1024
 
@@ -43,7 +45,7 @@ def read_manifest(spool_dir: str, job_id: str) -> dict[str, Any] | None:
     if blob is None:
         return None
     try:
-        doc = json.loads(blob)
+        doc = json_loads(blob)
     except ValueError:
         return None
     return doc if isinstance(doc, dict) and str(doc.get("job_id")) == str(job_id) else None

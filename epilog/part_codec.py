@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuguard.epilog.spool import SpoolError
+from gpuguard.inputs import json_loads
 
 FORMAT = "gpuguard-part"
 VERSION = 2
@@ -280,7 +281,7 @@ def _decode_v1(blob: bytes) -> dict[str, Any]:
             raw = gz.read(MAX_RAW_BYTES + 1)
         if len(raw) > MAX_RAW_BYTES:
             raise SpoolError("part decompresses to more than 64 MiB")
-        doc = json.loads(raw, parse_constant=_no_constant)
+        doc = json_loads(raw, parse_constant=_no_constant)
     except (OSError, EOFError, ValueError) as e:
         raise SpoolError(f"not a gzip JSON part: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

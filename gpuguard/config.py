@@ -450,6 +450,8 @@ def parse(path: str | None, data: bytes) -> Config:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:  # tomllib recurses per nesting level: `a = [[[[...`
+        raise ConfigError(f"{path}: invalid TOML: arrays or tables nested too deep") from None
     return from_dict(doc, path)
 
 

@@ -25,6 +25,25 @@ class InputError(Exception):
     """The input cannot be used; ``str()`` is one line naming the file."""
 
 
+#: The message of a document nested deeper than Python's parsers recurse.
+TOO_DEEP = "arrays/objects nested too deep"
+
+
+def json_loads(text: str | bytes, **kw: Any) -> Any:
+    """:func:`json.loads` of an input gpuguard reads, raising
+    :class:`json.JSONDecodeError` (a ``ValueError``) for a document nested deeper than
+    the decoder recurses (``[[[[...`` of a few thousand levels: the decoder raises
+    ``RecursionError``, which no ``except ValueError`` catches, so a bad file gave a
+    traceback, or stopped a reader, instead of its one-line error)."""
+    import json
+
+    try:
+        return json.loads(text, **kw)
+    except RecursionError:
+        doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError(TOO_DEEP, doc, 0) from None
+
+
 def _open_regular(path: str) -> tuple[Any, os.stat_result]:
     """``(binary file object, stat)`` of regular file ``path``, opened without blocking on
     a FIFO or device. Raises :class:`InputError` when it is missing, unreadable or not a

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, tzinfo
 
+from gpuguard.inputs import json_loads
 from gpuguard.reports.sacct import (
     COLUMNS,
     FINAL_STATES,
@@ -292,7 +293,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
         fh.seek(0)
         if sniff_format(head) == "json":
             try:
-                doc = json.load(fh)
+                doc = json_loads(fh.read())
             except json.JSONDecodeError as e:
                 raise SacctParseError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
             if on_progress is not None:
@@ -370,7 +371,7 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
     now = time.time() if synced_at is None else synced_at
     if sniff_format(text[:4096]) == "json":
         try:
-            doc = json.loads(text)
+            doc = json_loads(text)
         except json.JSONDecodeError as e:
             raise SacctParseError(f"{source}:{e.lineno}: invalid JSON: {e.msg}") from None
         _consume(store, iter_json(doc, cluster=cluster, source=source), result, now, gpus_tracked,

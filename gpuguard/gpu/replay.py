@@ -30,6 +30,7 @@ import os
 import time
 from typing import Any
 
+from gpuguard.inputs import json_loads
 from gpuguard.metrics import GPU_SAMPLED, GPU_SLOW
 from gpuguard.model import GpuState, NodeSnapshot, check_field
 
@@ -93,7 +94,7 @@ class ReplaySource:
 
     def _load_json(self, text: str) -> NodeSnapshot:
         try:
-            doc = json.loads(text)
+            doc = json_loads(text)
         except json.JSONDecodeError as e:
             raise ReplayError(f"{self.path}: invalid JSON: {e}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -52,10 +52,11 @@ Format facts, with their sources:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuguard.inputs import json_loads
 
 #: Result words, as ``HelperDisplayDiagResult`` prints them.
 RESULTS = ("Pass", "Fail", "Warn", "Skip", "Not Run")
@@ -327,7 +328,7 @@ def parse_json(text: str) -> DiagReport:
     # a paste may carry the command line before the document and a prompt after it
     start, end = text.find("{"), text.rfind("}")
     try:
-        doc = json.loads(text[start:end + 1] if 0 <= start < end else text)
+        doc = json_loads(text[start:end + 1] if 0 <= start < end else text)
     except ValueError as e:
         raise DiagFormatError(f"not valid JSON ({e})") from None
     if not isinstance(doc, dict):

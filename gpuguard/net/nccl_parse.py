@@ -32,11 +32,12 @@ as healthy.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuguard.inputs import json_loads
 
 #: ``enum ibv_wc_status`` (libibverbs ``verbs.h``): the ``error N`` of an NCCL NET/IB
 #: completion error.
@@ -172,7 +173,10 @@ _DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?o
 _OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
 _AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)")
 _WARN = re.compile(r"NCCL WARN\s*(.*?)\s*$")
-_FAILURE = re.compile(r"(?:(\S+?):\s+)?Test ((?:NCCL|CUDA) failure\s+.*?)\s*$")
+#: the optional ``host:`` label only at the start of a word (``(?<!\S)``): searched
+#: unanchored, ``\S+?`` from every position of a long word was quadratic in its length
+#: (a 20 KB line without white space took 10 s)
+_FAILURE = re.compile(r"(?:(?<!\S)(\S+?):\s+)?Test ((?:NCCL|CUDA) failure\s+.*?)\s*$")
 #: NET/IB completion error, every layout NCCL has printed (``transport/net_ib``):
 #: <= 2.11 ``Got completion with error 12, opcode 0, len 0, vendor err 129`` (no peer);
 #: 2.12-2.20 ``... from peer <addr> with error 12, opcode 0, len 0, vendor err 129 (Recv)``;
@@ -417,7 +421,7 @@ def parse(text: str) -> NcclLog:
     input: what cannot be read lands in :attr:`NcclLog.problems`."""
     if text.lstrip().startswith("{"):
         try:
-            doc = json.loads(text)
+            doc = json_loads(text)
         except ValueError:
             doc = None
         if isinstance(doc, dict) and "results" in doc:

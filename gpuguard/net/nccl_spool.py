@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.inputs import json_loads
 from gpuguard.ops.files import atomic_write
 
 #: The spool's sub-directory of probe files (not a job id, so the job ingest skips it).
@@ -111,7 +112,7 @@ def parse_probe_file(blob: bytes) -> tuple[dict[str, Any], list[tuple[int, float
     """A spooled probe -> ``(nccl_probes row, [(size_b, busbw_gbs, algbw_gbs)])``.
     Raises :class:`ProbeFileError` naming what is wrong."""
     try:
-        doc = json.loads(blob)
+        doc = json_loads(blob)
     except ValueError as e:
         raise ProbeFileError(f"not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

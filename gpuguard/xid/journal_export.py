@@ -14,10 +14,10 @@ one line of text).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 
+from gpuguard.inputs import json_loads
 from gpuguard.xid.records import _journal_message, journal_lines, not_kernel_entry
 
 _FIELD_RE = re.compile(r"(?P<key>[A-Z0-9_]+)=(?P<value>.*)")
@@ -35,7 +35,7 @@ def _json_entry(line: str) -> dict | None:
     if not text.startswith("{"):
         return None
     try:
-        entry = json.loads(text)
+        entry = json_loads(text)
     except ValueError:
         return None
     if isinstance(entry, dict) and ("MESSAGE" in entry or "__CURSOR" in entry):

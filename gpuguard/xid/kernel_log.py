@@ -67,6 +67,7 @@ import tempfile
 import threading
 import time
 
+from gpuguard.inputs import json_loads
 from gpuguard.xid.records import canonical_lines, dmesg_canonical, journal_lines, log_lines, not_kernel_entry
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,6 @@ def read_journalctl(
     Returns canonical lines and the new cursor (the last entry's ``__CURSOR``), or the
     old one when nothing new was printed (``None`` when there was none). Raises
     :class:`KernelLogError`."""
-    import json
 
     exe = find_tool("journalctl")
     journal_cursor = cursor[len("journal:"):] if cursor and cursor.startswith("journal:") else None
@@ -283,7 +283,7 @@ def read_journalctl(
     new_cursor = journal_cursor
     for raw in _complete_lines(data, overflow):
         try:
-            entry = json.loads(raw)
+            entry = json_loads(raw)
         except ValueError:
             continue  # "-- No entries --" in older versions, a cut line
         if not isinstance(entry, dict):

@@ -56,7 +56,7 @@ Odd cases, and what is done with them:
   fallen-off-bus event) for the same GPU, within 10 s when both carry times, is the
   same incident: it is appended to that event's ``raw`` and creates no event.
 * The three-line fallen-off-the-bus record split by a syslog reader into three lines
-  with the same prefix is joined back (:func:`_rejoined`).
+  with the same prefix is joined back (:func:`gpuguard.xid.grouping.rejoined`).
 * SXid detail lines (message starting ``Severity `` or ``Data {``) belong to the
   report whose header line (``Fatal, Link ...``) the switch printed just before: they
   are appended to the ``raw`` of the most recent SXid event with the same switch and
@@ -65,9 +65,11 @@ Odd cases, and what is done with them:
 * nvidia-fabricmanager's own log line for an NVSwitch error (``detected NVSwitch fatal
   error 20034 on fid 0 on NVSwitch pci bus id ...``) is an SXid event
   (:mod:`gpuguard.xid.fabricmanager`).
-* Client-written text inside an NVRM message (the version string of ``NVRM: API
-  mismatch``, which any program sets): a marker line inside it is rejected
-  (:mod:`gpuguard.xid.client_text`).
+* User-written text inside a kernel record (the version string of ``NVRM: API
+  mismatch``, which any program sets; an exec's file name, a mount option's name): a
+  marker line inside it is rejected (:mod:`gpuguard.xid.client_text`); in a text log, so
+  is an indented marker line with no prefix of its own, a later line of another record
+  (:data:`gpuguard.xid.grouping.UNDER_RECORD_REASON`).
 * A line that holds the Xid/SXid marker or "NVRM: ... fallen off the bus" but is not
   accepted (no PCI address, no numeric code, a prefix that is not a log prefix) counts
   in ``unparsed`` and in ``rejected`` by reason (first 5 kept in ``unparsed_samples`` /
@@ -82,16 +84,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuguard.model import norm_pci, pci_key
-from gpuguard.xid.client_text import CLIENT_TEXT_REASON, ClientText
+from gpuguard.xid.client_text import CLIENT_TEXT_REASON, ClientText  # noqa: F401 (CLIENT_TEXT_REASON: re-exported)
 from gpuguard.xid.fabricmanager import fabric_manager_sxid
+from gpuguard.xid.grouping import (  # noqa: F401 (UNDER_RECORD_REASON, MAX_CONTINUATION_LINES: re-exported)
+    MAX_CONTINUATION_LINES,
+    SXID_TRIGGER,
+    UNDER_RECORD_REASON,
+    XID_TRIGGER,
+    records,
+    rejoined,
+)
 from gpuguard.xid.prefix import check_prefix
 from gpuguard.xid.stamps import prefix_times
 
 #: Kinds of event.
 KINDS = ("xid", "sxid", "fallen_off_bus")
 
-#: Most continuation lines joined to one record.
-MAX_CONTINUATION_LINES = 8
 #: Two records further apart than this (seconds, either clock) are never merged.
 MERGE_WINDOW_S = 10.0
 #: How many unparsable lines are kept as samples.
@@ -186,9 +194,7 @@ class ParseResult:
 
 _HEX = "[0-9a-fA-F]"
 _XID_RE = re.compile(r"NVRM:\s*Xid\s*\((?P<loc>[^)]*)\):\s*(?P<code>\d+)\b,?\s*(?P<rest>.*)$")
-_XID_TRIGGER = re.compile(r"NVRM:\s*Xid\b")
 _SXID_RE = re.compile(r"\bSXid\s*\((?P<loc>[^)]*)\):\s*(?P<code>\d+)\b,?\s*(?P<rest>.*)$")
-_SXID_TRIGGER = re.compile(r"\bSXid\s*\(")
 _FALLEN_RE = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
 _NVRM_RE = re.compile(r"NVRM:\s*")
 _LOC_RE = re.compile(
@@ -202,12 +208,6 @@ _NAME_RE = re.compile(r"^name=(?P<name>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)")
 _GPU_UUID_RE = re.compile(
     rf"NVRM:\s*GPU at (?:PCI:)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<uuid>GPU-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
 )
-_SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
-_STACK_FRAME_RE = re.compile(r"^\s*(?:\?\s+)?(?:[\w.$]+\+0x[0-9a-fA-F]+/0x[0-9a-fA-F]+|</?\w+>)")
-
-#: the device properties /dev/kmsg prints after a record (`` SUBSYSTEM=pci``,
-#: `` DEVICE=+pci:0000:3b:00.0``; Documentation/ABI/testing/dev-kmsg): not message text
-_KMSG_PROPERTY_RE = re.compile(r"^[ \t]+(?:SUBSYSTEM|DEVICE)=\S")
 
 
 def _strip_placeholder(value: str) -> str | None:
@@ -234,72 +234,6 @@ def _split_pid_name(rest: str) -> tuple[int | None, str | None, str]:
             process = _strip_placeholder(n["name"])
             rest = rest[n.end():]
     return pid, process, rest.strip()
-
-
-def _records(lines: Iterable[str]) -> Iterable[tuple[int, list[str]]]:
-    """Group input lines into records: (1-based first line number, lines)."""
-    current: list[str] | None = None
-    start = 0
-    for n, line in enumerate(lines, 1):
-        line = line.rstrip("\r\n")
-        if n == 1 and line[:1] == "\ufeff":  # a file saved with a UTF-8 byte-order mark
-            line = line[1:]
-        if "\x1b" in line:  # a saved `dmesg --color=always`: colours around stamp and "NVRM: "
-            line = _SGR_RE.sub("", line)
-        is_continuation = (
-            current is not None
-            and line[:1] in (" ", "\t")
-            and line.strip() != ""
-            and len(current) <= MAX_CONTINUATION_LINES
-            and ("NVRM" in current[0] or "SXid" in current[0])
-            and not _STACK_FRAME_RE.match(line)
-            and not _KMSG_PROPERTY_RE.match(line)
-            # an indented line holding its own marker is a record of its own
-            and not (_XID_TRIGGER.search(line) or _SXID_TRIGGER.search(line))
-        )
-        if is_continuation:
-            current.append(line)
-            continue
-        if current is not None:
-            yield start, current
-        current, start = [line], n
-    if current is not None:
-        yield start, current
-
-
-_GPU_HEAD_RE = re.compile(rf"NVRM:\s*The NVIDIA GPU {_HEX}{{4,8}}:{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?\s*$")
-_SPLIT_TAIL_RE = re.compile(r"NVRM:\s*(?:\(PCI ID:|fallen\s+off\s+the\s+bus)")
-
-
-def _rejoined(records: Iterable[tuple[int, list[str]]]) -> Iterable[tuple[int, list[str], list[str]]]:
-    """(line number, record, original lines); the driver's three-line "The NVIDIA GPU
-    <BDF> / (PCI ID: ...) ... / fallen off the bus" record, printed by a syslog reader
-    with the kernel's prefix repeated on each line (as the kernel's syslog interface
-    does), joined back: only lines with exactly the head line's prefix (same stamp)."""
-    head: tuple[int, list[str], list[str], str] | None = None
-    for line_no, rec in records:
-        if "NVRM" not in rec[0] and "SXid" not in rec[0] and "detected NVSwitch" not in rec[0]:
-            # no marker can be in it (a record only continues an NVRM/SXid line): skipped
-            # here, so an ordinary line costs a few substring tests
-            if head is not None:
-                yield head[:3]
-                head = None
-            continue
-        if head is not None:
-            tail = _SPLIT_TAIL_RE.search(rec[0])
-            if len(rec) == 1 and tail and rec[0][: tail.start()] == head[3] and len(head[1]) < 3:
-                head[1].append(" " * tail.start() + rec[0][tail.start():])
-                head[2].append(rec[0])
-                continue
-            yield head[:3]
-            head = None
-        m = _GPU_HEAD_RE.search(rec[0])
-        if len(rec) == 1 and m:
-            head = (line_no, list(rec), list(rec), rec[0][: m.start()])
-            continue
-        yield line_no, rec, rec
-    if head is not None:
-        yield head[:3]
 
 
 def _joined(lines: list[str]) -> str:
@@ -335,7 +269,7 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
     """An event, ``None`` for an ordinary line, or the reason (one line) why a line
     holding an XID/SXid/fallen-off-the-bus marker is not accepted."""
     m = _XID_RE.search(text)
-    if m or _XID_TRIGGER.search(text):
+    if m or XID_TRIGGER.search(text):
         if not m:
             return "no '(PCI:...): <code>' after the Xid marker"
         why = check_prefix(text[: m.start()], structured)
@@ -360,7 +294,7 @@ def _parse_record(text: str, raw: str, line_no: int, structured: bool) -> XidEve
             line_no=line_no,
         )
     m = _SXID_RE.search(text)
-    if m or _SXID_TRIGGER.search(text):
+    if m or SXID_TRIGGER.search(text):
         if not m:
             return "no '(PCI:...): <code>' after the SXid marker"
         why = check_prefix(text[: m.start()], structured)
@@ -440,7 +374,8 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
     :mod:`gpuguard.xid.prefix` applies."""
     result = ParseResult()
     client: ClientText | None = None  # an open client-text window (gpuguard.xid.client_text)
-    for line_no, record, original in _rejoined(_records(lines)):
+    every = [False]  # set while a client-text window is open: every line is read
+    for line_no, record, original, under in rejoined(records(lines), every):
         raw = "\n".join(original)
         text = _joined(record)
         uuid = _GPU_UUID_RE.search(text)
@@ -453,11 +388,15 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
             parsed = _parse_record(text, raw, line_no, structured)
         except Exception as e:  # one odd record must never stop the scan
             parsed = f"parser error: {type(e).__name__}"
+        if under and not structured and parsed is not None:
+            parsed = UNDER_RECORD_REASON
         if client is not None:
+            reason = client.reason
             inside, client = client.step(record[0])
             if inside and parsed is not None:
-                parsed = CLIENT_TEXT_REASON
-        client = ClientText.head(text) or client
+                parsed = reason
+        client = ClientText.head(text, structured) or client
+        every[0] = client is not None
         if parsed is None:
             continue
         if isinstance(parsed, str):
@@ -473,7 +412,7 @@ def parse_lines(lines: Iterable[str], *, structured: bool = False) -> ParseResul
 
 def has_marker(text: str) -> bool:
     """True when ``text`` holds an Xid/SXid marker or an NVRM fallen-off-the-bus message."""
-    return bool(_XID_TRIGGER.search(text) or _SXID_TRIGGER.search(text)
+    return bool(XID_TRIGGER.search(text) or SXID_TRIGGER.search(text)
                 or (_FALLEN_RE.search(text) and "NVRM" in text))
 
 
