@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import operator
 import re
 from collections.abc import Iterator
@@ -94,7 +95,6 @@ from gpuguard.reports.sacct_fields import (
     split_record,
     template_of,
 )
-from gpuguard.reports.sacct_rebuild import _parse_long_row, rebuild_row
 from gpuguard.reports.sacct_json import (
     iter_json,
     json_job_to_row,
@@ -128,7 +128,6 @@ __all__ = [
     "parse_int",
     "parse_job_id",
     "parse_tres",
-    "rebuild_row",
     "resolve_timezone",
     "split_record",
     "template_of",
@@ -192,7 +191,11 @@ class PipeRowParser:
         raw, ids = self._ids(jid_text, raw_text or jid_text)
         if raw is None:
             return None, True
-        gpus, gpu_type, gpu_source, alloc = self.gpu_fields(alloc_text, r)
+        alloc = parse_tres(alloc_text) if self.has_alloctres else None
+        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
+            gpus, gpu_type, gpu_source = alloc[0], alloc[1], "AllocTRES"
+        else:
+            gpus, gpu_type, gpu_source = self._gpus(alloc, r)
         code, sig = parse_exit_code(exit_text)
         conv = self.time
         # converted in the order of the fields, so a row with several faults names the first
@@ -269,14 +272,6 @@ class PipeRowParser:
             return int(raw_text), ids
         return self._raw_id(raw_text, jid_text, ids), ids
 
-    def gpu_fields(self, alloc_text: str | None, r: list) -> tuple:
-        """``(gpus, gpu_type, gpu_source, parsed AllocTRES)`` of a row (``r``: its fields and
-        a trailing None; ``alloc_text`` its AllocTRES). Raises :class:`RowError`."""
-        alloc = parse_tres(alloc_text) if self.has_alloctres else None
-        if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
-            return alloc[0], alloc[1], "AllocTRES", alloc
-        return (*self._gpus(alloc, r), alloc)
-
     def _gpus(self, alloc: tuple[int, str | None, int | None] | None, r: list) -> tuple:
         """``(gpus, gpu_type, gpu_source)`` of a row (``r``: its fields and a trailing None)."""
         if alloc is not None and alloc[0] > 0:  # AllocTRES counts the GPUs: nothing else is read
@@ -349,6 +344,87 @@ def time_limit_s(raw: str | None, text: str | None) -> int | None:
     return None
 
 
+_DISPLAY = {"jobname": "JobName", "comment": "Comment", "submitline": "SubmitLine"}
+#: Job fields that come from the free-text columns (differ between readings of one row).
+_FREE_TEXT_COLUMNS = ("job_name", "comment", "template")
+
+
+def rebuild_row(row: list[str], names: list[str], delimiter: str = "|") -> list[list[str]]:
+    """The readings of a ``-P`` row that has more fields than the header (``names``,
+    lower-cased) because a free-text field held the delimiter: one list of ``len(names)``
+    fields for each way of giving the extra fields to the free-text columns
+    (:data:`FREE_TEXT_FIELDS`), each such column's share joined back with ``delimiter``.
+    Fields left of the first free-text column and right of the last one keep their places.
+    ``[]`` when the header has no free-text column, or the row more than
+    :data:`MAX_EXTRA_FIELDS` extra fields."""
+    free = [i for i, n in enumerate(names) if n in FREE_TEXT_FIELDS]
+    extra = len(row) - len(names)
+    if not free or extra <= 0 or extra > MAX_EXTRA_FIELDS:
+        return []
+    readings = []
+    # stars and bars: every split of `extra` into len(free) shares >= 0
+    for bars in itertools.combinations(range(extra + len(free) - 1), len(free) - 1):
+        edges = (-1, *bars, extra + len(free) - 1)
+        shares = [edges[j + 1] - edges[j] - 1 for j in range(len(free))]
+        if len(readings) >= MAX_EXTRA_FIELDS + 1:
+            return []
+        cand: list[str] = []
+        pos, k = 0, 0
+        for i in range(len(names)):
+            if i in free:
+                take = shares[k] + 1
+                k += 1
+                cand.append(delimiter.join(row[pos:pos + take]))
+                pos += take
+            else:
+                cand.append(row[pos])
+                pos += 1
+        readings.append(cand)
+    return readings
+
+
+def _parse_long_row(row: list[str], names: list[str], parse: PipeRowParser, delimiter: str,
+                    line: int) -> ParsedRow:
+    """A row with more fields than the header: its readings (:func:`rebuild_row`) parsed;
+    see the module docstring for which one is taken."""
+    head = f"{len(row)} fields, header has {len(names)}"
+    readings = rebuild_row(row, names, delimiter)
+    if not readings:
+        return ParsedRow(line=line, error=head)
+    cols = "/".join(_DISPLAY[n] for n in names if n in FREE_TEXT_FIELDS)
+    valid: list[tuple[dict | None, bool]] = []
+    errors: list[str] = []
+    for cand in readings:
+        try:
+            valid.append(parse(cand))
+        except (RowError, OverflowError) as e:
+            errors.append(str(e))
+    if not valid:
+        if len(readings) == 1:
+            return ParsedRow(line=line, error=f"{head}; with the extra {delimiter!r} in {cols}: {errors[0]}")
+        return ParsedRow(line=line, error=f"{head}; no way of placing the extra {delimiter!r} in {cols} "
+                                          "gives a valid row")
+    if len(valid) == 1:
+        job, step = valid[0]
+        return ParsedRow(line=line, job=job, step=step)
+
+    def rest(j: dict | None) -> dict | None:
+        return None if j is None else {k: v for k, v in j.items() if k not in _FREE_TEXT_COLUMNS}
+
+    first_job, first_step = valid[0]
+    differ = sorted({k for j, st in valid[1:] for k in COLUMNS
+                     if st != first_step or (rest(j) or {}).get(k) != (rest(first_job) or {}).get(k)})
+    if differ:
+        return ParsedRow(line=line, error=f"{head}; the extra {delimiter!r} may belong to {cols}, and the "
+                                          f"{len(valid)} readings differ in {', '.join(differ[:5])}: not stored")
+    if first_job is not None:
+        for k in _FREE_TEXT_COLUMNS:
+            first_job[k] = None
+    return ParsedRow(line=line, job=first_job, step=first_step,
+                     note=f"the extra {delimiter!r} may belong to {cols} ({len(valid)} readings): "
+                          f"stored with {cols} unknown")
+
+
 def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str] | None = None,
               delimiter: str = "|", source: str = "<input>") -> Iterator[ParsedRow]:
     """Parse ``sacct -P`` (``-p``: a trailing delimiter) text, one :class:`ParsedRow` per
@@ -367,22 +443,10 @@ def iter_pipe(lines, *, conv: TimeConverter, cluster: str = "", fields: list[str
     header, fixed-width columns, no JobID column).
     """
     numbered = enumerate(lines, 1)
-    head = pipe_header(numbered, fields, delimiter, source)
-    if head is not None:
-        names, trailing = head
-        yield from pipe_rows(numbered, names, trailing, PipeRowParser(names, conv, cluster), delimiter)
-
-
-def pipe_header(numbered, fields: list[str] | None, delimiter: str, source: str) -> tuple[list[str], bool] | None:
-    """The column names (lower-cased, aliases resolved) of ``-P`` text and whether its header
-    ends in the delimiter (``-p``): read from the first non-blank line of ``numbered``
-    (``(line number, text)`` pairs; the header line is consumed) unless ``fields`` names the
-    columns. None: the text has no line but blank ones. Raises :class:`SacctParseError` as
-    :func:`iter_pipe` says."""
     if fields is None:
         first = next((x for x in numbered if x[1].strip()), None)  # a paste may start with blank lines
         if first is None:
-            return None
+            return
         header = split_record(first[1], delimiter)
         if isinstance(header, csv.Error):
             raise SacctParseError(f"{source}:1: {header}")
@@ -397,19 +461,12 @@ def pipe_header(numbered, fields: list[str] | None, delimiter: str, source: str)
     else:
         names = [_FIELD_ALIASES.get(f.lower(), f.lower()) for f in fields]
         trailing = False
-    check_header(names, fields is None, source)
-    return names, trailing
-
-
-def pipe_rows(numbered, names: list[str], trailing: bool, parse: PipeRowParser,
-              delimiter: str) -> Iterator[ParsedRow]:
-    """The :class:`ParsedRow` of each data line of ``numbered`` (``(line number, text)``
-    pairs after the header) under the header ``names`` (``trailing``: ``-p``), parsed by
-    ``parse``: :func:`iter_pipe`'s rows."""
     # Without a free-text column a row with one empty field too many can only be -p
     # (sacct -P output saved with -p rows, or -n -p): take it as before.
     lenient = not any(n in FREE_TEXT_FIELDS for n in names)
+    check_header(names, fields is None, source)
     header_len = len(names)
+    parse = PipeRowParser(names, conv, cluster)
     split = split_record
     for line_no, text in numbered:
         row = split(text, delimiter)

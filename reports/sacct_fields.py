@@ -243,13 +243,6 @@ class TimeConverter:
     def __call__(self, s: str | None) -> float | None:
         return self.convert(s)
 
-    def hour_epoch(self, naive: datetime) -> float:
-        """UTC epoch of the start of the wall-clock hour of ``naive`` in the zone (``fold=0``:
-        the first of an ambiguous hour)."""
-        hour = naive.replace(minute=0, second=0, tzinfo=self.tz)
-        delta = hour.utcoffset()
-        return calendar.timegm(hour.timetuple()) - (delta.total_seconds() if delta is not None else 0.0)
-
     def _parse(self, s: str) -> float | None:
         """The full parse (and the errors) of one time; remembers its hour."""
         s = s.strip()
@@ -268,7 +261,9 @@ class TimeConverter:
         key = s[:13]
         base = self._hours.get(key)
         if base is None:
-            base = self.hour_epoch(naive)
+            hour = naive.replace(minute=0, second=0, tzinfo=self.tz)
+            delta = hour.utcoffset()
+            base = calendar.timegm(hour.timetuple()) - (delta.total_seconds() if delta is not None else 0.0)
             if len(self._hours) >= _MAX_HOURS:
                 self._hours.clear()
             self._hours[key] = base

@@ -211,8 +211,8 @@ class ChunkTask:
 
 def parse_chunk(task: ChunkTask) -> Chunk:
     """Worker: parse one :class:`ChunkTask` into a :class:`Chunk`."""
-    from gpuguard.reports import sync_sql
-    from gpuguard.reports.sacct import PipeRowParser, TimeConverter, pipe_header, pipe_rows
+    from gpuguard.reports.admin_summaries import summaries_of
+    from gpuguard.reports.sacct import TimeConverter, iter_pipe
     from gpuguard.reports.sync_result import Tally
 
     text = task.text
@@ -232,31 +232,37 @@ def parse_chunk(task: ChunkTask) -> Chunk:
     lines = list(io.StringIO(text, newline=""))  # split as the batched path's file object splits
     del text
     header = task.header
-    numbered = enumerate(lines if header is None else itertools.chain([header], lines), 1)
-    head = pipe_header(numbered, task.fields, task.delimiter, task.source)
+    rows = iter_pipe(lines if header is None else itertools.chain([header], lines), conv=TimeConverter(task.tz),
+                     cluster=task.cluster, fields=task.fields, delimiter=task.delimiter, source=task.source)
+    tally = Tally()
     db = sqlite3.connect(":memory:", isolation_level=None)
-    db.execute("ATTACH DATABASE ':memory:' AS w")  # sync_sql's work tables
     db.execute(f"CREATE TABLE staged ({', '.join(STAGE_COLUMNS)})")
     db.execute(f"CREATE TABLE staged_rare (row INTEGER PRIMARY KEY, {', '.join(RARE_COLUMNS)})")
-    tally = Tally()
+    insert = f"INSERT INTO staged VALUES ({', '.join('?' * len(STAGE_COLUMNS))})"
+    pick, pick_rare = operator.itemgetter(*STAGE_COLUMNS), operator.itemgetter(*RARE_COLUMNS)
+    admin: list[tuple[str, str, str]] = []
+    rare: list[tuple] = []
+    no_submit = False
+    batch: list[tuple] = []
+    jobs = 0
     db.execute("BEGIN")
-    if head is not None:
-        names, trailing = head
-        parser = PipeRowParser(names, TimeConverter(task.tz), task.cluster)
-        sql_lists = None
-        if sync_sql.fits(names, trailing):  # the common rows converted by SQLite, the rest below
-            numbered, *sql_lists = sync_sql.stage_lines(db, numbered, parser, task.delimiter, task.cluster,
-                                                        task.gpus_tracked)
-        rows = pipe_rows(numbered, names, trailing, parser, task.delimiter)
-        admin = _stage_parsed(db, tally, rows, task.gpus_tracked)
-        if sql_lists is not None:  # Tally.jobs's lists of the rows SQLite converted, merged in line order
-            tally.unreportable = sorted(tally.unreportable + sql_lists[0])
-            tally.gpus_unknown = sorted(tally.gpus_unknown + sql_lists[1])
-        sync_sql.tally_attempts(db, tally)
-    else:
-        admin = []
-    no_submit = db.execute("SELECT EXISTS (SELECT 1 FROM staged WHERE submit_at IS NULL)").fetchone()[0]
-    jobs = db.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
+    for j in tally.jobs(rows, task.gpus_tracked):
+        batch.append(pick(j))
+        extra = pick_rare(j)
+        if extra != _NO_RARE:
+            rare.append((jobs + len(batch), *extra))  # the staged row's rowid: rows are numbered from 1
+            if j["admin_comment"]:  # decoded just now for its template: one decode a job
+                admin.extend(summaries_of(j["job_id_raw"], j["admin_comment"]))
+        if j["submit_at"] is None:
+            no_submit = True
+        if len(batch) >= _STAGE_BATCH:
+            db.executemany(insert, batch)
+            jobs += len(batch)
+            batch = []
+    if batch:
+        db.executemany(insert, batch)
+        jobs += len(batch)
+    db.executemany(f"INSERT INTO staged_rare VALUES ({', '.join('?' * (1 + len(RARE_COLUMNS)))})", rare)
     db.execute("COMMIT")
     data = db.serialize()
     db.close()
@@ -264,40 +270,8 @@ def parse_chunk(task: ChunkTask) -> Chunk:
         own = Tally()
         own.merge(tally, -1)
         tally = own
-    return Chunk(data=data, lines=len(lines), jobs=jobs, tally=tally, admin=admin, no_submit=bool(no_submit),
+    return Chunk(data=data, lines=len(lines), jobs=jobs, tally=tally, admin=admin, no_submit=no_submit,
                  nbytes=nbytes)
-
-
-def _stage_parsed(db: sqlite3.Connection, tally: Tally, rows: Iterator, gpus_tracked: bool | None) -> list:
-    """Stage the jobs of the parsed ``rows`` (:class:`~gpuguard.reports.sacct.ParsedRow`,
-    counted by ``tally``) into ``staged`` (rowid: the line number) and ``staged_rare``;
-    returns the node summaries of their gpuguard AdminComments."""
-    from gpuguard.reports.admin_summaries import summaries_of
-
-    insert = f"INSERT INTO staged (rowid, {', '.join(STAGE_COLUMNS)}) VALUES ({', '.join('?' * (1 + len(STAGE_COLUMNS)))})"
-    pick, pick_rare = operator.itemgetter(*STAGE_COLUMNS), operator.itemgetter(*RARE_COLUMNS)
-    admin: list[tuple[str, str, str]] = []
-    rare: list[tuple] = []
-    batch: list[tuple] = []
-    line = [0]
-
-    def lined(parsed):
-        for r in parsed:
-            line[0] = r.line
-            yield r
-    for j in tally.jobs(lined(rows), gpus_tracked):
-        batch.append((line[0], *pick(j)))
-        extra = pick_rare(j)
-        if extra != _NO_RARE:
-            rare.append((line[0], *extra))
-            if j["admin_comment"]:  # decoded just now for its template: one decode a job
-                admin.extend(summaries_of(j["job_id_raw"], j["admin_comment"]))
-        if len(batch) >= _STAGE_BATCH:
-            db.executemany(insert, batch)
-            batch = []
-    db.executemany(insert, batch)
-    db.executemany(f"INSERT INTO staged_rare VALUES ({', '.join('?' * (1 + len(RARE_COLUMNS)))})", rare)
-    return admin
 
 
 def _parse(task: ChunkTask) -> Chunk:

@@ -78,14 +78,6 @@ def in_no_report(job: dict) -> bool:
     return job["start_at"] is None and job["end_at"] is None and job["state"] != "PENDING"
 
 
-def untracked_gpus(gpus: int | None, gpu_source: str | None) -> tuple[int | None, str | None]:
-    """``(gpus, gpu_source)`` of a job on a cluster whose AccountingStorageTRES has no
-    ``gres/gpu``: a job whose TRES hold no GPU has GPU usage unknown, not 0."""
-    if gpus == 0 and str(gpu_source).startswith("none:"):
-        return None, "unknown: AccountingStorageTRES has no gres/gpu"
-    return gpus, gpu_source
-
-
 class Tally:
     """What an import says besides the rows it stores, counted job by job: the
     :class:`SyncResult` lists (with their input lines), the submit times of each job id
@@ -120,8 +112,8 @@ class Tally:
                     set_free_text(j, free_text)
                 if r.note is not None:
                     notes.append((r.line, r.note))
-                if gpus_tracked is False:
-                    j["gpus"], j["gpu_source"] = untracked_gpus(j["gpus"], j["gpu_source"])
+                if gpus_tracked is False and j["gpus"] == 0 and str(j["gpu_source"]).startswith("none:"):
+                    j["gpus"], j["gpu_source"] = None, "unknown: AccountingStorageTRES has no gres/gpu"
                 if j["start_at"] is None and in_no_report(j):
                     self.unreportable.append((r.line, j["job_id"]))
                 if j["gpus"] is None:
@@ -162,4 +154,4 @@ class Tally:
         result.js1_readings = store_readings(store, self.js1)
 
 
-__all__ = ["SyncResult", "Tally", "in_no_report", "untracked_gpus"]
+__all__ = ["SyncResult", "Tally", "in_no_report"]
