@@ -14,7 +14,11 @@ Measured on the 2-CPU test VM, whose speed varies by half from hour to hour: qui
 jobs in 18.8, 19.3, 19.9, 20.0, 21.4 and 25.8 s with 2 workers (33-46 s of CPU over all
 processes), pandas 8.8-10.0 s in the same runs (wall ratio 2.0-2.6); on busier hours
 28.7-34.4 s, and 48-52 s in one process (``sync_bulk.WORKERS = 0``) beside it.
-``bench/sync_phases.py`` breaks one import down and times the store's work alone.
+On a loaded hour (2026-12-01 22:40 UTC, load average 3.4-4.1, other engineers' jobs on the
+same 2 CPUs) 1 M jobs took 90.1 and 106.7 s wall, 86.3 and 83.5 s of CPU over all
+processes, pandas 34.5 and 24.6 s (19.9 and 22.1 s of CPU): compare CPU seconds, and
+alternate the runs being compared. ``bench/sync_phases.py`` breaks one import down and
+times the store's work alone.
 
     .venv/bin/python bench/sync_1m.py [--jobs 1000000] [--sizes 100000,1000000]
 """

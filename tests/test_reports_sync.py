@@ -537,3 +537,90 @@ def test_bulk_load_cache_grows_with_the_expected_jobs_up_to_its_cap_and_is_resto
     # KiB as a negative cache_size: 64 MiB floor, 256 B per expected job, 256 MiB cap
     assert seen == [-65536, -150000, -262144]
     assert cstore.db.conn.execute("pragma cache_size").fetchone()[0] == before
+
+
+def _edge_rows_file(path, seed: int) -> None:
+    """A ``-P`` file of the live sync's field list with rows of every common and odd shape: DST gaps and
+    repeated hours, half-hour zones' changes, the ends of the time range, unset and epoch
+    times, leading zeros, array/het/step ids, AdminComments, TRES without a GPU (ReqTRES
+    then counts), counts at and past their limits, Start after End, CR and NUL in a line."""
+    import random
+
+    rnd = random.Random(seed)
+
+    def pick(common: list[str], odd: list[str], p: float = 0.03) -> str:
+        return rnd.choice(odd if odd and rnd.random() < p else common)
+    times = ["2026-03-29T01:59:59", "2026-03-29T02:00:00", "2026-03-29T02:30:00", "2026-03-29T03:00:00",
+             "2026-10-25T01:59:59", "2026-10-25T02:00:00", "2026-10-25T02:30:00", "2026-10-25T03:00:00",
+             "2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-04-05T01:30:00", "2026-10-04T02:15:00",
+             "2026-04-05T02:00:00", "2026-10-04T01:45:00", "Unknown", "Unknown", ""]
+    odd_times = ["2026-11-04T10:59:60", "2026-11-04T10:60:00", "2026-11-04T24:00:00", "2026-02-30T10:00:00",
+                 "0001-01-01T00:00:00", "0001-01-01T05:00:00", "9999-12-31T23:59:59", "9999-12-31T20:00:00",
+                 "None", "N/A", "0", "1767225600", " 2026-11-04T10:00:00", "2026-11-04T10:00:00Z",
+                 "2026-11-04 10:00:00", "2026-11-04T10:00", "\uff12026-11-04T10:00:00"]
+    tres = ["billing=8,cpu=8,gres/gpu=2,mem=8G,node=1", "cpu=4,mem=4G", "", "cpu=8,gres/gpu:a100=4",
+            "gres/gpumem=8G,cpu=1"]
+    lines = ["|".join(SACCT_FIELDS)]
+    for _ in range(400):
+        jid = str(rnd.randrange(1, 300))
+        raw = pick([jid], [f"0{jid}", "-4", "9" * 19, "12a", "9" * 18])
+        jobid = pick([raw], [f"{raw}_3", f"{raw}+1", f"{raw}.batch", "", f"{raw}_[1-3]"], 0.08)
+        sub, elig, start, end = (pick(times, odd_times) for _ in range(4))
+        if rnd.random() < 0.5:
+            elig = sub
+        if start[:1] == end[:1] == "2" and start > end and rnd.random() < 0.9:
+            start, end = end, start  # mostly Start before End
+        al = pick(tres, ["gres/gpu=x", "cpu=2000000"])
+        req = rnd.choice([al, al, "cpu=4,gres/gpu=1", ""])
+        fields = [raw, jobid, rnd.choice(["", "c1"]), rnd.choice(["train", ""]), "u1", rnd.choice(["a1", ""]),
+                  "gpu", "normal", sub, elig, start, end,
+                  pick(["3600", "0", "120"], ["", "05", "3660000000", "99999999999", "-1"]),
+                  pick(["COMPLETED", "FAILED", "CANCELLED by 1000", "RUNNING", "PENDING"], ["", "completed", "TIMEOUT+"]),
+                  pick(["0:0", "1:0", "0:9", ""], ["x:1", "2"]), al, pick(["8", ""], ["Unknown", "01", "1000001"]),
+                  pick(["1", ""], ["1000000", "1000001"]), rnd.choice(["n[1-2]", ""]),
+                  pick(["", "gpuguard:template=llm"], ["JS1:Short", "gpuguard:template="], 0.1),
+                  pick([""], ["admin", "JS1:None"], 0.05), req, pick(["60", "UNLIMITED", ""], ["x"])]
+        line = "|".join(fields)
+        if rnd.random() < 0.02:
+            line = line.replace("|", "\r|", 1)
+        if rnd.random() < 0.02:
+            line += "\0"
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n", newline="")
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"])
+def test_parallel_and_batched_paths_agree_on_dst_and_edge_rows(tmp_path, monkeypatch, zone):
+    """The parallel bulk path (chunks parsed in worker processes) against the batched path,
+    on rows of every common and odd shape, in zones with DST gaps, repeated hours and
+    half-hour changes: every stored column, the skipped rows, notes, attempts and summary
+    line are equal, twice over (the second import meets every stored job), with GPUs
+    tracked and not."""
+    import gpuguard.reports.sync as sync_mod
+    import gpuguard.reports.sync_bulk as bulk_mod
+
+    parallel = []
+    real = bulk_mod.import_parallel
+    monkeypatch.setattr(bulk_mod, "import_parallel", lambda *a, **k: parallel.append(1) or real(*a, **k))
+    tz = ZoneInfo(zone)
+    for seed in (1, 2):
+        f = tmp_path / f"shape-{seed}.txt"
+        _edge_rows_file(f, seed)
+        for tracked in (None, False):
+            seen = []
+            for name, bulk_min, workers in (("batched", 10**9, 0), ("parallel", 1, 2)):
+                monkeypatch.setattr(sync_mod, "BULK_MIN_ROWS", bulk_min)
+                monkeypatch.setattr(bulk_mod, "WORKERS", workers)
+                monkeypatch.setattr(bulk_mod, "CHUNK_BYTES", 4000)
+                s = next(cache_store(tmp_path / f"{seed}-{tracked}-{name}"))
+                said = []
+                for _ in range(2):
+                    text = f.read_text()
+                    res = (import_file(s, str(f), tz=tz, synced_at=1.0) if tracked is None else
+                           import_text(s, text, tz=tz, synced_at=1.0, source=str(f), gpus_tracked=tracked))
+                    said.append((res.jobs, res.malformed, res.notes, res.unreportable, res.gpus_unknown,
+                                 res.attempts, res.js1_readings, res.summary()))
+                seen.append((said, s.query("SELECT * FROM sacct_jobs ORDER BY cluster, job_id_raw, attempt_at")))
+            assert seen[0] == seen[1], (zone, seed, tracked)
+            assert seen[0][0][0][1] and seen[0][0][0][0] > 150  # malformed rows among many stored
+    assert len(parallel) >= 4  # the first import of each file, both ways of reading it
