@@ -31,6 +31,44 @@ def test_split_lines_equals_the_whole_text_split_for_every_chunking():
         assert list(stream.split_lines(iter(chunks))) == log_lines(data), (data, chunks)
 
 
+def test_split_lines_cuts_a_long_line_as_the_whole_text_split_does(monkeypatch):
+    """Lines over MAX_LINE_CHARS are cut to it, by the stream (which holds only their head)
+    and the whole-text split alike, whatever the chunking and the characters at the cut."""
+    from gpuguard.xid import records
+
+    monkeypatch.setattr(records, "MAX_LINE_CHARS", 5)
+    monkeypatch.setattr(stream, "MAX_LINE_CHARS", 5)
+    monkeypatch.setattr(stream, "MAX_LINE_BYTES", 4 * 5 + 8)
+    rng = random.Random(5)
+    alphabet = [b"a", b"b", b"\n", b"\r\n", b"\r", b"\x00", b"\xe2\x80\xa8", b"\xff", b"\xf0\x9f\x98\x80", b"\xe2"]
+    for _ in range(1500):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 120)))
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randrange(0, 8))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        assert list(stream.split_lines(iter(chunks))) == log_lines(data), (data, chunks)
+    assert log_lines(b"abcdefgh\r\nxy\n" + b"z" * 40) == ["abcde", "xy", "zzzzz"]
+
+
+def test_a_file_of_one_huge_line_is_scanned_in_bounded_memory(tmp_path, monkeypatch):
+    """A 24 MiB file that is one line (no newline) then a real XID: the stream held every
+    byte of the line and re-joined it to each 64 KiB chunk (a 200 MB line took 6.5 min and
+    489 MB); now it holds the line's head only, and the XID after it is read."""
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 1 << 16)
+    path = tmp_path / "kern.log"
+    with path.open("wb") as f:
+        f.write(b"Nov 30 12:00:00 n1 kernel: ")
+        for _ in range(24):
+            f.write(b"x" * (1 << 20))
+        f.write(b"\n" + XID79)
+    tracemalloc.start()
+    r = cli_runner().invoke(xid, ["scan", "--json", str(path)])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert r.exit_code == 0, r.stderr
+    assert [(e["pci_bus_id"], e["line_no"]) for e in json.loads(r.stdout)] == [("0000:06:00", 2)]
+    assert peak < 6 << 20, peak
+
+
 def test_scan_streams_a_file_in_constant_memory(tmp_path, monkeypatch):
     # 12 MiB of ordinary kernel lines around two XIDs, read in 64 KiB chunks: the events,
     # their line numbers, and a peak allocation that is a small fraction of the file (the

@@ -19,6 +19,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
+from gpuguard.xid.records import MAX_LINE_CHARS
 
 #: Bytes read per call (our choice: large enough that the per-chunk work is negligible).
 CHUNK_BYTES = 1 << 20
@@ -111,26 +112,46 @@ def open_log(path: str) -> LogStream:
     return LogStream(os.fdopen(fd, "rb"), path, closes=True)
 
 
+#: Bytes of a line :func:`split_lines` holds: enough for :data:`~gpuguard.xid.records.MAX_LINE_CHARS`
+#: characters whatever they are (UTF-8 and each ``replace`` character take at most 4 bytes),
+#: and the cut's last, maybe incomplete, character beyond them.
+MAX_LINE_BYTES = 4 * MAX_LINE_CHARS + 8
+
+
 def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
     """Lines of a byte stream, exactly as :func:`gpuguard.xid.records.log_lines` splits
     the whole text: at ``\\n`` only, a trailing ``\\r`` dropped, a run of NUL bytes
-    ending a line (one run, also across chunks), a last line without a newline kept."""
+    ending a line (one run, also across chunks), a last line without a newline kept, each
+    cut to :data:`~gpuguard.xid.records.MAX_LINE_CHARS`. Memory and time per chunk are
+    bounded: of a longer line only its first :data:`MAX_LINE_BYTES` are held, and the rest
+    is skipped up to its end."""
     carry = b""
     in_nul_run = False
+    skipping = False  # carry holds the head of an over-long line; the rest is dropped
     for chunk in chunks:
         if in_nul_run:
             chunk = chunk.lstrip(b"\x00")
             if not chunk:
                 continue
         in_nul_run = chunk.endswith(b"\x00")
-        parts = _NUL_RUN.sub(b"\n", carry + chunk).split(b"\n")
+        chunk = _NUL_RUN.sub(b"\n", chunk)  # carry holds no NUL: the same as on carry + chunk
+        if skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                continue
+            yield _decode(carry)
+            carry, skipping, chunk = b"", False, chunk[end + 1:]
+        parts = (carry + chunk).split(b"\n")
         carry = parts.pop()
         for p in parts:
             yield _decode(p)
+        if len(carry) > MAX_LINE_BYTES:
+            carry, skipping = carry[:MAX_LINE_BYTES], True
     if carry:
         yield _decode(carry)
 
 
 def _decode(line: bytes) -> str:
     text = line.decode("utf-8", "replace")
-    return text[:-1] if text.endswith("\r") else text
+    text = text[:-1] if text.endswith("\r") else text
+    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS]
