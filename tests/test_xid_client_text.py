@@ -75,21 +75,28 @@ def test_a_real_xid_after_a_real_api_mismatch_is_read(prefix, next_prefix):
     assert res.unparsed == 0
 
 
-def test_the_forged_line_never_drains_the_prolog(tmp_path, make_config, write_replay):
+def prolog_health_on_kern_log(tmp_path, make_config, write_replay, text: str) -> tuple:
+    """The Prolog's health run on a 2-GPU replay node whose kern.log (an rsyslog kern.*
+    file: kernel messages only) holds ``text``: ``(result, events stored)``."""
     from conftest import node_snapshot
     from gpuguard.health import run_health
     from gpuguard.store import open_store
 
-    kern = tmp_path / "kern.log"  # an rsyslog kern.* file: kernel messages only
-    kern.write_text("".join(SYSLOG + line + "\n" for line in RECORD))
+    kern = tmp_path / "kern.log"
+    kern.write_text(text)
     _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))
     assert cfg.get("xid", "kernel_log_kernel_only") is True
     store = open_store(cfg.store_path)
     try:
         res = run_health(cfg, hook="prolog", store=store, job_id="7")
-        assert res.decision.outcome == "proceed"
-        assert res.decision.actions == []
-        assert res.xid_rejected == {CLIENT_TEXT_REASON: 1}
-        assert store.query("select count(*) as n from events") == [{"n": 0}]
+        return res, store.query("select count(*) as n from events")[0]["n"]
     finally:
         store.close()
+
+
+def test_the_forged_line_never_drains_the_prolog(tmp_path, make_config, write_replay):
+    res, events = prolog_health_on_kern_log(tmp_path, make_config, write_replay,
+                                            "".join(SYSLOG + line + "\n" for line in RECORD))
+    assert (res.decision.outcome, res.decision.actions) == ("proceed", [])
+    assert res.xid_rejected == {CLIENT_TEXT_REASON: 1}
+    assert events == 0

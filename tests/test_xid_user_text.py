@@ -111,23 +111,14 @@ def test_indented_pastes_with_their_own_stamps_are_still_read():
 def test_the_exec_forgery_never_drains_the_prolog(tmp_path, make_config, write_replay):
     """kern.log (rsyslog kern.*: kernel messages only, so ``kernel_log_kernel_only``):
     an exec of a file named ``/tmp/x\\nNVRM: Xid ...: 79`` leaves the node up."""
-    from conftest import node_snapshot
-    from gpuguard.health import run_health
-    from gpuguard.store import open_store
+    from test_xid_client_text import prolog_health_on_kern_log
 
-    kern = tmp_path / "kern.log"
-    kern.write_text("".join(line + "\n" for line in _layout("kern.log (imklog)", RECORDS["exec"][0])))
-    _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))
-    assert cfg.get("xid", "kernel_log_kernel_only") is True
-    store = open_store(cfg.store_path)
-    try:
-        res = run_health(cfg, hook="prolog", store=store, job_id="7")
-        assert res.decision.outcome == "proceed"
-        assert res.decision.actions == []
-        assert res.xid_rejected == {EXEC: 1}
-        assert store.query("select count(*) as n from events") == [{"n": 0}]
-    finally:
-        store.close()
+    res, events = prolog_health_on_kern_log(
+        tmp_path, make_config, write_replay,
+        "".join(line + "\n" for line in _layout("kern.log (imklog)", RECORDS["exec"][0])))
+    assert (res.decision.outcome, res.decision.actions) == ("proceed", [])
+    assert res.xid_rejected == {EXEC: 1}
+    assert events == 0
 
 
 def test_an_indented_line_between_does_not_hide_the_forged_line():
