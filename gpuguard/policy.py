@@ -81,16 +81,20 @@ class Decision:
     finding with its action. ``policy_outcome``: the policy table's outcome for the
     findings when the hook acts on another one (``fail-job`` alerted after the job,
     :func:`after_job`; ``fail-job`` escalated to a drain by the Prolog's fail streak);
-    ``""`` = ``outcome``. ``fail_job_alerted``: set by :func:`after_job` when a fail-job
-    was turned into alerts because the job had ended (what the Epilog logs; never read
-    from the reason text).
+    ``""`` = ``outcome``.
     """
 
     outcome: str
     reason: str = ""
     actions: list[tuple[Finding, str]] = field(default_factory=list)
     policy_outcome: str = ""
-    fail_job_alerted: bool = False
+
+    @property
+    def fail_job_alerted(self) -> bool:
+        """A fail-job turned into alerts because the job had ended (:func:`after_job`: the
+        hook proceeds where the policy said fail-job); what the Epilog logs, never read
+        from the reason text."""
+        return self.outcome == "proceed" and self.policy_outcome == "fail-job"
 
     @property
     def decided(self) -> str:
@@ -167,7 +171,7 @@ def after_job(decision: Decision) -> Decision:
     Each finding's ``fail-job`` becomes ``alert``; a ``fail-job`` outcome becomes
     ``proceed`` whose reason is the fail-job reason with :data:`AFTER_JOB_NOTE` (cut to
     :data:`REASON_MAX`), so the recorded run says what was done and why; that decision
-    carries ``fail_job_alerted=True`` and ``policy_outcome="fail-job"`` (what callers test:
+    carries ``policy_outcome="fail-job"``, hence ``fail_job_alerted`` (what callers test:
     the note is text for people and may change). A ``drain`` outcome (an Epilog drains)
     and every other action are kept; so is the finding's own severity. Returns a new
     :class:`Decision`."""
@@ -177,7 +181,7 @@ def after_job(decision: Decision) -> Decision:
     reason = decision.reason
     if len(reason) + len(AFTER_JOB_NOTE) > REASON_MAX:
         reason = reason[: REASON_MAX - len(AFTER_JOB_NOTE) - 3] + "..."
-    return Decision("proceed", reason + AFTER_JOB_NOTE, acts, policy_outcome="fail-job", fail_job_alerted=True)
+    return Decision("proceed", reason + AFTER_JOB_NOTE, acts, policy_outcome="fail-job")
 
 
 #: What a run records as done when its drain or fail-job was held back

@@ -298,6 +298,16 @@ _INCORRECT_CONFIG_WORDS = (("sysguid", "incorrect_sysguid"), ("chassis", "incorr
                            ("location", "invalid_location"), ("state", "gpu_state_invalid"))
 
 
+def _known_name(where: str, field_name: str, text: str, names: Any) -> str | None:
+    """``text`` as a snake_case name (``"In Progress"`` -> ``in_progress``) when it is one
+    of ``names``; else None, logged (a value gpuguard does not know is our parsing gap)."""
+    name = "_".join(text.lower().split())
+    if name in names:
+        return name
+    log.warning("%s: cannot read %s from %r; left as None", where, field_name, text)
+    return None
+
+
 def read_fabric(gpu: Any, rd: ValueReader, state: str | None, status: str | None, clique: str | None = None,
                 cluster: str | None = None, summary: str | None = None,
                 flags: dict[str, str | None] | None = None, incorrect: str | None = None) -> None:
@@ -317,11 +327,7 @@ def read_fabric(gpu: Any, rd: ValueReader, state: str | None, status: str | None
     if (clean_value(state) or "").lower() == "not supported":
         gpu.fabric_state = "not_supported"  # NVML state 0: not an N/A to drop, a GPU without a fabric
     elif s is not None:
-        name = "_".join(s.lower().split())
-        if name in FABRIC_STATES.values():
-            gpu.fabric_state = name
-        else:
-            log.warning("%s: cannot read fabric_state from %r; left as None", where, s)
+        gpu.fabric_state = _known_name(where, "fabric_state", s, FABRIC_STATES.values())
     st = clean_value(status)
     if st and st.lower() not in _NOT_AVAILABLE:
         gpu.fabric_status = st
@@ -329,11 +335,7 @@ def read_fabric(gpu: Any, rd: ValueReader, state: str | None, status: str | None
     gpu.fabric_cluster_uuid = rd.text("fabric_cluster_uuid", cluster)
     sm = rd.text("fabric_health_summary", summary)
     if sm is not None:
-        name = "_".join(sm.lower().split())
-        if name in FABRIC_HEALTH_SUMMARIES.values():
-            gpu.fabric_health_summary = name
-        else:
-            log.warning("%s: cannot read fabric_health_summary from %r; left as None", where, sm)
+        gpu.fabric_health_summary = _known_name(where, "fabric_health_summary", sm, FABRIC_HEALTH_SUMMARIES.values())
     health: list[str] = []
     seen = False
     for name, raw in (flags or {}).items():
