@@ -106,6 +106,7 @@ class FakeStop:
         if me != self.SAMPLER and any(t.name == self.SAMPLER for t in threading.enumerate()):
             with self._cond:
                 self._main_wake = self.clock.mono + dt
+                self._cond.notify_all()  # the sampler may go on: this thread waits again
                 while not self.is_set() and self.clock.mono < self._main_wake:
                     if not self._cond.wait(10.0):
                         sys.exit("bench: the main thread was never woken")
@@ -115,6 +116,13 @@ class FakeStop:
         if self.clock.mono >= self._main_wake or self.is_set():
             with self._cond:
                 self._cond.notify_all()
+                # A real sampler sleeps a whole interval while the main thread's flush
+                # takes milliseconds: the next tick waits until the main thread waits
+                # again, or this never-sleeping sampler would run ahead of the flushes and
+                # the buffered rows (up to MAX_BUFFERED_ROWS) would show as the collector's RSS.
+                while not self.is_set() and not self.clock.mono < self._main_wake < float("inf"):
+                    if not self._cond.wait(10.0):
+                        break  # the main thread has stopped waiting (it is finishing)
         return self.is_set()
 
 
