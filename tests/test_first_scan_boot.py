@@ -88,3 +88,52 @@ def test_an_operators_check_of_a_file_reads_all_of_it(tmp_path, make_config, wri
     _, cfg = make_config(replay=write_replay(node_snapshot(2)))
     events, _, errors = scan_kernel_log(cfg, None, source=str(kern), read_all_s=10)
     assert ([e.xid for e in events], errors) == ([79], [])
+
+
+_XID79 = "NVRM: Xid (PCI:0000:29:00): 79, pid=1, name=x, GPU has fallen off the bus."
+_BANNER = "Linux version 6.8.0-49-generic (buildd@lcy02) #49-Ubuntu SMP"
+#: (layout, its line for a message at a printk stamp): kern.log layouts whose boot line has
+#: no ``kernel:`` before the banner
+BOOT_LAYOUTS = [
+    ("rfc5424", "<6>1 2026-11-03T09:00:00.000000+00:00 n1 kernel - - - [{mono}] {msg}"),
+    ("rfc5424-no-pri", "2026-11-03T09:00:00.000000+00:00 n1 kernel - - - [{mono}] {msg}"),
+    ("printk-caller", "Nov  3 09:00:00 n1 kernel: [{mono}] [    T0] {msg}"),
+    ("dmesg-x", "kern  :notice: [{mono}] {msg}"),
+    ("cri", "2026-11-03T09:00:00.123456789Z stdout F [{mono}] {msg}"),
+]
+
+
+@pytest.mark.parametrize("layout, fmt", BOOT_LAYOUTS, ids=[n for n, _ in BOOT_LAYOUTS])
+def test_first_scan_finds_the_boot_line_in_every_layout(tmp_path, make_config, write_replay, layout, fmt):
+    """Before, only ``kernel:`` before the banner was a boot line: in these layouts the
+    first Prolog after install read every earlier boot and drained a healthy node for an
+    XID 79 that the reboot had dealt with."""
+    from gpuguard.health import run_health
+
+    old = fmt.format(mono="81234.123456", msg=_XID79) + "\n"
+    boot = fmt.format(mono="    0.000000", msg=_BANNER) + "\n"
+    quiet = fmt.format(mono="    5.000000", msg="nvidia: loading out-of-tree module taints kernel.") + "\n"
+    kern = tmp_path / "kern.log"
+    kern.write_text(old + boot + quiet)
+    st = kern.stat()
+    assert boot_cursor(str(kern), deadline=time.monotonic() + 5) == f"file:{st.st_dev}:{st.st_ino}:{len(old)}"
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))  # kernel_only = true
+    res = run_health(cfg, hook="prolog")
+    assert (res.decision.outcome, [f.code for f in res.findings]) == ("proceed", [])
+    with open(kern, "a") as fh:  # this boot's XID still drains
+        fh.write(fmt.format(mono="12.500000", msg=_XID79) + "\n")
+    res = run_health(cfg, hook="prolog")
+    assert (res.decision.outcome, [f.code for f in res.findings]) == ("drain", ["xid.79"])
+
+
+def test_text_a_user_chose_before_the_banner_is_no_boot_line(tmp_path):
+    from gpuguard.xid.logfile import is_boot_line
+
+    assert is_boot_line(b"Nov  3 09:00:00 n1 kernel: [    0.000000] " + _BANNER.encode())
+    assert is_boot_line(_BANNER.encode())  # journalctl -o cat
+    assert not is_boot_line(b"Nov  3 09:00:00 n1 alice: " + _BANNER.encode())
+    assert not is_boot_line(b"Nov  3 09:00:00 n1 kernel: [   12.000000] audit: name=\"" + _BANNER.encode())
+    f = tmp_path / "kern.log"
+    f.write_text(BOOT + QUIET + f"Nov 30 10:00:00 n1 alice: {_BANNER}\n" + QUIET)
+    st = f.stat()
+    assert boot_cursor(str(f), deadline=time.monotonic() + 5) == f"file:{st.st_dev}:{st.st_ino}:0"

@@ -1,13 +1,15 @@
 """Kernel-log text lines grouped into records, as :func:`gpuguard.xid.parse.parse_lines`
-reads them: a line and the indented lines that continue it (:func:`records`), the driver's
+reads them: a container log's envelope taken off (:func:`unwrapped`), a line and the
+indented lines that continue it (:func:`records`), the driver's
 three-line fallen-off-the-bus record rejoined when a syslog reader split it
 (:func:`rejoined`), and which indented marker lines are a later line of another kernel
 record (:data:`UNDER_RECORD_REASON`)."""
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 _HEX = "[0-9a-fA-F]"
 XID_TRIGGER = re.compile(r"NVRM:\s*Xid\b")
@@ -38,6 +40,59 @@ UNDER_RECORD_REASON = "an indented line under another kernel record (a later lin
 #: `` DEVICE=+pci:0000:3b:00.0``; Documentation/ABI/testing/dev-kmsg): not message text
 _KMSG_PROPERTY_RE = re.compile(r"^[ \t]+(?:SUBSYSTEM|DEVICE)=\S")
 
+#: a container runtime's log line (CRI logging format, kubelet
+#: ``pkg/kubelet/kuberuntime/logs``: ``TIMESTAMP STREAM TAG CONTENT``, RFC 3339 nano time,
+#: stream ``stdout``/``stderr``, tag ``F`` a full line or ``P`` a partial one that the next
+#: line of the same stream continues; containerd and CRI-O write /var/log/pods/... so)
+_CRI_RE = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?P<stream>stdout|stderr) (?P<tag>[FP])(?: |$)")
+#: Most bytes of partial lines joined into one content line (containerd cuts a line at
+#: 16 KiB, max_container_log_line_size; a printk record is at most 1,024 bytes).
+MAX_PARTIAL_CHARS = 65536
+
+
+def unwrapped(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) with a container log's envelope taken off, so a kernel
+    log printed inside a container (``dmesg``, ``journalctl -k`` in a node agent's pod)
+    reads as the tool printed it, indentation and repeated prefixes included: a CRI line
+    (:data:`_CRI_RE`; ``P`` parts joined to the line that ends them) and a Docker
+    ``json-file`` line (``{"log":"...\\n","stream":"stdout","time":"..."}``, the ``log``
+    value; one without its closing newline is a partial line, as Docker splits lines of
+    16 KiB). The envelope's time is the container's write time, not the kernel's; the
+    content's own prefix gives the stamp. Any other line is passed through unchanged."""
+    parts: dict[str, tuple[int, str]] = {}
+    for n, line in enumerate(lines, 1):
+        if n == 1 and line[:1] == "\ufeff":  # a file saved with a UTF-8 byte-order mark
+            line = line[1:]
+        m = _CRI_RE.match(line)
+        if m:
+            stream, partial = m["stream"], m["tag"] == "P"
+            content = line[m.end():].rstrip("\r\n")
+        elif line.startswith('{"log":'):
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                obj = None
+            if not isinstance(obj, dict) or not isinstance(obj.get("log"), str):
+                yield n, line
+                continue
+            stream = f"docker-{obj.get('stream')}"
+            log = obj["log"]
+            partial = not log.endswith("\n")
+            content = log.rstrip("\r\n")
+        else:
+            yield n, line
+            continue
+        first, before = parts.pop(stream, (n, ""))
+        content = (before + content)[:MAX_PARTIAL_CHARS]
+        if partial:
+            parts[stream] = (first, content)
+            continue
+        yield first, content
+    for first, content in parts.values():  # a partial line the file ends on
+        yield first, content
+
+
 def records(lines: Iterable[str]) -> Iterable[tuple[int, list[str], bool]]:
     """Group input lines into records: (1-based first line number, lines, under), where
     ``under`` says the record's first line is an indented line holding only white space
@@ -48,7 +103,7 @@ def records(lines: Iterable[str]) -> Iterable[tuple[int, list[str], bool]]:
     start = 0
     under = False
     below = False  # a line that is not indented came before
-    for n, line in enumerate(lines, 1):
+    for n, line in unwrapped(lines):
         line = line.rstrip("\r\n")
         if n == 1 and line[:1] == "\ufeff":  # a file saved with a UTF-8 byte-order mark
             line = line[1:]

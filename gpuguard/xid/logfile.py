@@ -156,10 +156,13 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[st
     return lines + new, f"file:{st.st_dev}:{st.st_ino}:{offset + used}"
 
 
-#: The first line a booting kernel prints (``linux_banner``), as a syslog writer stores it:
-#: ``... kernel: [    0.000000] Linux version 6.8.0-49-generic (...)`` (the stamp absent
-#: with ``printk.time=0``).
-BOOT_MARKER = re.compile(rb"kernel:\s*(?:\[\s*0\.0+\]\s*)?Linux version \d")
+#: The first line a booting kernel prints (``linux_banner``): ``Linux version 6.8.0-49-generic
+#: (...)``, as a syslog writer stores it (``... kernel: [    0.000000] Linux version``, the
+#: stamp absent with ``printk.time=0``) or in any other layout the kernel-log grammar reads
+#: (:func:`is_boot_line`).
+BOOT_MARKER = re.compile(rb"Linux version \d")
+#: Most bytes of a boot line before its banner that are looked at (a log prefix is short).
+_BOOT_PREFIX_BYTES = 4096
 #: Most bytes a first scan searches back for the current boot, in whole 1 MiB blocks (our
 #: choice: weeks of a busy kern.log; read backwards from the page cache in well under a second).
 MAX_BOOT_SCAN_BYTES = 256 << 20
@@ -182,13 +185,51 @@ def boot_cursor(path: str, *, deadline: float, max_scan_bytes: int = MAX_BOOT_SC
         while pos > 0 and size - pos < max_scan_bytes and time.monotonic() < deadline:
             lo = max(0, pos - _BLOCK)
             data = os.pread(fd, min(size, pos + 4096) - lo, lo)  # 4 KiB overlap: a marker on the edge
-            hits = [m.start() for m in BOOT_MARKER.finditer(data)]
-            if hits:
-                start = lo + data.rfind(b"\n", 0, hits[-1]) + 1
-                return f"file:{st.st_dev}:{st.st_ino}:{start}"
+            for hit in reversed([m.start() for m in BOOT_MARKER.finditer(data)]):
+                start = _line_start(fd, data, lo, hit)
+                if start is not None and is_boot_line(os.pread(fd, lo + hit - start + 16, start)):
+                    return f"file:{st.st_dev}:{st.st_ino}:{start}"
             pos = lo
     except OSError:
         return None
     finally:
         os.close(fd)
     return None
+
+
+def _line_start(fd: int, data: bytes, lo: int, hit: int) -> int | None:
+    """File offset of the start of the line holding ``data[hit]`` (``data`` read at
+    ``lo``); None when it is more than :data:`_BOOT_PREFIX_BYTES` before the hit."""
+    nl = data.rfind(b"\n", max(0, hit - _BOOT_PREFIX_BYTES), hit)
+    if nl >= 0:
+        return lo + nl + 1
+    if lo == 0 and hit <= _BOOT_PREFIX_BYTES:
+        return 0
+    if hit >= _BOOT_PREFIX_BYTES:
+        return None
+    at = lo + hit
+    back = os.pread(fd, min(at, _BOOT_PREFIX_BYTES), at - min(at, _BOOT_PREFIX_BYTES))
+    nl = back.rfind(b"\n")
+    if nl >= 0:
+        return at - len(back) + nl + 1
+    return 0 if at <= _BOOT_PREFIX_BYTES else None
+
+
+def is_boot_line(head: bytes) -> bool:
+    """True when ``head`` (a line's start, through its banner) is the kernel's boot banner:
+    ``Linux version N`` at the start of the kernel message, after a prefix the kernel-log
+    grammar accepts (:func:`gpuguard.xid.prefix.check_prefix`: ``HOST kernel:``, RFC 5424
+    ``HOST kernel - - -``, ``kern  :notice:``, a printk stamp and caller id ``[    0.000000]
+    [    T0]``, a container log's envelope...). Before, only ``kernel:`` before the banner
+    counted, so a first scan of a kern.log in another layout read every earlier boot and
+    acted on XIDs a reboot had dealt with. Text a user chose before the banner (``alice:
+    Linux version``) is no boot line."""
+    from gpuguard.xid.grouping import unwrapped
+    from gpuguard.xid.prefix import check_prefix
+
+    line = next(iter(unwrapped([head.decode("utf-8", "replace")])))[1]
+    found = _BANNER_TEXT.search(line)
+    return found is not None and check_prefix(line[: found.start()], structured=False) is None
+
+
+_BANNER_TEXT = re.compile(BOOT_MARKER.pattern.decode())
