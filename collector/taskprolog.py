@@ -42,13 +42,39 @@ def job_dir_export(env: dict[str, str], uid: int | None = None) -> str | None:
     return f"export GPUGUARD_JOB_DIR={path}"
 
 
-def main() -> int:
-    """Console script entry point; always returns 0."""
+def _export_bytes(env: dict[str, str]) -> bytes:
+    """:func:`job_dir_export` as bytes; b"" when there is none or it raised (a broken
+    config: the job runs without the export, as for a missing directory)."""
     try:
-        line = job_dir_export(dict(os.environ))
-        if line:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+        return (job_dir_export(env) or "").encode()
+    except Exception:
+        return b""
+
+
+#: Longest wait for the config and the job directory (s). The task starts only after the
+#: TaskProlog, at every task of every step (SLURM-FACTS.md §3), and a config or job
+#: directory on a hung mount used to hold it until the job's time limit; a healthy run
+#: takes about 0.1 s. Our choice: 5 s, then the job runs without GPUGUARD_JOB_DIR.
+TIMEOUT_S = 5.0
+
+
+def main() -> int:
+    """Console script entry point; always returns 0. The config and the job directory
+    are read in a child process (:func:`gpuguard.hookrun.call_in_child`) waited for at
+    most :data:`TIMEOUT_S`: on a hung filesystem the job starts without the export and
+    one line on stderr says so, instead of the task waiting for ever."""
+    try:
+        from gpuguard.hookrun import call_in_child
+
+        env = dict(os.environ)
+        got = call_in_child(lambda: _export_bytes(env), TIMEOUT_S)
+        if got is None:
+            sys.stderr.write(f"gpuguard-taskprolog: tool error: config and job directory not read within "
+                             f"{TIMEOUT_S:g} s (a hung filesystem?); GPUGUARD_JOB_DIR not set\n")
+        elif got:
+            sys.stdout.write(got.decode() + "\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
     except BaseException:  # nothing may fail the job, and there is no log to write to
         pass
     return 0

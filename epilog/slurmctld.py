@@ -128,25 +128,24 @@ def detach() -> int | None:
 def _hand_config_to_worker() -> bool:
     """Find the config and slurm.conf *here*, while slurmscriptd is our parent (the
     detached worker is re-parented and cannot), and pass both in the environment. A
-    config that cannot be found or read is one error line in the log file it names, else
-    in syslog (LOG_DAEMON) — never a silent run on the defaults; then no worker is
-    started. Returns whether the config is usable."""
-    from gpuguard import config as config_mod
+    config that cannot be found or read -- or is not read within
+    :data:`gpuguard.hookrun.CONFIG_READ_TIMEOUT_S` (a hung mount: the job would stay
+    COMPLETING while this hook waits) -- is one error line in syslog (LOG_DAEMON) and on
+    stderr, never a silent run on the defaults; then no worker is started. Returns
+    whether the config is usable."""
+    from gpuguard.hookrun import load_config
 
-    config_mod.export_slurm_conf()
-    try:
-        path, _ = config_mod.find_config_path()
-        config_mod.load(require=True)
-        if path:
-            os.environ["GPUGUARD_CONFIG"] = os.path.abspath(path)
+    cfg, error = load_config()  # in a child, timed; sets SLURM_CONF as export_slurm_conf does
+    if error is None:
+        if cfg.path:
+            os.environ["GPUGUARD_CONFIG"] = os.path.abspath(cfg.path)
         return True
-    except config_mod.ConfigError as e:
-        import syslog
+    import syslog
 
-        syslog.openlog("gpuguard-epilog-slurmctld", syslog.LOG_PID, syslog.LOG_DAEMON)
-        syslog.syslog(syslog.LOG_ERR, f"tool error: config: {e}")
-        print(f"gpuguard-epilog-slurmctld: tool error: config: {e}", file=sys.stderr)
-        return False
+    syslog.openlog("gpuguard-epilog-slurmctld", syslog.LOG_PID, syslog.LOG_DAEMON)
+    syslog.syslog(syslog.LOG_ERR, f"tool error: config: {error}")
+    print(f"gpuguard-epilog-slurmctld: tool error: config: {error}", file=sys.stderr)
+    return False
 
 
 def main() -> int:

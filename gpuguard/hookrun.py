@@ -64,6 +64,7 @@ def load_config(timeout_s: float | None = None) -> tuple[Any, str | None]:
 
             gc.disable()  # a collection would touch (copy) every page shared with the parent
             os.close(r)
+            _leave_hook_pipes()
             path, data, error = _read_config(config_mod)
             msg = json.dumps({"path": path, "data": data.decode("latin-1"), "error": error,
                               "slurm_conf": os.environ.get("SLURM_CONF")}).encode()
@@ -96,6 +97,75 @@ def load_config(timeout_s: float | None = None) -> tuple[Any, str | None]:
     if got["slurm_conf"] and not os.environ.get("SLURM_CONF"):
         os.environ["SLURM_CONF"] = got["slurm_conf"]  # what export_slurm_conf set in the child
     return _parsed(config_mod, got["path"], got["data"].encode("latin-1"), got["error"])
+
+
+def _leave_hook_pipes() -> None:
+    """In a forked helper child: put stdin, stdout and stderr on /dev/null. slurmd (and
+    slurmstepd for the TaskProlog) reads the hook's stdout until EOF (SLURM-FACTS.md §6e),
+    so a child stuck on a hung filesystem must not hold that pipe after the hook gave up
+    on it and exited."""
+    try:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        if fd > 2:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def call_in_child(work: Callable[[], bytes], timeout_s: float) -> bytes | None:
+    """``work()``'s bytes, computed in a forked child with its stdio on /dev/null, or
+    ``None`` when the child raised, died or did not answer within ``timeout_s`` seconds
+    (then it is sent SIGKILL and not waited for: a process in D state on a hung NFS or
+    FUSE mount may never return). For hooks that must touch a filesystem (the config, a
+    job directory) outside :func:`run_watched`: the TaskProlog, the EpilogSlurmctld hook."""
+    import select
+    import signal
+    import time
+
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            import gc
+
+            gc.disable()
+            os.close(r)
+            _leave_hook_pipes()
+            msg = b"ok:" + work()
+            while msg:
+                msg = msg[os.write(w, msg):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([r], [], [], left)[0]:
+                continue
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            return None
+    finally:
+        os.close(r)
+    try:
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    got = b"".join(chunks)
+    return got[3:] if got.startswith(b"ok:") else None
 
 
 def _read_config(config_mod: Any) -> tuple[str | None, bytes, str | None]:

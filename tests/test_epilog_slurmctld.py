@@ -285,3 +285,26 @@ def test_admin_comment_sizes_and_one_liner():
     old = "gpuguard:v1z:" + base64.b32encode(zlib.compress(b'{"job":"9","nodes":{"n1":{"x":1}}}')).decode().rstrip(
         "=").lower()
     assert admincomment.node_summaries(admincomment.decode(old)) == {"n1": {"x": 1}}
+
+
+@pytest.mark.timeout(90)
+def test_hook_with_its_config_on_a_hung_mount_exits_0_after_the_config_timeout(tmp_path):
+    """The EpilogSlurmctld hook itself (not the worker) reads the config to hand it on;
+    on a mount that never answers (FUSE: every access blocks, as on a dead NFS server) it
+    used to wait for ever, holding the job COMPLETING. It now gives up after the config
+    timeout (10 s) with one line and starts no worker."""
+    import pathlib
+    import subprocess
+    import sys
+
+    from fault_matrix import can_fuse, hung_fs
+
+    if not can_fuse():
+        pytest.skip("needs root and /dev/fuse")
+    script = str(pathlib.Path(sys.executable).parent / "gpuguard-epilog-slurmctld")
+    with hung_fs(tmp_path / "hung") as mnt:
+        r = subprocess.run([script], env={"GPUGUARD_CONFIG": str(mnt / "gpuguard.toml"), "SLURM_JOB_ID": "7"},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    head = ("gpuguard-epilog-slurmctld: tool error: config: config not read within 10 s (a hung filesystem?); "
+            "looked at $GPUGUARD_CONFIG and ")
+    assert (r.returncode, r.stdout, r.stderr.startswith(head), r.stderr.count("\n")) == (0, "", True, 1)

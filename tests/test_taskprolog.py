@@ -87,3 +87,23 @@ def test_non_ascii_digit_job_id_prints_nothing(world, job_id):
     (d / "jobs" / job_id).mkdir(mode=0o700)  # owned by the current uid: only the id is wrong
     r = run_tp(cfg, job_id=job_id)
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hung", ["job_dir_root", "config"])
+def test_hung_filesystem_prints_nothing_and_exits_0_within_its_timeout(tmp_path, hung):
+    """A job directory root or a config on a mount that never answers (a FUSE mount:
+    every access blocks, as on a dead NFS server): the task is not held, the job runs
+    without the export, and one line on stderr says why."""
+    from fault_matrix import can_fuse, hung_fs
+
+    if not can_fuse():
+        pytest.skip("needs root and /dev/fuse")
+    with hung_fs(tmp_path / "hung") as mnt:
+        cfg = tmp_path / "gpuguard.toml"
+        root = mnt / "jobs" if hung == "job_dir_root" else tmp_path
+        cfg.write_text(f'[paths]\njob_dir_root = "{root}"\nlog_file = ""\n')
+        r = run_tp(str(mnt / "gpuguard.toml") if hung == "config" else str(cfg))  # subprocess timeout: 60 s
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "", "gpuguard-taskprolog: tool error: config and job directory not read within 5 s "
+               "(a hung filesystem?); GPUGUARD_JOB_DIR not set\n")
