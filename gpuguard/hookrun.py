@@ -46,53 +46,25 @@ def load_config(timeout_s: float | None = None) -> tuple[Any, str | None]:
     signal ends) would otherwise hold the hook past every budget until slurmd drains the
     node for it. The child sends the bytes; the parent parses them."""
     import json
-    import select
-    import signal
-    import time
 
     from gpuguard import config as config_mod  # imported once, here: the child inherits it
 
     timeout_s = CONFIG_READ_TIMEOUT_S if timeout_s is None else timeout_s
-    try:
-        r, w = os.pipe()
-        pid = os.fork()
-    except OSError:
-        return _parsed(config_mod, *_read_config(config_mod))
-    if pid == 0:  # the child: every filesystem step, then the bytes to the parent
-        try:
-            import gc
 
-            gc.disable()  # a collection would touch (copy) every page shared with the parent
-            os.close(r)
-            _leave_hook_pipes()
-            path, data, error = _read_config(config_mod)
-            msg = json.dumps({"path": path, "data": data.decode("latin-1"), "error": error,
-                              "slurm_conf": os.environ.get("SLURM_CONF")}).encode()
-            while msg:
-                msg = msg[os.write(w, msg):]
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
+    def read_in_child() -> bytes:
+        path, data, error = _read_config(config_mod)
+        return json.dumps({"path": path, "data": data.decode("latin-1"), "error": error,
+                           "slurm_conf": os.environ.get("SLURM_CONF")}).encode()
+
+    answer = _answer_from_child(read_in_child, timeout_s)
+    if answer is _TIMED_OUT:
+        return config_mod.from_dict({}), (f"config not read within {timeout_s:g} s (a hung filesystem?); "
+                                          f"looked at $GPUGUARD_CONFIG and {', '.join(config_mod.config_candidates())}")
     try:
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([r], [], [], left)[0]:
-                continue
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        else:
-            os.kill(pid, signal.SIGKILL)  # not waited for: it may never return from its read
-            return config_mod.from_dict({}), (f"config not read within {timeout_s:g} s (a hung filesystem?); "
-                                              f"looked at $GPUGUARD_CONFIG and {', '.join(config_mod.config_candidates())}")
-    finally:
-        os.close(r)
-    os.waitpid(pid, 0)
-    try:
-        got = json.loads(b"".join(chunks))
-    except ValueError:  # the child died before it sent a whole answer
+        got = json.loads(answer) if answer is not None else None
+    except ValueError:
+        got = None
+    if got is None:  # no child to be had, or it died before it sent a whole answer
         return _parsed(config_mod, *_read_config(config_mod))
     if got["slurm_conf"] and not os.environ.get("SLURM_CONF"):
         os.environ["SLURM_CONF"] = got["slurm_conf"]  # what export_slurm_conf set in the child
@@ -119,7 +91,19 @@ def call_in_child(work: Callable[[], bytes], timeout_s: float) -> bytes | None:
     ``None`` when the child raised, died or did not answer within ``timeout_s`` seconds
     (then it is sent SIGKILL and not waited for: a process in D state on a hung NFS or
     FUSE mount may never return). For hooks that must touch a filesystem (the config, a
-    job directory) outside :func:`run_watched`: the TaskProlog, the EpilogSlurmctld hook."""
+    job directory) outside :func:`run_watched`: the TaskProlog; :func:`load_config` reads
+    the config so."""
+    answer = _answer_from_child(work, timeout_s)
+    return None if answer is _TIMED_OUT else answer
+
+
+#: :func:`_answer_from_child`'s answer for a child that did not answer in time.
+_TIMED_OUT: Any = object()
+
+
+def _answer_from_child(work: Callable[[], bytes], timeout_s: float) -> bytes | None:
+    """:func:`call_in_child`, telling a child that did not answer in time
+    (:data:`_TIMED_OUT`) from one that could not be forked, raised or died (None)."""
     import select
     import signal
     import time
@@ -157,7 +141,7 @@ def call_in_child(work: Callable[[], bytes], timeout_s: float) -> bytes | None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-            return None
+            return _TIMED_OUT
     finally:
         os.close(r)
     try:
