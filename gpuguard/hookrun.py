@@ -254,11 +254,11 @@ def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: 
     relay = {out_r: 1, err_r: 2}
     status: int | None = None
     open_fds = [ctl_r, out_r, err_r]
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        ready, _, _ = select.select(open_fds, [], [], min(left, 0.05))
+
+    def pump(wait_s: float) -> bool:
+        """Relay what the pipes hold (waiting up to ``wait_s`` for some); False: nothing was ready."""
+        nonlocal announced
+        ready, _, _ = select.select(open_fds, [], [], wait_s)
         for fd in ready:
             data = os.read(fd, 65536)
             if not data:
@@ -272,9 +272,20 @@ def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: 
                     os.write(relay[fd], data)
                 except OSError:
                     pass
+        return bool(ready)
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        pump(min(left, 0.05))
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
+            # what the child wrote between the last select and its exit is still in the
+            # pipes: relay it (without waiting: a process it left behind may hold them open)
+            while open_fds and time.monotonic() < deadline and pump(0):
+                pass
             break
     if status is None:
         try:

@@ -327,6 +327,25 @@ def test_watchdog_passes_rc_and_output():
     assert (r.returncode, r.stdout) == (3, "hello\n")
 
 
+def test_watchdog_relays_output_written_just_before_the_child_exits():
+    # the parent's first select sees nothing and sleeps long enough for the child to write
+    # and exit: its output is in the pipe when waitpid reports the exit, and must be relayed
+    r = subprocess.run([sys.executable, "-c",
+                        "import select, sys, time\n"
+                        "from gpuguard.hookrun import run_watched\n"
+                        "real, calls = select.select, []\n"
+                        "def late(*a):\n"
+                        "    calls.append(1)\n"
+                        "    if len(calls) == 1:\n"
+                        "        time.sleep(1.0)\n"
+                        "        return [], [], []\n"
+                        "    return real(*a)\n"
+                        "select.select = late\n"
+                        "rc = run_watched(lambda: print('x' * 5000) or print('bye', file=sys.stderr) or 3, 5, 'epilog')\n"
+                        "sys.exit(rc)\n"], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "x" * 5000 + "\n", "bye\n")
+
+
 # -- job directory cap ---------------------------------------------------------------------
 
 
