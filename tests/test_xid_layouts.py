@@ -154,6 +154,8 @@ SPOOFS = [
     ("Dec 01 10:00:00 node01 0000:3b:00.0: ", "not a kernel-log prefix: 'node01 0000:3b:00.0:'"),
     ("Dec 01 2026 10:00:00 node01 nvidia 0000:3b:00.0: ",
      "not a kernel-log prefix: 'node01 nvidia 0000:3b:00.0:'"),
+    # a tag a user chose that looks like a facility (``logger -t kern.warn``)
+    ("Dec  1 10:00:00 node01 kern.warn: ", "not a kernel-log prefix: 'node01 kern.warn:'"),
     # a host name in capitals is no time zone (the zone name needs a weekday first)
     ("2026-12-01T10:00:00+00:00 GPUA ", "not a kernel-log prefix: 'GPUA'"),
     ("Dec  1 2026 10:00:00 GPUA ", "not a kernel-log prefix: 'GPUA'"),

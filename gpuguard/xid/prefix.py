@@ -96,7 +96,10 @@ TOKENS: tuple[tuple[str, str], ...] = (
     # (Documentation/ABI/testing/dev-kmsg); kernel facility only, as above
     ("kmsg_record", r"[0-7],\d+,\d+,[^;\s]*;"),
     ("kern_level", r"(?:(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+|[\w.-]+):\s*)?kern\s*:\s*[a-z]+\s*:"),
-    ("facility", r"(?:[\w.-]+\s+)?kern\.[a-z]+:?(?=\s)"),
+    # ``HOST kern.warn`` before the tag (BusyBox syslogd, rsyslog templates); the colon form
+    # only without a HOST: ``node01 kern.warn:`` is where a syslog line's tag stands, and
+    # ``logger -t kern.warn`` writes it
+    ("facility", r"(?:[\w.-]+\s+kern\.[a-z]+(?=\s)|kern\.[a-z]+:?(?=\s))"),
     ("bracket", r"\[[\w\s:.,+\-<>/]{0,60}\d[\w\s:.,+\-<>/]{0,60}\]:?"),
     # seconds since the epoch: `journalctl -o short-unix` (with microseconds), syslog-ng
     # ts-format(unix) (whole seconds, frac-digits() optional)
