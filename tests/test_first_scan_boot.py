@@ -100,6 +100,11 @@ BOOT_LAYOUTS = [
     ("printk-caller", "Nov  3 09:00:00 n1 kernel: [{mono}] [    T0] {msg}"),
     ("dmesg-x", "kern  :notice: [{mono}] {msg}"),
     ("cri", "2026-11-03T09:00:00.123456789Z stdout F [{mono}] {msg}"),
+    ("rfc5424-nil-time", "<6>1 - n1 kernel - - - [{mono}] {msg}"),
+    ("rfc5424-procid-0", "<6>1 2026-11-03T09:00:00.000000+00:00 n1 kernel 0 - - [{mono}] {msg}"),
+    ("year-after-day", "Nov 03 2026 09:00:00 n1 kernel: [{mono}] {msg}"),
+    ("syslog-ng-full", "2026 Nov  3 09:00:00 n1 kernel: [{mono}] {msg}"),
+    ("syslog-ng-unix", "1793696400 n1 kernel: [{mono}] {msg}"),
 ]
 
 

@@ -15,14 +15,18 @@ the marker, text files accept a grammar of real prefix tokens), else the line is
 
 * none -> ``timestamp = monotonic_s = None``;
 * ``[  123.456789]`` (dmesg, kmsg) -> ``monotonic_s`` (seconds since boot);
-* ``1715929737.123456`` (``journalctl -o short-unix``) -> ``timestamp`` (UTC epoch);
+* ``1715929737.123456`` (``journalctl -o short-unix``; syslog-ng ``ts-format(unix)``
+  without the fraction) -> ``timestamp`` (UTC epoch);
 * ``[Sun Feb 23 16:24:18 2025]`` (``dmesg -T``/``--ctime``; also unbracketed, as syslog
-  daemons print a ctime date) -> ``timestamp``, read as
+  daemons print a ctime date; any English month-name date with its year: ``Dec 01 2026
+  10:00:00``, syslog-ng ``2026 Dec  1 10:00:00``) -> ``timestamp``, read as
   the *local* time of the process parsing it (dmesg printed the host's local time;
-  the prolog parses on that same host);
+  the prolog parses on that same host) unless ``UTC``/``GMT`` follows the time;
 * ISO 8601 (``dmesg --time-format iso`` with its ``,usec`` separator, ``journalctl -o
   short-iso``/``short-iso-precise``, RFC 3339 syslog) -> ``timestamp``; a naive one is
-  local time;
+  local time unless a zone follows it (``journalctl -o short-full``: ``UTC``, ``+04``);
+* RFC 5424 with the NILVALUE ``-`` for its time -> ``timestamp = None`` (a printk stamp in
+  the message still gives ``monotonic_s``);
 * syslog ``Mon DD HH:MM:SS host kernel:`` has no year -> ``timestamp`` stays ``None``
   (guessing the year is wrong around New Year); a monotonic stamp after it is still read;
 * third-party wrappers (``Xid errors on instance: ..., Error: <syslog line>``) are

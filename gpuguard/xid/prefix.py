@@ -8,7 +8,8 @@ source:
 * **structured** sources (``/dev/kmsg`` records, ``journalctl -k -o json`` MESSAGE fields,
   raw ``dmesg -r`` records; :mod:`gpuguard.xid.kernel_log` turns each into the canonical
   line ``[<seconds since boot>] <message>``): the message itself must *start* with
-  ``NVRM:`` or ``nvidia-nvswitchN:``. Nothing else may precede it.
+  ``NVRM:`` or ``nvidia-nvswitchN:``, or a dev_printk device prefix then ``NVRM:``
+  (``nvidia 0000:3b:00.0: NVRM: Xid ...``). Nothing else may precede it.
 * **text** files (``xid scan FILE``, ``[xid] kernel_log = PATH``, pasted logs): the prefix
   must be a sequence of *prefix tokens* (:data:`TOKENS`), each one a piece of a real log
   layout. Tokens may come in any order, which covers every combination the tools below
@@ -25,16 +26,24 @@ source:
   - bracketed stamps: ``[ 1234.5678]`` (dmesg), ``[Sun Feb 23 16:24:18 2025]``
     (``dmesg -T``), ``[May19 07:08]`` / ``[  +0.000123]`` (``dmesg -H``), ``[2025-...Z]:``
     (Talos); any bracket holding digits and time punctuation only;
-  - ``1715929737.123456`` (``journalctl -o short-unix``);
+  - ``1715929737.123456`` (``journalctl -o short-unix``), ``1715929737`` (syslog-ng
+    ``ts-format(unix)``);
   - ISO 8601 (``dmesg --time-format iso``, ``journalctl -o short-iso[-precise]``,
-    RFC 3339 syslog), optionally with a weekday before and a zone name after
-    (``journalctl -o short-full``: ``Fri 2024-05-17 07:08:57 UTC``);
+    RFC 3339 syslog), optionally with a weekday before and then a zone name after
+    (``journalctl -o short-full``: ``Fri 2024-05-17 07:08:57 UTC``, ``... +04``); with no
+    weekday only ``UTC``/``GMT`` is a zone, so a HOSTNAME in capitals is never one;
   - syslog dates in any locale: ``May 19 07:08:57`` / ``Mai 19 ...`` / ``févr. 19 ...`` /
     ``19 мая ...`` / ``5月 19 ...`` / ``5월 19 ...``, optional microseconds
-    (``journalctl -o short-precise``), optional weekday and year (unbracketed ctime);
+    (``journalctl -o short-precise``), optional weekday, a year after the day
+    (``Dec 01 2026 10:00:00``), before the month (syslog-ng ``ts-format(full)``: ``2026 Dec
+    1 10:00:00``) or after the time (unbracketed ctime), ``UTC``/``GMT`` after the time;
   - ``HOST kernel:`` / ``kernel:`` / ``kernel[0]:`` (syslog, ``journalctl`` with and without
     ``--no-hostname``, a line pasted from a node's log with only ``kernel:`` left) and the
-    RFC 5424 ``HOST kernel - - -`` header;
+    RFC 5424 header ``[-] HOST kernel PROCID MSGID SD`` (the NILVALUE ``-`` for an
+    unknown time, PROCID ``-`` or the kernel's ``0``, any MSGID);
+  - a dev_printk device prefix (``nvidia 0000:3b:00.0:``, ``pci 0000:3b:00.0:``) at the
+    start or after the kernel's tag or stamp, never right after a date (there a user's
+    ``logger -t 0000:3b:00.0`` tag would stand);
   - known monitoring-agent wrappers (:data:`WRAPPERS`);
   - for SXid, the ``nvidia-nvswitchN:`` device name.
 
@@ -58,9 +67,22 @@ WRAPPERS = (
 _W = r"[^\W\d_]{2,12}\.?"  # a month or weekday word in any script ("May", "Mai", "févr.", "мая")
 _CJK_MONTH = r"\d{1,2}\s*[月월]"
 _TIME = r"\d{1,2}:\d\d:\d\d(?:[.,]\d+)?"
+#: the zone journalctl -o short-full prints after the time (``UTC``, ``CET``, ``+04`` where
+#: the zone has no abbreviation): only after a weekday, so a HOSTNAME in capitals (``GPUA``)
+#: is never read as a zone when no weekday came first
+_FULL_ZONE = r"(?:\s+(?:[A-Z]{2,5}|[+-]\d\d(?:\d\d)?)(?=\s))?"
+#: a zone after a syslog date (grok's CISCOTIMESTAMP ``%{MONTH} %{MONTHDAY} %{YEAR} %{TIME}
+#: %{TZ}``): the two names that are no host name and say the time exactly
+_UTC_ZONE = r"(?:\s+(?:UTC|GMT)(?=\s))?"
+_YEAR = r"\d{4}"
+_ISO = rf"\d{{4}}-\d\d-\d\d[T ]{_TIME}(?:Z|[+-]\d\d:?\d\d)?"
 #: a syslog HOSTNAME: a name, or an IPv4/IPv6 address when the relay has no name for the
 #: sender (RFC 5424 §6.2.4, RFC 3164 §4.1.2: "the IPv4 address or IPv6 address")
 _HOST = r"(?:[0-9a-fA-F]*:[0-9a-fA-F:.]*[0-9a-fA-F.]|[\w.-]+)"
+#: dev_printk's device prefix (drivers/base/core.c ``__dev_printk``: ``"%s %s: ",
+#: dev_driver_string(dev), dev_name(dev)``) for a PCI device: the driver, or the bus
+#: (``pci``) when none is bound, then the device's ``DDDD:BB:DD.F`` name
+DEVICE = r"[a-z][\w-]{0,31} [0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]:"
 
 #: (name, pattern) of every prefix token; each is matched at the current position,
 #: followed by optional white space.
@@ -74,30 +96,53 @@ TOKENS: tuple[tuple[str, str], ...] = (
     # (Documentation/ABI/testing/dev-kmsg); kernel facility only, as above
     ("kmsg_record", r"[0-7],\d+,\d+,[^;\s]*;"),
     ("kern_level", r"(?:(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+|[\w.-]+):\s*)?kern\s*:\s*[a-z]+\s*:"),
-    ("facility", r"(?:[\w.-]+\s+)?kern\.[a-z]+:?(?=\s)"),
+    # ``HOST kern.warn`` before the tag (BusyBox syslogd, rsyslog templates); the colon form
+    # only without a HOST: ``node01 kern.warn:`` is where a syslog line's tag stands, and
+    # ``logger -t kern.warn`` writes it
+    ("facility", r"(?:[\w.-]+\s+kern\.[a-z]+(?=\s)|kern\.[a-z]+:?(?=\s))"),
     ("bracket", r"\[[\w\s:.,+\-<>/]{0,60}\d[\w\s:.,+\-<>/]{0,60}\]:?"),
-    # `journalctl -o short-unix`: seconds since the epoch with microseconds
-    ("epoch", r"\d{9,11}\.\d{1,9}(?=\s)"),
-    ("iso", rf"(?:{_W},?\s+)?\d{{4}}-\d\d-\d\d[T ]{_TIME}(?:Z|[+-]\d\d:?\d\d)?(?:\s+[A-Z]{{2,5}}(?=\s))?:?"),
-    ("syslog_date", rf"(?:{_W},?\s+)?(?:{_W}\s+\d{{1,2}}\.?|\d{{1,2}}\.?\s+{_W}|{_CJK_MONTH}\s*\d{{1,2}}\s*[日일]?)"
-                    rf"\s+{_TIME}(?:\s+\d{{4}}(?=\s))?"),
-    # HOST APP-NAME PROCID MSGID STRUCTURED-DATA (RFC 5424 §6): "-" or one or more
-    # SD-ELEMENTs whose quoted values may hold an escaped "]"; then the BOM a UTF-8 MSG
-    # starts with (§6.4)
-    ("rfc5424_kernel", rf'(?:{_HOST}\s+)?kernel\s+-\s+-\s+(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
+    # seconds since the epoch: `journalctl -o short-unix` (with microseconds), syslog-ng
+    # ts-format(unix) (whole seconds, frac-digits() optional)
+    ("epoch", r"\d{9,11}(?:\.\d{1,9})?(?=\s)"),
+    ("iso", rf"(?:{_W},?\s+{_ISO}{_FULL_ZONE}|{_ISO}{_UTC_ZONE}):?"),
+    # a date with a month name in any locale and order: [WEEKDAY] [YEAR] (MON DD | DD MON |
+    # CJK) [YEAR] TIME [ZONE] [YEAR]. RFC 3164 ``Dec  1 10:00:00``; a year after the day
+    # (``Dec 01 2026 10:00:00``, grok's CISCOTIMESTAMP) or first (syslog-ng ts-format(full):
+    # ``2026 Dec  1 10:00:00``); ctime, unbracketed (``Tue Dec  1 10:00:00 2026``)
+    ("syslog_date", rf"(?:{_W},?\s+)?(?:{_YEAR}\s+)?"
+                    rf"(?:{_W}\s+\d{{1,2}}\.?|\d{{1,2}}\.?\s+{_W}|{_CJK_MONTH}\s*\d{{1,2}}\s*[日일]?)"
+                    rf"(?:\s+{_YEAR})?\s+{_TIME}{_UTC_ZONE}(?:\s+{_YEAR}(?=\s))?"),
+    # the RFC 5424 header after VERSION (§6): TIMESTAMP HOSTNAME APP-NAME PROCID MSGID
+    # STRUCTURED-DATA, APP-NAME ``kernel``. TIMESTAMP is read by the ``iso`` token, or is
+    # the NILVALUE ``-`` (a relay that did not know the time); HOSTNAME may be ``-``;
+    # PROCID ``-`` or the kernel's pid 0 (as ``kernel[0]:``: another pid is
+    # ``logger --rfc5424 -t kernel -i``); MSGID ``-`` or 1-32 printable characters;
+    # STRUCTURED-DATA ``-`` or one or more SD-ELEMENTs whose quoted values may hold an
+    # escaped "]"; then the BOM a UTF-8 MSG starts with (§6.4)
+    ("rfc5424_kernel", rf"(?:-\s+)?(?:{_HOST}\s+)?kernel\s+(?:-|0)\s+[!-~]{{1,32}}\s+"
+                       r'(?:-|(?:\[(?:[^\]"\\]|\\.|"(?:[^"\\]|\\.)*")*\])+)(?:\s*\ufeff)?'),
     # `kernel[0]:` only: the kernel logs as pid 0; `kernel[4242]:` is `logger -i -t kernel`
     ("host_kernel", rf"{_HOST}\s+kernel(?:\[0?\])?:"),
     ("kernel", r"kernel(?:\[0?\])?:"),
     ("nvswitch", r"nvidia-nvswitch\d+:"),
+    # the device a driver printed its message for (dev_printk, dev_err...), before NVRM:
+    ("device", DEVICE),
 )
 _COMPILED = tuple((name, re.compile(pat + r"\s*")) for name, pat in TOKENS)
+#: The tokens a ``device`` may follow (or it starts the prefix, as ``dmesg -t`` prints it):
+#: the kernel's own tag or stamp. Never right after a date, where a syslog line's HOSTNAME
+#: and the writer's tag come: ``node01 0000:3b:00.0:`` is ``logger -t 0000:3b:00.0``.
+_DEVICE_AFTER = frozenset({"priority", "kmsg_record", "kern_level", "bracket", "rfc5424_kernel", "host_kernel",
+                           "kernel"})
 #: More tokens than this is not a log prefix (every real layout above uses at most 7).
 MAX_TOKENS = 10
 
 #: The canonical prefix of a structured source's line: ``[<seconds since boot>] ``, after
-#: the UTC time when the source knows it (journald's ``__REALTIME_TIMESTAMP``).
+#: the UTC time when the source knows it (journald's ``__REALTIME_TIMESTAMP``), then the
+#: switch's name or the device a dev_printk message names, both the kernel's own text.
 _STRUCTURED_RE = re.compile(
-    r"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?[+-]\d\d:\d\d )?\[\s*\d+\.\d+\] (?:nvidia-nvswitch\d+: )?"
+    r"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?[+-]\d\d:\d\d )?\[\s*\d+\.\d+\] "
+    rf"(?:nvidia-nvswitch\d+: |{DEVICE} )?"
 )
 
 
@@ -108,6 +153,8 @@ def text_prefix_tokens(prefix: str) -> tuple[list[str], str]:
     names: list[str] = []
     while pos < len(prefix) and len(names) < MAX_TOKENS:
         for name, rx in _COMPILED:
+            if name == "device" and names and names[-1] not in _DEVICE_AFTER:
+                continue
             m = rx.match(prefix, pos)
             if m and m.end() > pos:
                 names.append(name)
