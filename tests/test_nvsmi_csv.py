@@ -111,3 +111,17 @@ def test_query_remapped_rows_after_a_reset():
     assert [(g.index, g.uuid, g.remapped_rows_uncorrectable, g.remapped_rows_pending, g.remapped_rows_failure)
             for g in gpus] == [(0, "GPU-a895322e-...", 0, False, False), (1, "GPU-455e672a-...", 1, False, False),
                                (2, "GPU-d66f99e9-...", 0, False, False), (3, "GPU-cd616af2-...", 0, False, False)]
+
+
+@pytest.mark.parametrize("header", ["index, temperature.gpu", "index, gpu_recovery_action"])
+def test_a_field_past_the_csv_limit_could_not_check_3(tmp_path, header):
+    """A row with a field over the csv module's limit (131,072 characters; never a real
+    nvidia-smi value) is one error line and exit 3, never a traceback with exit 1 (which
+    reads as "warnings" to a monitoring plugin). Before, both CSV readers (query and
+    recovery-action) raised ``_csv.Error``."""
+    p = tmp_path / "huge.csv"
+    p.write_text(f"{header}\n0, {'9' * 200_000}\n")
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(p)])
+    assert r.exit_code == 3
+    assert r.output.strip().splitlines()[-1] == (
+        f"Error: GPU source: {p}: line 2: a field longer than 131072 characters (not nvidia-smi CSV)")

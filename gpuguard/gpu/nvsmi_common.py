@@ -18,6 +18,8 @@ those strings into the typed values of :class:`gpuguard.model.GpuState`:
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import re
 import time
@@ -32,6 +34,21 @@ log = logging.getLogger(__name__)
 class NvsmiParseError(ValueError):
     """An nvidia-smi dump that cannot be read at all (wrong format, malformed XML,
     unsafe XML). The message is one line and names the file when one is known."""
+
+
+def csv_rows(text: str, where: str) -> list[list[str]]:
+    """The non-blank rows of nvidia-smi's comma-separated ``text`` (``--format=csv``:
+    a space after each comma, skipped). Raises :class:`NvsmiParseError` naming ``where``
+    and the line when the csv module cannot read it, e.g. a field longer than its limit
+    (``csv.field_size_limit()``, 131,072 characters by default: no nvidia-smi value is
+    near it), so such a file is "could not check", never a traceback."""
+    reader = csv.reader(io.StringIO(text), skipinitialspace=True)
+    try:
+        return [r for r in reader if any(c.strip() for c in r)]
+    except csv.Error as e:
+        what = (f"a field longer than {csv.field_size_limit()} characters" if "field limit" in str(e)
+                else str(e))
+        raise NvsmiParseError(f"{where}: line {reader.line_num}: {what} (not nvidia-smi CSV)") from None
 
 
 _NOT_AVAILABLE = {

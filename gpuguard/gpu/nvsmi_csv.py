@@ -24,13 +24,11 @@ the header's.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 import time
 from datetime import datetime
 
-from gpuguard.gpu.nvsmi_common import NvsmiParseError, ValueReader, clean_value, order_reasons, read_fabric
+from gpuguard.gpu.nvsmi_common import csv_rows, NvsmiParseError, ValueReader, clean_value, order_reasons, read_fabric
 from gpuguard.model import CLOCK_EVENT_REASONS, GpuState, NodeSnapshot, decode_clock_event_reasons, norm_pci
 
 SOURCE = "nvidia-smi-query"
@@ -203,7 +201,7 @@ def parse_query_csv(text: str, where: str, taken_at: float) -> NodeSnapshot:
     CSV has no ``timestamp`` column. Raises :class:`NvsmiParseError`."""
     if not looks_like_query_csv(text):
         raise NvsmiParseError(f"{where}: not nvidia-smi --query-gpu CSV with its header line and a column to judge")
-    rows = [r for r in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in r)]
+    rows = csv_rows(text, where)
     cols = [_column(c) for c in rows[0]]
     snap = NodeSnapshot(taken_at=taken_at, source=SOURCE)
     for n, values in enumerate(rows[1:], 1):

@@ -24,11 +24,9 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 
-from gpuguard.gpu.nvsmi_common import READ_ERROR_NAMES, NvsmiParseError, ValueReader
+from gpuguard.gpu.nvsmi_common import csv_rows, READ_ERROR_NAMES, NvsmiParseError, ValueReader
 from gpuguard.model import GpuState, NodeSnapshot, norm_pci
 from gpuguard.xid.catalog import recovery_action_code
 
@@ -117,7 +115,7 @@ def parse_recovery_csv(text: str, where: str, taken_at: float) -> NodeSnapshot:
     (with or without the header line) -> one GpuState per row with ``recovery_action``
     set. Without a header the columns must be ``index, gpu_recovery_action``. Raises
     :class:`NvsmiParseError` for any other CSV."""
-    rows = [r for r in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in r)]
+    rows = csv_rows(text, where)
     if not rows:
         raise NvsmiParseError(f"{where}: empty CSV")
     header = [c.strip().lower() for c in rows[0]]
