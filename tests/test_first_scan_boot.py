@@ -142,3 +142,23 @@ def test_text_a_user_chose_before_the_banner_is_no_boot_line(tmp_path):
     f.write_text(BOOT + QUIET + f"Nov 30 10:00:00 n1 alice: {_BANNER}\n" + QUIET)
     st = f.stat()
     assert boot_cursor(str(f), deadline=time.monotonic() + 5) == f"file:{st.st_dev}:{st.st_ino}:0"
+
+
+def test_an_indented_banner_under_a_users_record_is_no_boot_line(tmp_path, make_config, write_replay):
+    """``journalctl`` (and ``dmesg``) print a record's later lines indented under its first
+    line, with no prefix of their own; any user's multi-line message
+    (``sd_journal_send("MESSAGE=hi\\nLinux version 6.1")``) prints so. The kernel prints its
+    banner as a record of its own, with its own prefix. Before, such an indented line was
+    the boot line: the first scan began after this boot's XID 79 and missed it."""
+    from gpuguard.xid.logfile import is_boot_line
+
+    user = "Dec 02 05:12:00 n1 alice[4242]: hi\n                                   " + _BANNER + "\n"
+    kern = tmp_path / "kern.log"
+    kern.write_text(BOOT + QUIET + OLD_XID.replace("Nov  2", "Nov 30") + user)
+    st = kern.stat()
+    assert not is_boot_line(b"                                   " + _BANNER.encode())
+    assert not is_boot_line(b"\t" + _BANNER.encode())
+    assert boot_cursor(str(kern), deadline=time.monotonic() + 5) == f"file:{st.st_dev}:{st.st_ino}:0"
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))
+    xids, cursor, errors = _scan(cfg)
+    assert (xids, cursor, errors) == ([79], f"file:{st.st_dev}:{st.st_ino}:{st.st_size}", [])

@@ -223,11 +223,17 @@ def is_boot_line(head: bytes) -> bool:
     [    T0]``, a container log's envelope...). Before, only ``kernel:`` before the banner
     counted, so a first scan of a kern.log in another layout read every earlier boot and
     acted on XIDs a reboot had dealt with. Text a user chose before the banner (``alice:
-    Linux version``) is no boot line."""
+    Linux version``) is no boot line, nor is an indented line: ``journalctl`` and ``dmesg``
+    print a record's later lines so, under its first line
+    (:data:`gpuguard.xid.grouping.UNDER_RECORD_REASON`), and any user's multi-line message
+    prints so, while the kernel prints its banner as a record of its own; a file indented
+    as a whole then has no boot line and is read from its start (no XID missed)."""
     from gpuguard.xid.grouping import unwrapped
     from gpuguard.xid.prefix import check_prefix
 
     line = next(iter(unwrapped([head.decode("utf-8", "replace")])))[1]
+    if line[:1] in (" ", "\t"):
+        return False
     found = _BANNER_TEXT.search(line)
     return found is not None and check_prefix(line[: found.start()], structured=False) is None
 
