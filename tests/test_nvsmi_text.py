@@ -512,3 +512,26 @@ def test_gh200_c2c_x1_link_and_a_remapped_uncorrectable_row_proceed():
     r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--json", "--from-nvidia-smi",
                                   str(DATA / "nvsmi-q-gh200-550.127.05-c2c-x1-remapped-unc.txt")])
     assert (r.exit_code, r.output.count('"outcome": "proceed"'), r.output.count('"findings": []')) == (0, 1, 1)
+
+
+def test_nul_bytes_are_read_through_and_mark_the_dump_damaged(tmp_path):
+    """NUL bytes (a dump written through a crash or a full disk, a preallocated file)
+    are no nvidia-smi text. Before, a NUL at a line's start counted as its first column:
+    the line fell out of its section, the SRAM uncorrectable count was lost and `check`
+    passed a faulty GPU (exit 0). Now they are read through (the fault is found) and
+    the dump is marked incomplete, so with nothing worse found the check cannot pass."""
+    from click.testing import CliRunner
+
+    from gpuguard.cli import main
+
+    frag = (DATA / "nvsmi-q-a100-ecc-sram-uncorrectable-partial.txt").read_text()
+    snap = parse_nvsmi_text(frag.replace("\n", "\n\0"), where="nul")
+    [g] = snap.gpus
+    assert (g.ecc_volatile_uncorrected, g.ecc_aggregate_uncorrected) == (1, 5)
+    assert snap.incomplete == "nul: holds NUL bytes (the dump is damaged)"
+    whole = (DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt").read_text()
+    path = tmp_path / "nul-dump.txt"
+    path.write_text(whole + "\0" * 4096)
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(path)])
+    assert r.exit_code == 3
+    assert r.output.splitlines()[-1] == f"incomplete: {path}: holds NUL bytes (the dump is damaged)"

@@ -384,8 +384,13 @@ def parse_nvsmi_text(
     ``where`` names the file in log lines and errors. Returns a snapshot with source
     ``"nvidia-smi-q"``, one GpuState per ``GPU`` section in document order.
     Raises :class:`NvsmiParseError` for another nvidia-smi format (table, CSV) or
-    when no ``Key : Value`` line is found.
+    when no ``Key : Value`` line is found. NUL bytes (a file written through a crash
+    or a full disk; nvidia-smi prints none) are read through, so a NUL at a line's
+    start does not move the line out of its section, and mark the dump incomplete:
+    the bytes they replaced may have held a fault.
     """
+    damaged = f"{where}: holds NUL bytes (the dump is damaged)" if "\0" in text else None
+    text = text.replace("\0", "")
     reject_other_formats(text, where)
     root = build_tree(text)
     if not any(e.value is not None for e in _walk(root)):
@@ -409,7 +414,7 @@ def parse_nvsmi_text(
         gpu_sections = [(root, None)]
     for i, (g, bus) in enumerate(gpu_sections):
         snap.gpus.append(_gpu_state(i, g, bus, driver, cuda, where))
-    snap.incomplete = _cut_short(text, [g for g, _ in gpu_sections], where)
+    snap.incomplete = damaged or _cut_short(text, [g for g, _ in gpu_sections], where)
     return snap
 
 
