@@ -98,8 +98,8 @@ class ParsedRow:
 
 
 # --- a -P line's fields ------------------------------------------------------------------
-#: Longest line :func:`split_record` splits itself: no field of it can exceed the csv
-#: module's field limit, so csv would split it alike without an error.
+#: Longest field :func:`split_record` reads: the csv module's field limit, which the csv
+#: reader it replaced held sacct's fields to.
 _SPLIT_MAX = csv.field_size_limit()
 
 
@@ -134,22 +134,20 @@ def check_header(names: list[str], from_text: bool, source: str) -> None:
 
 
 def split_record(line: str, delimiter: str) -> list[str] | csv.Error:
-    """The fields of one ``-P`` line (its line terminator dropped), as
-    ``csv.reader([line], delimiter=delimiter, quoting=csv.QUOTE_NONE)`` reads it, or the
-    :class:`csv.Error` it raises (returned, not raised). sacct neither quotes nor escapes,
-    so a line without a stray CR/LF or NUL and shorter than csv's field limit is its
-    fields joined by the delimiter: ``str.split`` reads it (about 6x faster than the csv
-    reader's per-character state machine on a million-line import); any other line goes
-    to csv itself, so it keeps csv's result and error."""
+    """The fields of one ``-P`` line (its line terminator, ``\\n`` or ``\\r\\n``, dropped),
+    or a :class:`csv.Error` (returned, not raised) when a field is longer than csv's field
+    limit (``csv.field_size_limit()``, the limit the csv reader kept before). sacct
+    neither quotes nor escapes, so a line is its fields joined by the delimiter and
+    ``str.split`` reads it; a lone ``\\r`` or a NUL inside a field is text a user wrote
+    (``sbatch --comment``), kept as it is. Before, such a line went to the csv reader,
+    which refuses a CR in an unquoted field: the job was skipped as malformed."""
     body = line[:-1] if line[-1:] == "\n" else line
     if body[-1:] == "\r":
         body = body[:-1]
-    if len(body) <= _SPLIT_MAX and "\r" not in body and "\n" not in body and "\0" not in body:
-        return body.split(delimiter)
-    try:
-        return next(csv.reader([line], delimiter=delimiter, quoting=csv.QUOTE_NONE), [])
-    except csv.Error as e:
-        return e
+    fields = body.split(delimiter)
+    if len(body) > _SPLIT_MAX and any(len(f) > _SPLIT_MAX for f in fields):
+        return csv.Error(f"field larger than field limit ({_SPLIT_MAX})")
+    return fields
 
 
 # --- integers ---------------------------------------------------------------------------

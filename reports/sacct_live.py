@@ -34,7 +34,7 @@ def _keys(text: str, fields: tuple[str, ...], tz: tzinfo, delimiter: str) -> tup
     of lines that did not parse as a job or a step."""
     keys: Counter = Counter()
     bad = 0
-    for r in iter_pipe(io.StringIO(text, newline=""), conv=TimeConverter(tz), fields=list(fields),
+    for r in iter_pipe(io.StringIO(text, newline="\n"), conv=TimeConverter(tz), fields=list(fields),
                        delimiter=delimiter, source="sacct"):
         if r.error is not None:
             bad += 1

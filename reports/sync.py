@@ -285,7 +285,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
     result = SyncResult(source=path)
     now = time.time() if synced_at is None else synced_at
     try:
-        fh = open(path, encoding="utf-8", errors="replace", newline="")
+        fh = open(path, encoding="utf-8", errors="replace", newline="\n")
     except OSError as e:
         raise SacctParseError(f"{path}: cannot read: {e.strerror or e}") from None
     with fh:
@@ -302,7 +302,7 @@ def import_file(store: Store, path: str, *, tz: tzinfo | None = None, cluster: s
             return result
         conv = TimeConverter(tz or resolve_timezone())
         lines = fh if on_progress is None else _CountingLines(fh, on_progress)
-        first = next((ln for ln in io.StringIO(head, newline="") if ln.strip()), "")
+        first = next((ln for ln in io.StringIO(head, newline="\n") if ln.strip()), "")
         delimiter = sniff_delimiter(first)
         if delimiter == ",":
             raise SacctParseError(f"{path}:1: fields separated by ',' (sacct --delimiter=,): AllocTRES and "
@@ -386,7 +386,7 @@ def import_text(store: Store, text: str, *, tz: tzinfo | None = None, cluster: s
                                      delimiter=delimiter, gpus_tracked=gpus_tracked)
         if sync_bulk.import_parallel(store, tasks, now=now, result=result, text=text):
             return result
-    rows = iter_pipe(io.StringIO(text, newline=""), conv=conv, cluster=cluster, fields=fields,
+    rows = iter_pipe(io.StringIO(text, newline="\n"), conv=conv, cluster=cluster, fields=fields,
                      delimiter=delimiter, source=source)
     _consume(store, rows, result, now, gpus_tracked, expect_rows=expect, free_text=free_text)
     return result

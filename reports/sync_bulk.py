@@ -229,7 +229,7 @@ def parse_chunk(task: ChunkTask) -> Chunk:
             fh.seek(task.lo)
             text = fh.read(task.hi - task.lo).decode("utf-8", errors="replace")
     nbytes = len(text) if task.text is not None else task.hi - task.lo
-    lines = list(io.StringIO(text, newline=""))  # split as the batched path's file object splits
+    lines = list(io.StringIO(text, newline="\n"))  # split as the batched path's file object splits
     del text
     header = task.header
     rows = iter_pipe(lines if header is None else itertools.chain([header], lines), conv=TimeConverter(task.tz),
@@ -280,9 +280,10 @@ def _parse(task: ChunkTask) -> Chunk:
 
 def header_line(path: str) -> tuple[str, int]:
     """The first non-blank line of ``path`` (the header; as a text file read with
-    ``newline=""``: its terminator kept) and the byte offset of the line after it."""
+    ``newline="\\n"``: its terminator kept, a lone ``\\r`` left in the text as sacct
+    prints it) and the byte offset of the line after it."""
     at = 0
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
         for first in fh:
             at += len(first.encode("utf-8", errors="replace"))
             if first.strip():
@@ -325,7 +326,7 @@ def text_tasks(text: str, *, source: str, tz: tzinfo, cluster: str = "", fields:
     """The chunks of ``-P`` text in memory (its first line the header unless ``fields``
     names the columns), as character ranges ``lo..hi`` of ``text``: :class:`ChunkPool`
     cuts each one out as it hands the chunk to a worker (so the text is not held twice)."""
-    header = None if fields is not None else io.StringIO(text, newline="").readline()
+    header = None if fields is not None else io.StringIO(text, newline="\n").readline()
     return [ChunkTask(source=source, tz=tz, cluster=cluster, lo=lo, hi=hi, fields=fields, delimiter=delimiter,
                       header=None if lo == 0 else header, gpus_tracked=gpus_tracked)
             for lo, hi in text_ranges(text, max(CHUNK_BYTES, len(header or "") + 1))]
@@ -437,7 +438,7 @@ def import_parallel(store, tasks: list[ChunkTask], *, now: float, result, text: 
 
     first = tasks[0]
     head = text[:65536] if text is not None else header_line(first.path)[0]
-    line = io.StringIO(head, newline="").readline()
+    line = io.StringIO(head, newline="\n").readline()
     # the header's errors, here (a header-less input has none to find)
     list(iter_pipe([line] if first.fields is None else [], conv=TimeConverter(first.tz), cluster=first.cluster,
                    fields=first.fields, delimiter=first.delimiter, source=first.source))

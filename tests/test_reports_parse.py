@@ -463,7 +463,6 @@ def test_json_oversized_and_impossible_values_are_malformed_jobs():
     ("1|n\x00ul\n", ["1", "n\x00ul"]),  # a NUL goes to csv, which keeps it
     ("\n", [""]),
     ("1|" + "x" * 131073 + "\n", None),  # a field over csv's limit: csv's error
-    ("1|cr\rinside\n", None),  # a stray CR: csv's error
 ])
 def test_split_record_reads_each_line_as_the_csv_module_does(line, fields):
     import csv
@@ -480,14 +479,21 @@ def test_split_record_reads_each_line_as_the_csv_module_does(line, fields):
 
 
 def test_a_line_csv_refuses_is_malformed_with_its_line_and_the_rest_is_read():
-    lines = ["JobIDRaw|State\n", "1|COMPLETED\n", "2|COMP\rLETED\n", "3|" + "x" * 131073 + "\n", "4|FAILED\n"]
+    """A field over csv's limit is malformed. A stray CR inside a field is text a user wrote
+    (sacct prints --comment and --job-name raw, and ends a record with LF): its job is read
+    with the CR kept (before, the csv reader refused it and the job was skipped)."""
+    from gpuguard.reports.sacct import split_record
+
+    assert split_record("1|cr\rinside\n", "|") == ["1", "cr\rinside"]
+    lines = ["JobIDRaw|State|Comment\n", "1|COMPLETED|x\n", "2|FAILED|a\rb\n", "3|FAILED|" + "x" * 131073 + "\n",
+             "4|COMPLETED|y\n"]
     rows = list(iter_pipe(lines, conv=UTC))
-    assert [(r.line, r.job["job_id_raw"] if r.job else None, r.error) for r in rows] == [
-        (2, 1, None),
-        (3, None, "new-line character seen in unquoted field - do you need to open the file in "
-                  "universal-newline mode?"),
-        (4, None, "field larger than field limit (131072)"),
-        (5, 4, None)]
+    assert [(r.line, r.job["job_id_raw"] if r.job else None, r.job["comment"] if r.job else None, r.error)
+            for r in rows] == [
+        (2, 1, "x", None),
+        (3, 2, "a\rb", None),
+        (4, None, None, "field larger than field limit (131072)"),
+        (5, 4, "y", None)]
 
 
 def test_json_23_02_v0039_exit_codes_not_trusted():

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner
-from reports_helpers import DATA, HANDMADE, cache_store, utc
+from reports_helpers import DATA, HANDMADE, cache_store, open_cache_store, utc
 
 from gpuguard.cli import main
 from gpuguard.reports.sacct import SACCT_FIELDS
@@ -624,3 +624,28 @@ def test_parallel_and_batched_paths_agree_on_dst_and_edge_rows(tmp_path, monkeyp
             assert seen[0] == seen[1], (zone, seed, tracked)
             assert seen[0][0][0][1] and seen[0][0][0][0] > 150  # malformed rows among many stored
     assert len(parallel) >= 4  # the first import of each file, both ways of reading it
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["batched", "bulk"])
+def test_cli_sync_a_carriage_return_in_a_comment_is_part_of_it(tmp_path, monkeypatch, big):
+    """sacct -P ends a record with ``\\n`` only; a lone ``\\r`` is text a user put in
+    ``sbatch --comment`` (or --job-name). Before, the file was split on universal newlines:
+    the job was read as two malformed rows, left out of every report, and the sync exited 1
+    (a user could hide a job's GPU hours so)."""
+    from gpuguard.reports import sync as sync_mod
+
+    if big:
+        monkeypatch.setattr(sync_mod, "BULK_MIN_BYTES", 0, raising=False)
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    f = tmp_path / "cr.txt"
+    f.write_bytes(b"JobIDRaw|JobName|Account|Start|End|State|AllocTRES|Comment|TimelimitRaw\r\n"
+                  b"7|x\ry|acct|2026-11-01T10:00:00|2026-11-01T12:00:00|COMPLETED|gres/gpu=2|a\rb|60\r\n"
+                  b"8|z|acct|2026-11-01T10:00:00|2026-11-01T11:00:00|FAILED|gres/gpu=1||60\n")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(f)], env=env)
+    assert (r.exit_code, r.output) == (0, f"{f}: 2 job(s) stored\n")
+    store = open_cache_store(tmp_path / "cluster.db")
+    try:
+        assert rows(store, "SELECT job_id_raw, job_name, comment, state, gpus FROM sacct_jobs ORDER BY job_id_raw") == [
+            (7, "x\ry", "a\rb", "COMPLETED", 2), (8, "z", None, "FAILED", 1)]
+    finally:
+        store.close()
