@@ -535,3 +535,16 @@ def test_nul_bytes_are_read_through_and_mark_the_dump_damaged(tmp_path):
     r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--from-nvidia-smi", str(path)])
     assert r.exit_code == 3
     assert r.output.splitlines()[-1] == f"incomplete: {path}: holds NUL bytes (the dump is damaged)"
+
+
+@pytest.mark.parametrize("header", ["GP\ufffdU 00000000:19:00.0", "GPU 00000000:19:00", "Device 0000:19:00.0"])
+def test_a_gpu_section_under_a_header_not_read_is_refused_not_an_empty_gpu(header):
+    """A GPU section whose header line is not ``GPU <bus id>`` (a damaged byte, a layout a
+    later driver might print) holds every field one level down. Before, the document was
+    taken for a fragment of one GPU because a GPU field was found *somewhere* in it: one
+    GPU with nothing read, no findings, and `check` passed a GPU whose dump says
+    ``HW Power Brake Slowdown: Active`` (exit 0). A fragment's GPU fields stand at its top."""
+    text = (DATA / "nvsmi-q-h100-535.161.08-powerbrake.txt").read_text()
+    with pytest.raises(NvsmiParseError) as e:
+        parse_nvsmi_text(text.replace("GPU 00000000:19:00.0", header), where="dump")
+    assert str(e.value) == "dump: no GPU section and no nvidia-smi -q GPU field; not nvidia-smi -q output"

@@ -404,10 +404,12 @@ def parse_nvsmi_text(
     if not gpu_sections and any(
         c.key.casefold() not in _DOCUMENT_KEYS for c in root.children
     ):
-        # A fragment cut out of one GPU's section -- but only if it holds a key that
-        # nvidia-smi -q really prints there; any other "Key : Value" text (a README, a
-        # kernel log) would otherwise become one GPU and fail the GPU-count check.
-        if not any(e.key.casefold() in _GPU_SECTION_KEYS for e in _walk(root)):
+        # A fragment cut out of one GPU's section -- but only if it holds, at its top, a
+        # key that nvidia-smi -q really prints there; any other "Key : Value" text (a
+        # README, a kernel log) would otherwise become one GPU and fail the GPU-count
+        # check, and a GPU section under a header line not read (a damaged byte, a new
+        # layout) would become one GPU with nothing read, which passes.
+        if not any(e.key.casefold() in _GPU_SECTION_KEYS for e in root.children):
             raise NvsmiParseError(
                 f"{where}: no GPU section and no nvidia-smi -q GPU field; not nvidia-smi -q output"
             )
