@@ -243,7 +243,9 @@ def _check_status(res: Any, fmt: str) -> int:
 
 
 def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:
-    """``gpuguard check --from-file``: triage saved outputs (:mod:`gpuguard.net.triage`)."""
+    """``gpuguard check --from-file``: triage saved outputs (:mod:`gpuguard.net.triage`).
+    Exits 2/1 on critical/warning findings, else 3 (could not check) when a part of a file
+    could not be read (``res.problems``), else 0."""
     from gpuguard.inputs import InputError, read_input
     from gpuguard.model import SEVERITY_RANK
     from gpuguard.net.triage import TriageError, triage
@@ -277,6 +279,8 @@ def _check_files(cfg: config_mod.Config, paths: list[str], fmt: str) -> None:
             click.echo(f"unreadable: {p}")
         click.echo(f"decision: {decision.outcome}" + (f" ({decision.reason})" if decision.reason else ""))
     worst = max((f.severity for f in res.findings), key=SEVERITY_RANK.__getitem__, default=None)
+    if worst not in ("critical", "warning") and res.problems:
+        sys.exit(CHECK_UNKNOWN)  # a row not read may be the fault: "healthy" would be a pass on it
     sys.exit({"critical": 2, "warning": 1}.get(worst or "", 0))
 
 

@@ -388,3 +388,17 @@ def test_json_pasted_with_its_command_line():
                                                                           ("dcgm.diag_fail", 0)]
     with pytest.raises(TriageError, match=r"b.json: not valid JSON"):
         _triage("b.json", '{"DCGM Diagnostic": {"test_categories": [')
+
+
+def test_cli_rows_not_read_and_nothing_worse_could_not_check_3(tmp_path):
+    """A saved output whose rows could not be read (a NUL or damaged byte before a dmon row,
+    an overlong line) may have held the fault: with nothing worse found `check --from-file`
+    exits 3 (could not check), never 0. Before, it printed the unreadable rows and
+    ``decision: proceed`` with exit 0 although GPU 1's row said XID 120."""
+    text = (DATA / "dcgmi-dmon-e230-xid-field.txt").read_text()
+    p = tmp_path / "dmon.txt"
+    p.write_text(text.replace("GPU 1 ", "\0GPU 1 "))
+    r = cli_runner().invoke(main, ["check", "--from-file", str(p)])
+    assert r.exit_code == 3
+    assert f"unreadable: {p}: line 4: not a dmon row of 1 field(s): '\\x00GPU 1      120'" in r.output
+    assert "decision: proceed" in r.output
