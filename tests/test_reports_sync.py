@@ -649,3 +649,36 @@ def test_cli_sync_a_carriage_return_in_a_comment_is_part_of_it(tmp_path, monkeyp
             (7, "x\ry", "a\rb", "COMPLETED", 2), (8, "z", None, "FAILED", 1)]
     finally:
         store.close()
+
+
+def test_cli_sync_extra_fields_are_a_malformed_row_never_a_shifted_job(tmp_path):
+    """A row with two fields more than the header and no ``|`` in its JobName or Comment
+    (a hand-edited file, a line from another field list). Before, the extra fields were
+    taken for two ``|`` in the Comment: the job was stored with Comment
+    ``||cpu=8,gres/gpu=1``, AdminComment ``120`` and its time limit lost (TimelimitRaw
+    ``extra2`` read as unknown), exit 0. A TimelimitRaw that is no number of minutes,
+    UNLIMITED or Partition_Limit refuses that reading; the job stored before stays."""
+    env = _cfg(tmp_path, '[reports]\ntimezone = "UTC"\n')
+    vals = {"JobIDRaw": "3", "JobID": "3", "Cluster": "c1", "JobName": "train", "User": "alice", "Account": "ml",
+            "Partition": "gpu", "QOS": "normal", "Submit": "2026-11-01T10:00:00", "Eligible": "2026-11-01T10:00:00",
+            "Start": "2026-11-01T10:05:00", "End": "2026-11-01T11:05:00", "ElapsedRaw": "3600",
+            "State": "COMPLETED", "ExitCode": "0:0", "AllocTRES": "cpu=8,gres/gpu=1,node=1", "AllocCPUS": "8",
+            "NNodes": "1", "NodeList": "n1", "Comment": "", "AdminComment": "", "ReqTRES": "cpu=8,gres/gpu=1",
+            "TimelimitRaw": "120"}
+    good = "|".join(vals[f] for f in SACCT_FIELDS)
+    f = tmp_path / "ok.txt"
+    f.write_text("|".join(SACCT_FIELDS) + "\n" + good + "\n")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(f)], env=env)
+    assert (r.exit_code, r.output) == (0, f"{f}: 1 job(s) stored\n")
+    g = tmp_path / "extra.txt"
+    g.write_text("|".join(SACCT_FIELDS) + "\n" + good + "|extra|extra2\n")
+    r = CliRunner().invoke(main, ["report", "sync", "--from-file", str(g)], env=env)
+    assert (r.exit_code, r.output) == (1, f"{g}:2: skipped malformed row: 25 fields, header has 23; no way of placing "
+                                          "the extra '|' in JobName/Comment gives a valid row\n"
+                                          f"{g}: 0 job(s) stored, 1 malformed row(s) skipped\n")
+    store = open_cache_store(tmp_path / "cluster.db")
+    try:
+        assert rows(store, "SELECT job_id_raw, comment, admin_comment, time_limit_s FROM sacct_jobs") == [
+            (3, None, None, 7200)]
+    finally:
+        store.close()
