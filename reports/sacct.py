@@ -331,16 +331,10 @@ def _pipe_gpus(rec: dict[str, str], alloc: tuple[int, str | None, int | None] | 
 def time_limit_s(raw: str | None, text: str | None) -> int | None:
     """``TimelimitRaw`` (minutes, ``raw``) or ``Timelimit`` (``[D-]HH:MM:SS``, ``text``)
     -> seconds; None for ``UNLIMITED``, ``Partition_Limit`` or absent (both None).
-    Raises :class:`RowError` for a TimelimitRaw beyond :data:`MAX_ELAPSED_S` or one that
-    is none of those (sacct prints minutes, ``UNLIMITED`` for INFINITE and
-    ``Partition_Limit`` for NO_VAL, or nothing for a step): a word there means the row's
-    fields are shifted (a ``|`` in JobName/Comment read at the wrong place, or extra
-    fields), so that reading is refused rather than stored with the limit unknown."""
+    Raises :class:`RowError` for a TimelimitRaw beyond :data:`MAX_ELAPSED_S` or another word (shifted fields)."""
     raw = (raw or "").strip()
-    if raw.isdigit() and raw.isascii():
-        return parse_int(raw, "TimelimitRaw", 0, MAX_ELAPSED_S // 60) * 60
     if raw and raw.casefold() not in ("unlimited", "partition_limit"):
-        raise RowError(f"TimelimitRaw {raw[:32]!r} is not minutes, UNLIMITED or Partition_Limit")
+        return parse_int(raw, "TimelimitRaw", 0, MAX_ELAPSED_S // 60) * 60
     text = (text or "").strip()
     if text and text[0].isdigit():
         try:
