@@ -164,8 +164,10 @@ def _read_rest(src: str, cursor: str | None, lines: list[str], res: Any, structu
                errors: list[str]) -> str | None:
     """Read ``src`` on from ``cursor`` until nothing new comes, adding to ``res``; the last
     cursor, or None (and a tool error) when ``deadline`` (monotonic) or a read error
-    stopped it first."""
-    from gpuguard.xid.kernel_log import KernelLogError, read_since
+    stopped it first. A text file's last line without its newline (a saved log cut short)
+    is read too, as ``xid scan`` reads it; the cursor stays before it, so a hook going on
+    from it reads the finished line."""
+    from gpuguard.xid.kernel_log import KernelLogError, read_file, read_since
     from gpuguard.xid.logtext import parse_log
 
     while lines:
@@ -182,6 +184,13 @@ def _read_rest(src: str, cursor: str | None, lines: list[str], res: Any, structu
             break
         cursor = nxt
         res.merge(parse_log(lines, structured=structured))
+    if not structured and cursor and cursor.startswith("file:"):
+        try:
+            tail, _ = read_file(cursor, src, finished=True)
+        except KernelLogError as e:
+            errors.append(f"kernel log: {e}")
+            return None
+        res.merge(parse_log(tail, structured=False))
     return cursor
 
 

@@ -162,3 +162,22 @@ def test_an_indented_banner_under_a_users_record_is_no_boot_line(tmp_path, make_
     _, cfg = make_config(replay=write_replay(node_snapshot(2)), kernel_log=str(kern))
     xids, cursor, errors = _scan(cfg)
     assert (xids, cursor, errors) == ([79], f"file:{st.st_dev}:{st.st_ino}:{st.st_size}", [])
+
+
+def test_an_operators_check_reads_a_last_line_without_its_newline(tmp_path, make_config, write_replay):
+    """A saved log cut without its final newline (``head -c``, a paste). A hook holds such a
+    line back until its newline comes; an operator's check of the file must read it, as
+    ``xid scan`` does. Before, `check --kernel-log FILE` passed it: XID 79 on the last line
+    gave no finding and exit 0. The cursor stays before it, so a hook that goes on from
+    this cursor reads the finished line: never missed."""
+    from gpuguard.health import scan_kernel_log
+
+    kern = tmp_path / "kern.log"
+    kern.write_text(BOOT + QUIET + OLD_XID.replace("Nov  2", "Nov 30").rstrip("\n"))
+    st = kern.stat()
+    _, cfg = make_config(replay=write_replay(node_snapshot(2)))
+    events, cursor, errors = scan_kernel_log(cfg, None, source=str(kern), read_all_s=10)
+    assert ([e.xid for e in events], errors) == ([79], [])
+    assert cursor == f"file:{st.st_dev}:{st.st_ino}:{len(BOOT + QUIET)}"
+    events, _, _ = scan_kernel_log(cfg, None, source=str(kern))  # a hook: waits for the newline
+    assert events == []

@@ -388,15 +388,17 @@ def read_dmesg(
 # --------------------------------------------------------------------- file
 
 
-def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES) -> tuple[list[str], str]:
+def read_file(cursor: str | None, path: str, *, max_bytes: int = MAX_READ_BYTES,
+              finished: bool = False) -> tuple[list[str], str]:
     """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``), the
-    rest of a rotated file first (:mod:`gpuguard.xid.logfile`).
+    rest of a rotated file first (:mod:`gpuguard.xid.logfile`); ``finished``: a last line
+    without its newline counts too.
 
     Raises :class:`KernelLogError` when the file cannot be opened or read."""
     from gpuguard.xid.logfile import read_file as read_log_file
 
     try:
-        return read_log_file(cursor, path, max_bytes=max_bytes)
+        return read_log_file(cursor, path, max_bytes=max_bytes, finished=finished)
     except OSError as exc:
         raise KernelLogError(str(exc) if exc.strerror is None else f"cannot read {path}: {exc.strerror}") from exc
 

@@ -123,10 +123,11 @@ def _refuse_wrong_format(fd: int, path: str) -> None:
         raise LogFileError(f"cannot read {path}: it {why}")
 
 
-def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[str], str]:
+def read_file(cursor: str | None, path: str, *, max_bytes: int, finished: bool = False) -> tuple[list[str], str]:
     """Complete lines of ``path`` after ``cursor`` (``file:<dev>:<ino>:<offset>``) and the
-    cursor to store; see the module docstring for rotation. Raises :class:`LogFileError`
-    (an ``OSError``) when ``path`` cannot be opened or read."""
+    cursor to store; see the module docstring for rotation. ``finished``: a last line
+    without its newline counts (a saved file; a live log's is still being written).
+    Raises :class:`LogFileError` (an ``OSError``) when ``path`` cannot be opened or read."""
     try:
         fd, st = _open_regular(path)
     except LogFileError:
@@ -146,7 +147,7 @@ def read_file(cursor: str | None, path: str, *, max_bytes: int) -> tuple[list[st
             offset = parts[2]
         if offset == 0:
             _refuse_wrong_format(fd, path)
-        new, used = _read_lines(fd, offset, max(max_bytes, 0), finished=False) if max_bytes > 0 else ([], 0)
+        new, used = _read_lines(fd, offset, max(max_bytes, 0), finished=finished) if max_bytes > 0 else ([], 0)
     except LogFileError:
         raise
     except OSError as exc:
