@@ -342,7 +342,7 @@ def _bookkeeping_in(store: Any, cfg: Any, env: dict[str, str], job_id: str | Non
         log.error("tool error: %s", e)
         return
     n_err = len(live.result.tool_errors)
-    rec = record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus)
+    rec = record_with_store(cfg, store, live, pend, hook="epilog", job_id=job_id, job_gpus=job_gpus, log=log)
     for err in live.result.tool_errors[n_err:]:
         log.error("tool error: %s", err)
     from gpuguard.ops.nodes import record_hook_drain

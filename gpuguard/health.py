@@ -314,10 +314,12 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
     tool_errors = list(col.tool_errors)
     previous: dict[str, Any] = {}
     inventory: dict[str, Any] = {}
+    history = False
     if store is not None:
         try:
             previous = store.get_counters(node)
             inventory = {r["uuid"]: r for r in store.query("select * from inventory where node = ?", [node])}
+            history = True
         except Exception as e:
             tool_errors.append(f"store: {e}")
     snap = col.snapshot
@@ -325,7 +327,7 @@ def judge(cfg: Config, col: Collected, *, hook: str, store: Any = None, job_id: 
     # still count, mapped to no GPU.
     snap_for_checks = snap if snap is not None else NodeSnapshot(taken_at=col.started, source="none", error=None)
     ctx = CheckContext(
-        snapshot=snap_for_checks, previous=previous, previous_inventory=inventory,
+        snapshot=snap_for_checks, previous=previous, history=history, previous_inventory=inventory,
         expected_gpu_count=cfg.get("node", "gpu_count") or None, job_gpu_indices=job_gpus,
         xid_events=col.events, settings=cfg.values["checks"],
         gpu_nodes_expected=gpus_expected(cfg, job_gpus), hook=hook, node=node, job_id=job_id,

@@ -220,7 +220,6 @@ def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: 
     """Run ``work()`` in a forked child under the watchdog (module docstring); return its
     exit status, the status it announced, or ``fallback_rc`` when it crashed or was still
     running after ``budget`` seconds (logged to stderr and ``log_file``)."""
-    import select
     import signal
     import time
 
@@ -254,38 +253,19 @@ def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: 
     relay = {out_r: 1, err_r: 2}
     status: int | None = None
     open_fds = [ctl_r, out_r, err_r]
-
-    def pump(wait_s: float) -> bool:
-        """Relay what the pipes hold (waiting up to ``wait_s`` for some); False: nothing was ready."""
-        nonlocal announced
-        ready, _, _ = select.select(open_fds, [], [], wait_s)
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if not data:
-                open_fds.remove(fd)
-            elif fd == ctl_r:
-                for tok in data.split():
-                    if tok.lstrip(b"-").isdigit():
-                        announced = int(tok)
-            else:
-                try:
-                    os.write(relay[fd], data)
-                except OSError:
-                    pass
-        return bool(ready)
-
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        pump(min(left, 0.05))
+        announced = _pump(open_fds, relay, ctl_r, min(left, 0.05), announced)[1]
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
             # what the child wrote between the last select and its exit is still in the
             # pipes: relay it (without waiting: a process it left behind may hold them open)
-            while open_fds and time.monotonic() < deadline and pump(0):
-                pass
+            ready = True
+            while ready and open_fds and time.monotonic() < deadline:
+                ready, announced = _pump(open_fds, relay, ctl_r, 0, announced)
             break
     if status is None:
         try:
@@ -303,6 +283,31 @@ def run_watched(work: Callable[[], int], budget: float, hook: str, fallback_rc: 
     _log_overrun(f"tool error: {hook} worker died with signal {os.WTERMSIG(status)}; exiting {fallback_rc}",
                  log_file)
     return announced if announced is not None else fallback_rc
+
+
+def _pump(open_fds: list[int], relay: dict[int, int], ctl_r: int, wait_s: float,
+          announced: int | None) -> tuple[bool, int | None]:
+    """One relay step of :func:`run_watched`: wait up to ``wait_s`` s for the child's pipes,
+    copy what its stdout/stderr pipes hold to this process's fds (``relay``: pipe -> fd),
+    read an announced exit status from ``ctl_r``, and drop pipes at EOF from ``open_fds``.
+    Returns (whether any pipe was ready, the announced status so far)."""
+    import select
+
+    ready, _, _ = select.select(open_fds, [], [], wait_s)
+    for fd in ready:
+        data = os.read(fd, 65536)
+        if not data:
+            open_fds.remove(fd)
+        elif fd == ctl_r:
+            for tok in data.split():
+                if tok.lstrip(b"-").isdigit():
+                    announced = int(tok)
+        else:
+            try:
+                os.write(relay[fd], data)
+            except OSError:
+                pass
+    return bool(ready), announced
 
 
 def _run_guarded(work: Callable[[], int], hook: str, fallback_rc: int) -> int:

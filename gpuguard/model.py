@@ -246,6 +246,12 @@ class GpuState:
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    #: DRAM banks with no spare row left for remapping: the ``none`` bucket of NVML
+    #: ``nvmlDeviceGetRowRemapperHistogram`` (``nvmlRowRemapperHistogramValues_t``: "None
+    #: means that there are no reserved rows available"), nvidia-smi -q ``Remapped Rows >
+    #: Bank Remap Availability Histogram > None``, -q -x ``row_remapper_histogram_none``;
+    #: a count of banks. None = not reported (pre-Ampere GPUs, MIG, the CSV query)
+    remap_banks_none: int | None = None
     #: Blackwell memory/TPC repair (NVML ``nvmlDeviceGetRepairStatus``, R575+; nvidia-smi
     #: ``ECC Errors > Channel Repair Pending`` / ``TPC Repair Pending``): a repair waits
     #: for a GPU reset. None = not reported (older drivers and GPUs)

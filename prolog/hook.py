@@ -322,7 +322,7 @@ def _record(cfg, live, pend, job_id, job_gpus, log, extra=None, acted=None):
     try:
         n_err = len(live.result.tool_errors)
         res = record_with_store(cfg, store, live, pend, hook="prolog", job_id=job_id, job_gpus=job_gpus,
-                                extra_findings=extra, acted=acted)
+                                extra_findings=extra, acted=acted, log=log)
         for err in live.result.tool_errors[n_err:]:
             log.error("tool error: %s", err)
         record_hook_drain(store, cfg.node_name, live, by="prolog", run_id=getattr(res, "run_id", None), log=log,

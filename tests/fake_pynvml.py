@@ -547,6 +547,12 @@ class FakeNvml:
     def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
         return tuple(self._get(self._dev("nvmlDeviceGetRemappedRows", handle), "remapped"))
 
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: FakeHandle) -> Any:
+        """``c_nvmlRowRemapperHistogramValues`` from ``remap_histogram`` (max, high, partial,
+        low, none); a device without the key answers NotSupported (pre-Ampere GPUs)."""
+        v = self._get(self._dev("nvmlDeviceGetRowRemapperHistogram", handle), "remap_histogram")
+        return _real.c_nvmlRowRemapperHistogramValues(*v)
+
     def nvmlDeviceGetRepairStatus(self, handle: FakeHandle) -> list[int]:
         """R575+ (Blackwell): ``[bChannelRepairPending, bTpcRepairPending]``, as pynvml returns
         it; a device without a ``repair`` key answers NotSupported (pre-Blackwell GPUs)."""

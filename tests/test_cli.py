@@ -48,7 +48,9 @@ CORPUS_DECISIONS = {
     "nvsmi-q-a100-460.32.03-throttle-reasons.txt": (1, "proceed", [("config.persistence_off", 0)]),
     "nvsmi-q-a100-510.73.08-row-remap-pending-partial.txt": (2, "drain", [("ecc.row_remap_pending", 0)]),
     "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt": (0, "proceed", []),
-    "nvsmi-q-a100-ecc-sram-uncorrectable-partial.txt": (2, "drain", [("ecc.uncorrectable_volatile", 0)]),
+    # volatile 1 drains; the lifetime 5 is reported once beside it (a dump has no history)
+    "nvsmi-q-a100-ecc-sram-uncorrectable-partial.txt": (2, "drain", [("ecc.uncorrectable_aggregate_present", 0),
+                                                                      ("ecc.uncorrectable_volatile", 0)]),
     "nvsmi-q-titanv-560.35.03-volta-ecc.txt": (1, "proceed", [("config.persistence_off", 0)]),
     "nvsmi-qx-a100-mig-510.47.03.xml": (1, "proceed", [("config.persistence_off", 0)]),
 }

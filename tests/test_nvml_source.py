@@ -651,3 +651,13 @@ def test_nvml_repair_status_read_where_the_driver_has_it():
     assert [(g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) for g in snap.gpus[:4]] == [
         (None, None, None), (None, None, None), (True, False, False), (False, False, True)]
     assert all(not g.read_errors for g in snap.gpus)
+
+
+def test_row_remapper_histogram_none_bucket():
+    """nvmlDeviceGetRowRemapperHistogram: ``none`` = banks with no spare row left; a GPU
+    that answers NotSupported (Volta, no key in the fake) leaves it None, no read error."""
+    dev = fp.a100_gpu()
+    dev["remap_histogram"] = (637, 1, 0, 0, 2)  # max, high, partial, low, none
+    g = snap_of(fp.FakeNvml([dev])).gpus[0]
+    assert (g.remap_banks_none, g.read_errors) == (2, {})
+    assert snap_of(fp.FakeNvml([fp.v100_gpu()])).gpus[0].remap_banks_none is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,16 +109,28 @@ def test_nvlink_status_corpus_and_all_inactive_message():
     gpus, probs = parse_nvlink_status(_t("nvsmi-nvlink-s-h100-pcie-all-inactive.txt"))
     assert gpus[1].all_inactive and len(gpus[1].links) == 18 and not any(x.active for x in gpus[1].links.values())
     got, res = _codes(["nvsmi-nvlink-s-h100-pcie-all-inactive.txt"])
-    assert got == [("nvlink.link_down", "gpu1 NVLink link(s) 0,1,2,3,6,7,8,9,12,13,14,15 down")]
+    assert got == [("nvlink.inactive_first_reading", "gpu0 NVLink link(s) 4,5,10,11,16,17 inactive on the first "
+                    "reading (12 up): down, or not wired on this SKU (no history to tell)"),
+                   ("nvlink.link_down", "gpu1 NVLink link(s) 0,1,2,3,6,7,8,9,12,13,14,15 down")]
     assert res.summary == ["nvsmi-nvlink-s-h100-pcie-all-inactive.txt: nvidia-smi nvlink -s, 2 GPU(s); links up: "
                            "gpu0 12/18, gpu1 none (NVML: all links inactive)"]
 
 
-def test_links_inactive_by_design_and_elided_lists_are_not_findings():
-    assert _codes(["nvsmi-nvlink-s-h100-pcie-by-design.txt"])[0] == []
+def test_links_inactive_on_a_paste_are_a_warning_and_elided_lists_are_not_findings():
+    """A paste has no history: a link never seen up is unwired by design or down, which
+    it cannot tell (DCGM#198: all 18 links D and diag passed); a warning, never a drain."""
+    inactive = ("inactive on the first reading ({up} up): down, or not wired on this SKU (no history to tell)")
+    got, _ = _codes(["nvsmi-nvlink-s-h100-pcie-by-design.txt"])
+    assert got == [("nvlink.inactive_first_reading", f"gpu{i} NVLink link(s) 4,5,10,11,16,17 " + inactive.format(up=12))
+                   for i in (0, 1)]
     assert _codes(["nvsmi-nvlink-s-gb200-18links-partial.txt"])[0] == []
     got, res = _codes(["dcgmi-nvlink-link-status-all-down-3.3.7.txt"])
-    assert got == [] and "no link up on any GPU" in res.summary[0]
+    every = ",".join(map(str, range(18)))
+    assert got == [("nvlink.inactive_first_reading", f"gpu{i} NVLink link(s) {every} " + inactive.format(up=0))
+                   for i in (0, 1)]
+    assert [(f.severity, f.evidence) for f in res.findings] == [
+        ("warning", {"links_inactive": list(range(18)), "links_up": 0})] * 2
+    assert "no link up on any GPU" in res.summary[0]
     cfg = config_mod.from_dict({"checks": {"nvlink_expected_links": 18}})
     res = triage([("d", _t("dcgmi-nvlink-link-status-all-down-3.3.7.txt"))], cfg)
     assert [(f.code, f.gpu_index) for f in res.findings] == [("nvlink.link_down", 0), ("nvlink.link_down", 1)]
@@ -194,6 +207,12 @@ def test_cli_from_file_exit_codes(tmp_path):
     assert r.exit_code == 3 and r.output.startswith("Error: ") and "empty" in r.output
     r = CliRunner().invoke(main, ["check", "--from-file", "/nonexistent/ibstat.txt"])
     assert r.exit_code == 3 and "cannot open" in r.output
+    # DCGM#198: every link D and no history: a warning (exit 1), not a pass, not a drain
+    r = CliRunner().invoke(main, ["check", "--from-file", str(DATA / "dcgmi-nvlink-link-status-all-down-3.3.7.txt"),
+                                  "--json"])
+    doc = json.loads(r.output)
+    assert (r.exit_code, doc["outcome"], [(f["code"], f["action"], f["gpu_index"]) for f in doc["findings"]]) == (
+        1, "proceed", [("nvlink.inactive_first_reading", "alert", 0), ("nvlink.inactive_first_reading", "alert", 1)])
 
 
 def test_ibstat_with_umad_debug_lines_and_fabric_port_selection():

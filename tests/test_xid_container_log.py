@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from click.testing import CliRunner
 
-from gpuguard.cli import main
+from xid_helpers import check_kernel_log
 from gpuguard.xid.grouping import unwrapped
 from gpuguard.xid.parse import parse_lines
 
@@ -78,9 +77,7 @@ def test_other_lines_pass_through_unchanged() -> None:
 def test_check_kernel_log_of_a_cri_file_finds_the_xid(tmp_path: pathlib.Path) -> None:
     log = tmp_path / "kernel.log"
     log.write_text("2026-12-01T10:00:00.123456789Z stdout F [12345.678901] " + MSG + "\n")
-    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
-    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--format", "csv", "--from-nvidia-smi",
-                                  healthy, "--kernel-log", str(log)])
-    assert r.exit_code == 2, r.output
-    assert [row for row in r.output.splitlines() if "xid" in row] == [
+    rc, rows, out = check_kernel_log(log)
+    assert rc == 2, out
+    assert rows == [
         "critical,drain,xid.79,,XID 79 GPU has fallen off the bus on 0000:18:00 (not among the 1 visible GPUs)"]

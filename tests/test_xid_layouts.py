@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuguard.cli import main
+from xid_helpers import check_kernel_log
 from gpuguard.xid.logfile import is_boot_line
 from gpuguard.xid.parse import parse_lines
 
@@ -224,11 +225,9 @@ def test_user_text_before_the_banner_in_a_new_layout_is_no_boot_line(prefix):
 def test_check_kernel_log_gives_the_drain_finding(tmp_path, layout):
     log = tmp_path / "kern.log"
     log.write_text(layout + MSG + "\n")
-    healthy = str(DATA / "nvsmi-q-a100-525.60.13-single-gpu-with-process.txt")
-    r = CliRunner().invoke(main, ["--config", "/dev/null", "check", "--format", "csv", "--from-nvidia-smi",
-                                  healthy, "--kernel-log", str(log)])
-    assert r.exit_code == 2, r.output
-    assert [row for row in r.output.splitlines() if "xid" in row] == [
+    rc, rows, out = check_kernel_log(log)
+    assert rc == 2, out
+    assert rows == [
         "critical,drain,xid.79,,XID 79 GPU has fallen off the bus on 0000:3b:00 (not among the 1 visible GPUs)"]
 
 

@@ -48,6 +48,9 @@ class CheckContext:
     * ``snapshot``: the live GPU state.
     * ``previous``: ``uuid -> counters`` stored by the last run on this node (see
       :func:`counters_of`); empty on the first run or when the store is unavailable.
+    * ``history``: True when ``previous`` is the node's stored history (the store was
+      read); False when no history was consulted (the hooks' live pass, a store that
+      could not be read). :func:`first_reading` reads it.
     * ``previous_inventory``: ``uuid -> inventory row`` from the store.
     * ``expected_gpu_count``: GPUs the node must show (config), or ``None``.
     * ``job_gpu_indices``: the job's gres GPU indices (``SLURM_JOB_GPUS``), or ``None``.
@@ -65,6 +68,7 @@ class CheckContext:
 
     snapshot: NodeSnapshot
     previous: dict[str, dict[str, Any]] = field(default_factory=dict)
+    history: bool = False
     previous_inventory: dict[str, dict[str, Any]] = field(default_factory=dict)
     expected_gpu_count: int | None = None
     job_gpu_indices: list[int] | None = None
@@ -85,13 +89,29 @@ class CheckContext:
 #: Counter fields kept between runs to detect growth ("rising since the last run").
 COUNTER_FIELDS = (
     "ecc_volatile_uncorrected", "ecc_aggregate_uncorrected", "pcie_replay_count",
-    "retired_pages_sbe", "retired_pages_dbe", "remapped_rows_uncorrectable",
+    "retired_pages_sbe", "retired_pages_dbe", "remapped_rows_uncorrectable", "remap_banks_none",
 )
+
+
+def first_reading(ctx: CheckContext, g: Any, key: str) -> bool:
+    """Whether this is GPU ``g``'s first reading of counter ``key`` (a lifetime count
+    :data:`COUNTER_FIELDS` keeps): no earlier value is known, so its total is reported
+    once (the next run compares against what this one stored, and stays silent while it
+    is unchanged). True when the stored history was read (``ctx.history``) and holds no
+    value for ``key`` on this GPU's UUID (a new node or GPU, a wiped store); also for a
+    one-off ``gpuguard check`` (``hook == "check"``: a pasted nvidia-smi / DCGM output
+    has no history, and the check reports what it is shown). False in the hooks' live
+    pass (no history consulted: the pass with the store reports it, once) and for a GPU
+    without a UUID there (nothing can be stored for it, so it would repeat every run)."""
+    if ctx.hook != "check" and (not ctx.history or not g.uuid):
+        return False
+    return ctx.previous.get(g.uuid or "", {}).get(key) is None
 
 
 def counters_of(snapshot: NodeSnapshot, previous: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """``uuid -> {counter: value, "at": taken_at, "nvlinks": {link: {...}},
-    "nvlink_ever_up": [links]}`` for the store. ``nvlink_ever_up`` is the GPU's NVLink
+    "nvlink_ever_up": [links]}`` for the store. A counter this snapshot could not read
+    (None) keeps its value in ``previous``. ``nvlink_ever_up`` is the GPU's NVLink
     inventory baseline: every link seen active on it, carried over from ``previous``
     (the stored counters), so a link that was never up (inactive by design on the SKU)
     is told apart from one that went down."""
@@ -100,7 +120,11 @@ def counters_of(snapshot: NodeSnapshot, previous: dict[str, dict[str, Any]] | No
     for g in snapshot.gpus:
         if not g.uuid:
             continue
-        c: dict[str, Any] = {k: getattr(g, k) for k in COUNTER_FIELDS}
+        before = previous.get(g.uuid, {})
+        # a failed read (None) keeps the last known value: a lifetime total is not "first
+        # read" again, nor its growth missed, because one run could not read it
+        c: dict[str, Any] = {k: getattr(g, k) if getattr(g, k) is not None else before.get(k)
+                             for k in COUNTER_FIELDS}
         c["at"] = snapshot.taken_at
         ever = {int(x) for x in previous.get(g.uuid, {}).get("nvlink_ever_up", [])}
         if g.nvlinks:

@@ -7,7 +7,15 @@ SKU has that many. An expected link that is inactive is ``nvlink.link_down`` (DC
 health watch NVLINK fails a GPU with a down link; NVIDIA/DCGM#198 shows all links down
 passing diag, azhpc-images #443 NVLinks missing after boot). A link never up anywhere
 on this node is inactive by design on the SKU (azurehpc-health-checks #162: H100 PCIe
-on NCv5 wires 12 of 18 links) and is not a finding.
+on NCv5 wires 12 of 18 links) and is not a finding once the node has history. On the
+GPU's first reading (:func:`gpuguard.checks.first_reading`: a new node, a wiped store, a
+pasted ``dcgmi nvlink --link-status`` / ``nvidia-smi nvlink -s``) nothing tells the two
+apart, and all links down is a known fault (NVIDIA/DCGM#198, whose diag passed): such
+links are ``nvlink.inactive_first_reading`` (warning, once; later runs judge them by the
+inventory). Not for a GPU with a link down (that finding names them too), nor in MIG
+mode, whose links NVML reports down (DCGM treats them as disabled: DcgmTopology.cpp, bug
+200682374), nor with ``nvlink_expected_links`` set (the links past it are then the
+SKU's, by configuration).
 
 Error counters are judged as growth since the previous reading (``at`` in the stored
 counters): CRC flit/data errors by rate per second against ``nvlink_crc_rate_per_s``,
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, check, gpu_label
+from gpuguard.checks import CheckContext, check, first_reading, gpu_label
 from gpuguard.model import Finding, GpuState, declare_codes
 
 #: The NVLink family's finding codes: code -> (severity, default action, source).
@@ -32,6 +40,10 @@ CODES = declare_codes("nvlink", {
         "DCGM health watch NVLINK: a down link fails the GPU"),
     "nvlink.errors_rising": ("warning", "alert",
         "DCGM health watch NVLINK warns on CRC/replay/recovery error growth (CRC by rate: dcgm_hardware_limits.h)"),
+    "nvlink.inactive_first_reading": ("warning", "alert",
+        "DCGM health watch NVLINK fails any link reported Down (DCGM_FR_NVLINK_DOWN) but an unwired link on a "
+        "PCIe SKU reads the same (azurehpc-health-checks #162): on a first reading, with no inventory or "
+        "nvlink_expected_links to tell, alert, not drain (all links down: NVIDIA/DCGM#198)"),
     "nvlink.errors_present": ("info", "record",
         "totals on a first reading: history for the operator, growth is judged from the next run"),
 })
@@ -88,7 +100,8 @@ def _present(g: GpuState, count_max: int) -> dict[str, int]:
 
 @check("nvlink")
 def nvlink(ctx: CheckContext) -> list[Finding]:
-    """``nvlink.link_down`` (critical), ``nvlink.errors_rising`` (warning), ``nvlink.errors_present`` (info)."""
+    """``nvlink.link_down`` (critical), ``nvlink.inactive_first_reading`` (warning),
+    ``nvlink.errors_rising`` (warning), ``nvlink.errors_present`` (info)."""
     out = []
     gpus = ctx.snapshot.gpus
     configured = int(ctx.setting("nvlink_expected_links"))
@@ -103,11 +116,18 @@ def nvlink(ctx: CheckContext) -> list[Finding]:
         if configured > 0:
             present = {n.link for n in g.nvlinks}
             down = sorted(set(down) | {k for k in range(configured) if k not in present})
+        never = sorted(n.link for n in g.nvlinks if n.active is False and n.link not in exp)
         if down:
-            never = sorted(n.link for n in g.nvlinks if n.active is False and n.link not in exp)
             out.append(Finding("nvlink.link_down", "critical",
                                f"{gpu_label(g)} NVLink link(s) {','.join(map(str, down))} down",
                                g.index, g.uuid, {"links_down": down, "never_up_by_design": never}))
+        elif never and configured <= 0 and not g.mig_mode and first_reading(ctx, g, "nvlinks") \
+                and first_reading(ctx, g, "nvlink_ever_up"):
+            up = sum(1 for n in g.nvlinks if n.active)
+            out.append(Finding("nvlink.inactive_first_reading", "warning",
+                               f"{gpu_label(g)} NVLink link(s) {','.join(map(str, never))} inactive on the first "
+                               f"reading ({up} up): down, or not wired on this SKU (no history to tell)",
+                               g.index, g.uuid, {"links_inactive": never, "links_up": up}))
         if "nvlinks" not in prev:
             present = _present(g, count_max)
             if present:

@@ -259,6 +259,8 @@ class GpuFieldReaders:
             "nvmlDeviceGetRemappedRows",
             h,
         )
+        # nvmlRowRemapperHistogramValues_t (Ampere+): banks by spare rows left; "none" = no spare row
+        r(rd, {"remap_banks_none": lambda v: int(v.none)}, "nvmlDeviceGetRowRemapperHistogram", h)
         # R575+ (Blackwell); an older pynvml lacks the names and the fields stay None
         r(rd, {"channel_repair_pending": lambda t: bool(t[0]), "tpc_repair_pending": lambda t: bool(t[1])},
           "nvmlDeviceGetRepairStatus", h)

@@ -69,7 +69,8 @@ READ_ERROR_NAMES = {
     "timeout": "Timeout",
 }
 
-_NUMBER_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+)?$")
+#: a number and its unit: ``W``, ``MHz``, ``%``, or ``bank(s)`` (``Bank Remap Availability Histogram``)
+_NUMBER_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+(?:\(s\))?)?$")
 
 _TRUE = {"enabled", "yes", "active", "true", "on"}
 _FALSE = {"disabled", "no", "not active", "false", "off"}

@@ -17,7 +17,8 @@ Layout variants handled (old name / new name):
   ``Double Bit > Total`` are taken as they are.
 * ``Power Readings`` (``Enforced Power Limit``) / ``GPU Power Readings``
   (``Current Power Limit``); ``Power Draw`` or, from R545, ``Average Power Draw``.
-* ``Remapped Rows`` as a block or as a single ``N/A`` line (then all ``None``).
+* ``Remapped Rows`` as a block or as a single ``N/A`` line (then all ``None``); its
+  ``Bank Remap Availability Histogram > None`` (``0 bank(s)``) is ``remap_banks_none``.
 * ``Replays Since Reset`` / ``Replay Number``.
 * R575+ (Blackwell) ``ECC Errors > Channel Repair Pending`` / ``TPC Repair Pending`` /
   ``Unrepairable Memory`` (580 dump in tests/data); absent on older drivers (``None``).
@@ -298,6 +299,9 @@ def _read_ecc_pages_rows(rd: ValueReader, g: Entry, gpu: GpuState) -> None:
     )
     gpu.remapped_rows_failure = rd.bool(
         "remapped_rows_failure", g.get("Remapped Rows", "Remapping Failure Occurred")
+    )
+    gpu.remap_banks_none = rd.int(
+        "remap_banks_none", g.get("Remapped Rows", "Bank Remap Availability Histogram", "None")
     )
     # R575+ (Blackwell): under ECC Errors, next to Volatile / Aggregate
     gpu.channel_repair_pending = rd.bool("channel_repair_pending", g.get("ECC Errors", "Channel Repair Pending"))

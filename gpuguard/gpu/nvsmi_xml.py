@@ -14,6 +14,8 @@ corpus sample is v11 from driver 510, element names of later drivers from public
   ``sram_uncorrectable_parity`` + ``_secded`` included) or Volta ``single_bit/total``
   and ``double_bit/total``;
 * ``<remapped_rows>N/A</remapped_rows>`` (all remap fields ``None``);
+  ``remapped_rows/row_remapper_histogram/row_remapper_histogram_none`` (``0 bank(s)``)
+  is ``remap_banks_none``;
 * ``mig_mode/current_mig``;
 * ``fabric/{state,status,cliqueId,clusterUuid,health/*}`` (R535+; ``N/A`` without a fabric);
 * ``temperature/gpu_temp_slow_threshold`` and ``gpu_temp_max_threshold`` are absolute
@@ -202,6 +204,9 @@ def _read_ecc_pages_rows(rd: ValueReader, el: ET.Element, gpu: GpuState) -> None
     )
     gpu.remapped_rows_failure = rd.bool(
         "remapped_rows_failure", el.findtext("remapped_rows/remapped_row_failure")
+    )
+    gpu.remap_banks_none = rd.int(
+        "remap_banks_none", el.findtext("remapped_rows/row_remapper_histogram/row_remapper_histogram_none")
     )
     gpu.channel_repair_pending = rd.bool("channel_repair_pending", el.findtext("ecc_errors/channel_repair_pending"))
     gpu.tpc_repair_pending = rd.bool("tpc_repair_pending", el.findtext("ecc_errors/tpc_repair_pending"))
