@@ -123,7 +123,7 @@ def live_check(cfg: Any, pend: PendingDrains, *, hook: str, job_id: str | None, 
 
 def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains, *, hook: str,
                       job_id: str | None, job_gpus: list[int] | None,
-                      extra_findings: list[Any] | None = None, acted: Any = None, log: Any = None) -> HealthResult:
+                      log: Any, extra_findings: list[Any] | None = None, acted: Any = None) -> HealthResult:
     """Step 3 of the module docstring. Returns the result with history (the live result
     when the store fails). ``extra_findings`` (the Prolog's NCCL probe) are recorded and
     decided with the run's. ``acted``: the :class:`gpuguard.policy.Decision` the hook acted
@@ -132,7 +132,7 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
     names), since it is what was done; held back by maintenance (``live.maintenance``) or a
     dry run it is recorded as ``suppressed`` / ``dry-run``, the policy's outcome beside it
     (:func:`gpuguard.health.record_run`). A drain only the history shows is made here, once
-    (never a second time for a drain already made: ``live.drain``). With ``log``, the
+    (never a second time for a drain already made: ``live.drain``). The
     alerting findings only the history shows (a lifetime count on its first reading, a
     counter's growth: :func:`history_only`) are queued as alerts, as the live pass's were
     by the hook (:func:`gpuguard.ops.alert_spool.enqueue_from_hook`)."""
@@ -152,11 +152,10 @@ def record_with_store(cfg: Any, store: Any, live: LiveCheck, pend: PendingDrains
     if res.decision.outcome == "drain" and live.result.decision.outcome != "drain" and live.drain is None:
         # pending first, drained even when the list cannot be written (PendingDrains.drain)
         live.drain = pend.drain(cfg.node_name, res.decision.reason, decision_recovery(res.decision))
-    if log is not None:
-        from gpuguard.ops.alert_spool import enqueue_from_hook
+    from gpuguard.ops.alert_spool import enqueue_from_hook
 
-        enqueue_from_hook(cfg, cfg.node_name, history_only(live.result.decision.actions, res.decision.actions),
-                          source=hook, job_id=job_id, log=log)
+    enqueue_from_hook(cfg, cfg.node_name, history_only(live.result.decision.actions, res.decision.actions),
+                      source=hook, job_id=job_id, log=log)
     return res
 
 

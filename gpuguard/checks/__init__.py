@@ -94,8 +94,8 @@ COUNTER_FIELDS = (
 
 
 def first_reading(ctx: CheckContext, g: Any, key: str) -> bool:
-    """Whether this is GPU ``g``'s first reading of counter ``key`` (a lifetime count
-    :data:`COUNTER_FIELDS` keeps): no earlier value is known, so its total is reported
+    """Whether this is GPU ``g``'s first reading of ``key`` (a key :func:`counters_of`
+    stores: a lifetime count of :data:`COUNTER_FIELDS`, ``nvlinks``, ``nvlink_ever_up``): no earlier value is known, so its total is reported
     once (the next run compares against what this one stored, and stays silent while it
     is unchanged). True when the stored history was read (``ctx.history``) and holds no
     value for ``key`` on this GPU's UUID (a new node or GPU, a wiped store); also for a

@@ -187,7 +187,7 @@ def boot_cursor(path: str, *, deadline: float, max_scan_bytes: int = MAX_BOOT_SC
             lo = max(0, pos - _BLOCK)
             data = os.pread(fd, min(size, pos + 4096) - lo, lo)  # 4 KiB overlap: a marker on the edge
             for hit in reversed([m.start() for m in BOOT_MARKER.finditer(data)]):
-                start = _line_start(fd, data, lo, hit)
+                start = _line_start(fd, lo + hit)
                 if start is not None and is_boot_line(os.pread(fd, lo + hit - start + 16, start)):
                     return f"file:{st.st_dev}:{st.st_ino}:{start}"
             pos = lo
@@ -198,17 +198,9 @@ def boot_cursor(path: str, *, deadline: float, max_scan_bytes: int = MAX_BOOT_SC
     return None
 
 
-def _line_start(fd: int, data: bytes, lo: int, hit: int) -> int | None:
-    """File offset of the start of the line holding ``data[hit]`` (``data`` read at
-    ``lo``); None when it is more than :data:`_BOOT_PREFIX_BYTES` before the hit."""
-    nl = data.rfind(b"\n", max(0, hit - _BOOT_PREFIX_BYTES), hit)
-    if nl >= 0:
-        return lo + nl + 1
-    if lo == 0 and hit <= _BOOT_PREFIX_BYTES:
-        return 0
-    if hit >= _BOOT_PREFIX_BYTES:
-        return None
-    at = lo + hit
+def _line_start(fd: int, at: int) -> int | None:
+    """File offset of the start of the line holding offset ``at``; None when it is more
+    than :data:`_BOOT_PREFIX_BYTES` before ``at``."""
     back = os.pread(fd, min(at, _BOOT_PREFIX_BYTES), at - min(at, _BOOT_PREFIX_BYTES))
     nl = back.rfind(b"\n")
     if nl >= 0:

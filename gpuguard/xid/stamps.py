@@ -9,7 +9,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 
 _MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 _WEEKDAYS = "Mon|Tue|Wed|Thu|Fri|Sat|Sun"
@@ -60,9 +60,7 @@ def _iso_time(prefix: str) -> float | None:
     try:
         dt = datetime.fromisoformat(iso)
         if dt.tzinfo is None and (m["utc"] or m["off"]):
-            off = m["off"] or "+00"
-            sign = -1 if off[0] == "-" else 1
-            dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=int(off[1:3]), minutes=int(off[3:5] or 0))))
+            dt = datetime.fromisoformat(iso + (m["off"] or "+00:00"))  # fromisoformat reads +HH, +HHMM
     except ValueError:
         return None
     return dt.timestamp() if dt.tzinfo else time.mktime(dt.timetuple()) + dt.microsecond / 1e6
